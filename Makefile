@@ -1,0 +1,28 @@
+# Two commands: `make demo` and `make test`. Each creates .venv, installs the project and
+# makes sure java exists (ZooKeeper runs from the jars inside the pyspark wheel).
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test install java clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+java:
+	@scripts/ensure-java.sh
+
+demo: install java
+	$(VENV)/bin/python -m tools.demo
+
+test: install java
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,199 @@
+"""One TCP connection to one bookie, with a table of pending requests keyed by request id.
+
+Requests queued in one loop iteration are written with one system call. Every pending request
+has a deadline; a sweeper fails the late ones with `RequestTimeoutError` (outcome unknown). When
+the connection closes, every pending future fails with `BookieUnavailableError`, the cause
+chained. At most `in_flight_max` requests are pending; `request()` waits for room beyond that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from typing import Any
+
+from bookkeeper.errors import (BookieUnavailableError, ProtocolError, RequestTimeoutError,
+                               error_for_status)
+from bookkeeper.protocol import wire
+from bookkeeper.protocol.wire import (AddRequest, AddResponse, BookieInfoRequest,
+                                      BookieInfoResponse, ErrorResponse, FrameError,
+                                      ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse,
+                                      Request, ResponseDecoder, WriteLacRequest,
+                                      WriteLacResponse, encode_request)
+
+
+class BookieConnection(asyncio.Protocol):
+    def __init__(self, address: str, *, timeout_s: float = 5.0, in_flight_max: int = 10_000,
+                 frame_bytes_max: int = wire.FRAME_BYTES_MAX_DEFAULT) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.in_flight_max = in_flight_max
+        self._decoder = ResponseDecoder(frame_bytes_max)
+        self._pending: dict[int, tuple[asyncio.Future[Any], float]] = {}
+        self._request_ids = itertools.count(1)
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._closed_error: BaseException | None = None
+        self._room = asyncio.Event()
+        self._room.set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def open(cls, address: str, *, connect_timeout_s: float = 5.0, **options: Any) -> BookieConnection:
+        host, _, port = address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        connection = cls(address, **options)
+        try:
+            await asyncio.wait_for(loop.create_connection(lambda: connection, host, int(port)),
+                                   connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise BookieUnavailableError(f"cannot connect to bookie {address}: {exc!r}") from exc
+        return connection
+
+    # ------------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sweeper = self._loop.create_task(self._sweep())
+
+    def data_received(self, data: bytes) -> None:
+        self._decoder.receive_data(data)
+        while True:
+            try:
+                response = self._decoder.next_message()
+            except FrameError as exc:
+                if exc.fatal:
+                    self._fail_all(exc)
+                    return
+                self._complete(exc.request_id, exc)
+                continue
+            if response is None:
+                return
+            if isinstance(response, ErrorResponse):
+                self._complete(response.request_id,
+                               error_for_status(response.status,
+                                                f"{self.address}: {response.message}"))
+            else:
+                self._complete(response.request_id, response)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(exc or ConnectionResetError(f"bookie {self.address} closed the connection"))
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def is_open(self) -> bool:
+        return self._closed_error is None and self._transport is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def next_request_id(self) -> int:
+        return next(self._request_ids)
+
+    async def request(self, request: Request, *, wait_s: float = 0.0) -> Any:
+        """Send one request, return its response object or raise its error. `wait_s` extends the
+        deadline for requests the bookie may hold on purpose (long polls)."""
+        while len(self._pending) >= self.in_flight_max:
+            self._room.clear()
+            await self._room.wait()
+        return await self.send(request, wait_s=wait_s)
+
+    def send(self, request: Request, *, wait_s: float = 0.0) -> asyncio.Future[Any]:
+        """Queue a request without waiting for room (callers bound their own in-flight count)."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        if self._closed_error is not None:
+            future.set_exception(BookieUnavailableError(f"connection to {self.address} is closed"))
+            return future
+        self._pending[request.request_id] = (future, self._loop.time() + self.timeout_s + wait_s)
+        self._out.append(encode_request(request))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None and self._closed_error is None:
+            out = self._out
+            self._out = []
+            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _complete(self, request_id: int, outcome: Any) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is None:
+            return  # already timed out, or an answer to a request we never sent
+        future = pending[0]
+        if not future.done():
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        if not self._room.is_set() and len(self._pending) < self.in_flight_max:
+            self._room.set()
+
+    async def _sweep(self) -> None:
+        interval_s = max(0.01, min(1.0, self.timeout_s / 4))
+        while self._closed_error is None:
+            await asyncio.sleep(interval_s)
+            now = self._loop.time()
+            late = [request_id for request_id, (_, deadline) in self._pending.items()
+                    if deadline <= now]
+            for request_id in late:
+                self._complete(request_id, RequestTimeoutError(
+                    f"bookie {self.address} did not answer within {self.timeout_s} s"))
+
+    def _fail_all(self, cause: BaseException) -> None:
+        if self._closed_error is None:
+            self._closed_error = cause
+        pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                error = BookieUnavailableError(f"connection to bookie {self.address} lost: {cause}")
+                error.__cause__ = cause
+                future.set_exception(error)
+        self._room.set()
+        if self._sweeper is not None and self._sweeper is not asyncio.current_task():
+            self._sweeper.cancel()
+        if isinstance(cause, ProtocolError) and self._transport is not None:
+            self._transport.close()
+
+    async def close(self) -> None:
+        self._fail_all(ConnectionAbortedError("closed by the client"))
+        if self._transport is not None:
+            self._transport.close()
+
+    # ------------------------------------------------------------------ typed helpers
+
+    async def add(self, ledger_id: int, entry_id: int, master_key: bytes, entry: bytes, *,
+                  recovery: bool = False) -> AddResponse:
+        return await self.request(AddRequest(self.next_request_id(), ledger_id, entry_id,
+                                             master_key, entry, recovery))
+
+    async def read(self, ledger_id: int, entry_id: int, *, fence_key: bytes | None = None,
+                   previous_lac: int | None = None, timeout_ms: int = 0) -> ReadResponse:
+        long_poll = previous_lac is not None
+        return await self.request(ReadRequest(
+            self.next_request_id(), ledger_id, entry_id, fence_key is not None, fence_key or b"",
+            long_poll, previous_lac if long_poll else -1, timeout_ms), wait_s=timeout_ms / 1000)
+
+    async def read_lac(self, ledger_id: int, *, previous_lac: int | None = None,
+                       timeout_ms: int = 0) -> ReadLacResponse:
+        long_poll = previous_lac is not None
+        return await self.request(ReadLacRequest(self.next_request_id(), ledger_id, long_poll,
+                                                 previous_lac if long_poll else -1, timeout_ms),
+                                  wait_s=timeout_ms / 1000)
+
+    async def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> WriteLacResponse:
+        return await self.request(WriteLacRequest(self.next_request_id(), ledger_id, master_key,
+                                                  lac))
+
+    async def info(self) -> BookieInfoResponse:
+        return await self.request(BookieInfoRequest(self.next_request_id()))

@@ -1,0 +1,60 @@
+"""Where things live in ZooKeeper under the cluster root (default `/bookkeeper`).
+
+    <root>/INSTANCEID                       cluster UUID, created once with the root
+    <root>/cookies/<bookie id>              persistent: the bookie's cookie (JSON)
+    <root>/available/<bookie id>            ephemeral: address, HTTP URL, state, rack (JSON)
+    <root>/idgen/ID-<seq>                   ephemeral-sequential, deleted at once: ledger ids
+    <root>/ledgers/000/0000/0000/0000/L0001 ledger metadata, 19-digit id split 3-4-4-4-4
+
+The hierarchical split keeps at most 10,000 children under any node, so millions of ledgers
+never sit under one parent. Bookie ids are `host:port`, safe as node names.
+"""
+
+from __future__ import annotations
+
+DEFAULT_ROOT = "/bookkeeper"
+LEDGER_ID_MAX = 2**63 - 1
+
+
+def instance_id_path(root: str) -> str:
+    return f"{root}/INSTANCEID"
+
+
+def cookies_path(root: str) -> str:
+    return f"{root}/cookies"
+
+
+def cookie_path(root: str, bookie_id: str) -> str:
+    return f"{root}/cookies/{bookie_id}"
+
+
+def available_path(root: str) -> str:
+    return f"{root}/available"
+
+
+def bookie_path(root: str, bookie_id: str) -> str:
+    return f"{root}/available/{bookie_id}"
+
+
+def ledgers_path(root: str) -> str:
+    return f"{root}/ledgers"
+
+
+def idgen_path(root: str) -> str:
+    return f"{root}/idgen"
+
+
+def ledger_path(root: str, ledger_id: int) -> str:
+    if not 0 <= ledger_id <= LEDGER_ID_MAX:
+        raise ValueError(f"ledger id {ledger_id} is outside 0..{LEDGER_ID_MAX}")
+    digits = f"{ledger_id:019d}"
+    return (f"{root}/ledgers/{digits[0:3]}/{digits[3:7]}/{digits[7:11]}/{digits[11:15]}"
+            f"/L{digits[15:19]}")
+
+
+def ledger_id_from_path(path: str) -> int:
+    """Inverse of `ledger_path` for the part below `<root>/ledgers/`."""
+    parts = path.strip("/").split("/")[-5:]
+    if len(parts) != 5 or not parts[4].startswith("L"):
+        raise ValueError(f"not a ledger metadata path: {path!r}")
+    return int("".join(parts[:4]) + parts[4][1:])

@@ -1,0 +1,444 @@
+"""Sans-IO codec of the bookie wire protocol: bytes <-> frozen dataclasses.
+
+Theory of operation. Every message is one frame: a 4-byte big-endian length (the bytes that
+follow it), then a 12-byte header, then an opcode-specific body. `docs/protocol.md` gives every
+byte. A decoder is fed whatever bytes arrived (`receive_data`) and hands back whole messages
+(`next_message`) until it needs more data. It owns no socket and no clock: the server decides what
+an idle partial frame means, the client decides what a timeout means.
+
+A frame the decoder cannot accept raises `FrameError`. `fatal=True` means the byte stream lost its
+framing (bad length, wrong version): the peer must be told and the connection closed. `fatal=False`
+means the frame was well delimited but its content was wrong (unknown opcode, short body): the
+frame is consumed, an error goes back for its request id, and the connection carries on.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from bookkeeper.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+LENGTH = struct.Struct(">I")
+# after the length: version u8, opcode u8, flags (requests) or status (responses) u16, request id u64
+HEADER = struct.Struct(">BBHQ")
+HEADER_BYTES = HEADER.size  # 12
+MASTER_KEY_BYTES = 32
+ENTRY_BYTES_MAX_DEFAULT = 4 * 2**20
+FRAME_BYTES_MAX_DEFAULT = ENTRY_BYTES_MAX_DEFAULT + 1024
+ERROR_MESSAGE_BYTES_MAX = 1024
+
+
+class OpCode(enum.IntEnum):
+    ADD = 1
+    READ = 2
+    READ_LAC = 3
+    WRITE_LAC = 4
+    GET_BOOKIE_INFO = 5
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    FENCE = 0x1  # READ: fence the ledger (carries the master key)
+    RECOVERY_ADD = 0x2  # ADD: accepted by a fenced ledger (recovery write-back)
+    LONG_POLL = 0x4  # READ / READ_LAC: hold until LAC > previous_lac or timeout
+
+
+KNOWN_FLAGS = int(Flag.FENCE | Flag.RECOVERY_ADD | Flag.LONG_POLL)
+
+
+class Status(enum.IntEnum):
+    """Wire status codes; the non-OK ones equal the `code` of the error class they map to."""
+
+    OK = 0
+    NO_LEDGER = 1
+    NO_ENTRY = 2
+    BAD_REQUEST = 100
+    IO_ERROR = 101
+    UNAUTHORIZED = 102
+    BAD_VERSION = 103
+    FENCED = 104
+    READ_ONLY = 105
+    TOO_MANY_REQUESTS = 106
+    TOO_LARGE = 107
+    ENTRY_EXISTS = 108
+    LEDGER_DELETED = 109
+
+
+class BookieState(enum.IntEnum):
+    WRITABLE = 0
+    READ_ONLY = 1
+
+
+class FrameError(ProtocolError):
+    """A frame the decoder refuses. See the module docstring for `fatal`."""
+
+    def __init__(self, message: str, *, fatal: bool, request_id: int = 0, opcode: int = 0,
+                 status: Status = Status.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+        self.request_id = request_id
+        self.opcode = opcode
+        self.status = status
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    entry: bytes  # the packed entry (bookkeeper.protocol.entry): header, digest, payload
+    recovery: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """Read one entry; entry_id -1 asks only for the LAC (with FENCE: the fencing read)."""
+
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    fence: bool = False
+    master_key: bytes = b""
+    long_poll: bool = False
+    previous_lac: int = -1
+    timeout_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacRequest:
+    request_id: int
+    ledger_id: int
+    long_poll: bool = False
+    previous_lac: int = -1
+    timeout_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacRequest:
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfoRequest:
+    request_id: int
+
+
+Request = AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest
+
+# ---------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True, slots=True)
+class AddResponse:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResponse:
+    """`entry` is empty when none was asked for (entry_id -1) or a long poll timed out."""
+
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    lac: int
+    entry: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacResponse:
+    request_id: int
+    ledger_id: int
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacResponse:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfoResponse:
+    request_id: int
+    free_bytes: int
+    total_bytes: int
+    state: BookieState
+    bookie_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """Any non-OK answer: the status says what, the message says why (UTF-8, at most 1 KiB)."""
+
+    request_id: int
+    opcode: int
+    status: Status
+    message: str = ""
+
+
+Response = (AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse
+            | ErrorResponse)
+
+# ---------------------------------------------------------------- body layouts
+
+_IDS = struct.Struct(">qq")  # ledger id, entry id
+_ADD_HEAD = struct.Struct(f">qq{MASTER_KEY_BYTES}s")
+_LONG_POLL = struct.Struct(">qI")  # previous lac, timeout ms
+_LEDGER = struct.Struct(">q")
+_WRITE_LAC = struct.Struct(f">q{MASTER_KEY_BYTES}sq")
+_READ_RESPONSE_HEAD = struct.Struct(">qqq")
+_INFO = struct.Struct(">qqB")
+_FULL_HEADER = struct.Struct(">IBBHQ")  # length + header, for encoding in one pack
+
+
+def _frame(opcode: int, flags_or_status: int, request_id: int, body: bytes) -> bytes:
+    return _FULL_HEADER.pack(HEADER_BYTES + len(body), PROTOCOL_VERSION, opcode, flags_or_status,
+                             request_id) + body
+
+
+def encode_request(request: Request) -> bytes:
+    if isinstance(request, AddRequest):
+        flags = Flag.RECOVERY_ADD if request.recovery else 0
+        body = _ADD_HEAD.pack(request.ledger_id, request.entry_id, request.master_key) + request.entry
+        return _frame(OpCode.ADD, flags, request.request_id, body)
+    if isinstance(request, ReadRequest):
+        flags = 0
+        body = _IDS.pack(request.ledger_id, request.entry_id)
+        if request.fence:
+            flags |= Flag.FENCE
+            body += request.master_key
+        if request.long_poll:
+            flags |= Flag.LONG_POLL
+            body += _LONG_POLL.pack(request.previous_lac, request.timeout_ms)
+        return _frame(OpCode.READ, flags, request.request_id, body)
+    if isinstance(request, ReadLacRequest):
+        body = _LEDGER.pack(request.ledger_id)
+        flags = 0
+        if request.long_poll:
+            flags = Flag.LONG_POLL
+            body += _LONG_POLL.pack(request.previous_lac, request.timeout_ms)
+        return _frame(OpCode.READ_LAC, flags, request.request_id, body)
+    if isinstance(request, WriteLacRequest):
+        body = _WRITE_LAC.pack(request.ledger_id, request.master_key, request.lac)
+        return _frame(OpCode.WRITE_LAC, 0, request.request_id, body)
+    if isinstance(request, BookieInfoRequest):
+        return _frame(OpCode.GET_BOOKIE_INFO, 0, request.request_id, b"")
+    raise TypeError(f"not a request: {request!r}")
+
+
+def encode_add_response(request_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """The hot path's encoder, kept separate so the server need not build an object per add."""
+    return _FULL_HEADER.pack(HEADER_BYTES + 16, PROTOCOL_VERSION, OpCode.ADD, Status.OK,
+                             request_id) + _IDS.pack(ledger_id, entry_id)
+
+
+def encode_response(response: Response) -> bytes:
+    if isinstance(response, AddResponse):
+        return encode_add_response(response.request_id, response.ledger_id, response.entry_id)
+    if isinstance(response, ReadResponse):
+        body = _READ_RESPONSE_HEAD.pack(response.ledger_id, response.entry_id, response.lac)
+        return _frame(OpCode.READ, Status.OK, response.request_id, body + response.entry)
+    if isinstance(response, ReadLacResponse):
+        body = _IDS.pack(response.ledger_id, response.lac)
+        return _frame(OpCode.READ_LAC, Status.OK, response.request_id, body)
+    if isinstance(response, WriteLacResponse):
+        return _frame(OpCode.WRITE_LAC, Status.OK, response.request_id,
+                      _LEDGER.pack(response.ledger_id))
+    if isinstance(response, BookieInfoResponse):
+        body = _INFO.pack(response.free_bytes, response.total_bytes, response.state)
+        return _frame(OpCode.GET_BOOKIE_INFO, Status.OK, response.request_id,
+                      body + response.bookie_id.encode())
+    if isinstance(response, ErrorResponse):
+        message = response.message.encode("utf-8", "replace")[:ERROR_MESSAGE_BYTES_MAX]
+        return _frame(response.opcode, response.status, response.request_id, message)
+    raise TypeError(f"not a response: {response!r}")
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class _FrameReader:
+    """Splits a byte stream into (version, opcode, flags/status, request id, body) frames."""
+
+    def __init__(self, frame_bytes_max: int) -> None:
+        if frame_bytes_max < HEADER_BYTES:
+            raise ValueError(f"frame_bytes_max must be >= {HEADER_BYTES}")
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+        self._position = 0
+        self._broken: FrameError | None = None
+
+    def receive_data(self, data: bytes) -> None:
+        if self._position > 65536 and self._position * 2 > len(self._buffer):
+            del self._buffer[: self._position]
+            self._position = 0
+        self._buffer += data
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes received but not yet returned as frames: non-zero means a partial frame."""
+        return len(self._buffer) - self._position
+
+    def _next_frame(self) -> tuple[int, int, int, bytes] | None:
+        if self._broken is not None:
+            raise self._broken
+        buffer, position = self._buffer, self._position
+        if len(buffer) - position < 4:
+            return None
+        (length,) = LENGTH.unpack_from(buffer, position)
+        if length < HEADER_BYTES or length > self.frame_bytes_max:
+            self._fail(f"frame length {length} is outside {HEADER_BYTES}..{self.frame_bytes_max}")
+        if len(buffer) - position - 4 < length:
+            return None
+        version, opcode, flags, request_id = HEADER.unpack_from(buffer, position + 4)
+        if version != PROTOCOL_VERSION:
+            self._fail(f"protocol version {version} is not supported (expected {PROTOCOL_VERSION})",
+                       request_id=request_id, opcode=opcode, status=Status.BAD_VERSION)
+        start = position + 4 + HEADER_BYTES
+        self._position = position + 4 + length
+        return opcode, flags, request_id, bytes(buffer[start: position + 4 + length])
+
+    def _fail(self, message: str, **details: object) -> None:
+        self._broken = FrameError(message, fatal=True, **details)  # type: ignore[arg-type]
+        raise self._broken
+
+
+class RequestDecoder(_FrameReader):
+    """Server side: bytes in, requests out."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+                 entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT) -> None:
+        super().__init__(frame_bytes_max)
+        self.entry_bytes_max = entry_bytes_max
+
+    def next_message(self) -> Request | None:
+        frame = self._next_frame()
+        if frame is None:
+            return None
+        opcode, flags, request_id, body = frame
+        try:
+            return self._parse(opcode, flags, request_id, body)
+        except struct.error as exc:
+            raise FrameError(f"{_opcode_name(opcode)} body of {len(body)} bytes is malformed: {exc}",
+                             fatal=False, request_id=request_id, opcode=opcode) from exc
+
+    def _parse(self, opcode: int, flags: int, request_id: int, body: bytes) -> Request:
+        def refuse(message: str, status: Status = Status.BAD_REQUEST) -> FrameError:
+            return FrameError(message, fatal=False, request_id=request_id, opcode=opcode,
+                              status=status)
+
+        if flags & ~KNOWN_FLAGS:
+            raise refuse(f"unknown flags 0x{flags:x} (known: 0x{KNOWN_FLAGS:x})")
+        if opcode == OpCode.ADD:
+            ledger_id, entry_id, master_key = _ADD_HEAD.unpack_from(body)
+            entry = body[_ADD_HEAD.size:]
+            if len(entry) > self.entry_bytes_max:
+                raise refuse(f"entry of {len(entry)} bytes is over the maximum "
+                             f"{self.entry_bytes_max}", Status.TOO_LARGE)
+            return AddRequest(request_id, ledger_id, entry_id, master_key, entry,
+                              bool(flags & Flag.RECOVERY_ADD))
+        if opcode == OpCode.READ:
+            return _parse_read(request_id, flags, body, refuse)
+        if opcode == OpCode.READ_LAC:
+            (ledger_id,) = _LEDGER.unpack_from(body)
+            if flags & Flag.LONG_POLL:
+                previous_lac, timeout_ms = _LONG_POLL.unpack_from(body, _LEDGER.size)
+                _expect_size(body, _LEDGER.size + _LONG_POLL.size, refuse)
+                return ReadLacRequest(request_id, ledger_id, True, previous_lac, timeout_ms)
+            _expect_size(body, _LEDGER.size, refuse)
+            return ReadLacRequest(request_id, ledger_id)
+        if opcode == OpCode.WRITE_LAC:
+            _expect_size(body, _WRITE_LAC.size, refuse)
+            ledger_id, master_key, lac = _WRITE_LAC.unpack(body)
+            return WriteLacRequest(request_id, ledger_id, master_key, lac)
+        if opcode == OpCode.GET_BOOKIE_INFO:
+            _expect_size(body, 0, refuse)
+            return BookieInfoRequest(request_id)
+        raise refuse(f"unknown opcode {opcode} (known: "
+                     f"{', '.join(f'{op.name}={op.value}' for op in OpCode)})")
+
+
+def _parse_read(request_id: int, flags: int, body: bytes, refuse) -> ReadRequest:  # type: ignore[no-untyped-def]
+    ledger_id, entry_id = _IDS.unpack_from(body)
+    offset = _IDS.size
+    master_key = b""
+    if flags & Flag.FENCE:
+        master_key = body[offset: offset + MASTER_KEY_BYTES]
+        if len(master_key) != MASTER_KEY_BYTES:
+            raise refuse(f"a fencing READ carries a {MASTER_KEY_BYTES}-byte master key")
+        offset += MASTER_KEY_BYTES
+    previous_lac, timeout_ms = -1, 0
+    if flags & Flag.LONG_POLL:
+        previous_lac, timeout_ms = _LONG_POLL.unpack_from(body, offset)
+        offset += _LONG_POLL.size
+    _expect_size(body, offset, refuse)
+    return ReadRequest(request_id, ledger_id, entry_id, bool(flags & Flag.FENCE), master_key,
+                       bool(flags & Flag.LONG_POLL), previous_lac, timeout_ms)
+
+
+def _expect_size(body: bytes, size: int, refuse) -> None:  # type: ignore[no-untyped-def]
+    if len(body) != size:
+        raise refuse(f"body is {len(body)} bytes, expected {size} (trailing or missing bytes)")
+
+
+class ResponseDecoder(_FrameReader):
+    """Client side: bytes in, responses out."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        super().__init__(frame_bytes_max)
+
+    def next_message(self) -> Response | None:
+        frame = self._next_frame()
+        if frame is None:
+            return None
+        opcode, status, request_id, body = frame
+        try:
+            return _parse_response(opcode, status, request_id, body)
+        except (struct.error, ValueError) as exc:
+            raise FrameError(f"{_opcode_name(opcode)} response of {len(body)} bytes is malformed: "
+                             f"{exc}", fatal=False, request_id=request_id, opcode=opcode) from exc
+
+
+def _parse_response(opcode: int, status: int, request_id: int, body: bytes) -> Response:
+    if status != Status.OK:
+        try:
+            known_status = Status(status)
+        except ValueError:
+            known_status = Status.BAD_REQUEST
+        return ErrorResponse(request_id, opcode, known_status, body.decode("utf-8", "replace"))
+    if opcode == OpCode.ADD:
+        ledger_id, entry_id = _IDS.unpack(body)
+        return AddResponse(request_id, ledger_id, entry_id)
+    if opcode == OpCode.READ:
+        ledger_id, entry_id, lac = _READ_RESPONSE_HEAD.unpack_from(body)
+        return ReadResponse(request_id, ledger_id, entry_id, lac, body[_READ_RESPONSE_HEAD.size:])
+    if opcode == OpCode.READ_LAC:
+        ledger_id, lac = _IDS.unpack(body)
+        return ReadLacResponse(request_id, ledger_id, lac)
+    if opcode == OpCode.WRITE_LAC:
+        (ledger_id,) = _LEDGER.unpack(body)
+        return WriteLacResponse(request_id, ledger_id)
+    if opcode == OpCode.GET_BOOKIE_INFO:
+        free_bytes, total_bytes, state = _INFO.unpack_from(body)
+        return BookieInfoResponse(request_id, free_bytes, total_bytes, BookieState(state),
+                                  body[_INFO.size:].decode())
+    raise ValueError(f"unknown opcode {opcode}")
+
+
+def _opcode_name(opcode: int) -> str:
+    try:
+        return OpCode(opcode).name
+    except ValueError:
+        return f"opcode {opcode}"
