@@ -1,0 +1,390 @@
+"""The bookie's request logic: validation, fencing, LAC tracking, long polls, journal records.
+
+Theory of operation. Every mutation (an entry, a ledger's master key, a fence, an explicit LAC)
+is first appended to the journal as one record; its answer goes out only from the journal's
+callback, which runs after the fdatasync that covers the record (A2, A11). The entry is put into
+ledger storage's write cache at once, so reads see it; readers never go past the LAC, and the LAC
+only covers entries the writer saw acknowledged, so exposing an entry before its fsync returns
+cannot make anyone rely on it.
+
+All methods run on the event-loop thread. Answers are delivered through a `Reply` (the
+connection): `send(bytes)` queues a frame, and the connection writes everything queued in one
+loop iteration with one system call, so one group commit becomes one write per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.storage import LedgerState, LedgerStorage
+from bookkeeper.errors import BookieIOError, invariant
+from bookkeeper.protocol import wire
+from bookkeeper.protocol.entry import DIGEST_BYTES, ENTRY_HEADER, ENTRY_HEADER_BYTES
+from bookkeeper.protocol.wire import (AddRequest, ErrorResponse, OpCode, ReadLacRequest,
+                                      ReadLacResponse, ReadRequest, ReadResponse, Status,
+                                      WriteLacRequest, WriteLacResponse, encode_add_response,
+                                      encode_response)
+
+# journal record types (first byte of every record)
+RECORD_ADD = 1  # ledger_id, entry_id, packed entry
+RECORD_KEY = 2  # ledger_id, master key: the ledger's first appearance on this bookie
+RECORD_FENCE = 3  # ledger_id
+RECORD_LAC = 4  # ledger_id, explicit lac
+_ADD_RECORD = struct.Struct(">Bqq")
+_KEY_RECORD = struct.Struct(f">Bq{wire.MASTER_KEY_BYTES}s")
+_FENCE_RECORD = struct.Struct(">Bq")
+_LAC_RECORD = struct.Struct(">Bqq")
+_VALID_DIGEST_TYPES = frozenset(int(kind) for kind in DIGEST_BYTES)
+
+
+class Reply(Protocol):
+    def send(self, frame: bytes) -> None: ...
+
+    def request_done(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """What the bookie keeps in memory about one ledger it stores."""
+
+    master_key: bytes
+    fenced: bool
+    explicit_lac: int
+    lac: int
+    waiters: list[_Waiter] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    previous_lac: int
+    entry_id: int  # -1: READ_LAC long poll (no entry wanted)
+    request_id: int
+    opcode: int
+    reply: Reply
+    timer: asyncio.TimerHandle | None = None
+
+
+class BookieCore:
+    def __init__(self, journal: Journal, storage: LedgerStorage, *, long_poll_waiters_max: int = 10000,
+                 long_poll_timeout_ms_max: int = 60_000) -> None:
+        self.journal = journal
+        self.storage = storage
+        self.read_only = False
+        self.read_only_reason = ""
+        self.long_poll_waiters_max = long_poll_waiters_max
+        self.long_poll_timeout_ms_max = long_poll_timeout_ms_max
+        self._ledgers: dict[int, _Ledger] = {}
+        self._waiter_count = 0
+        # plain counters on the hot path; the metrics collector reads them when scraped
+        self.add_count = 0
+        self.add_bytes = 0
+        self.read_count = 0
+        self.read_bytes = 0
+        self.fence_count = 0
+
+    # ------------------------------------------------------------------ start-up
+
+    def replay_record(self, record: bytes) -> None:
+        """Apply one journal record during replay (before any request is served)."""
+        kind = record[0]
+        if kind == RECORD_ADD:
+            _, ledger_id, entry_id = _ADD_RECORD.unpack_from(record)
+            self.storage.add_entry(ledger_id, entry_id, record[_ADD_RECORD.size:])
+        elif kind == RECORD_KEY:
+            _, ledger_id, master_key = _KEY_RECORD.unpack(record)
+            if self.storage.get_state(ledger_id) is None:
+                self.storage.put_state(ledger_id, LedgerState(master_key))
+        elif kind == RECORD_FENCE:
+            _, ledger_id = _FENCE_RECORD.unpack(record)
+            state = self.storage.get_state(ledger_id)
+            if state is not None and not state.fenced:
+                self.storage.put_state(ledger_id, _replace(state, fenced=True))
+        elif kind == RECORD_LAC:
+            _, ledger_id, lac = _LAC_RECORD.unpack(record)
+            state = self.storage.get_state(ledger_id)
+            if state is not None and lac > state.explicit_lac:
+                self.storage.put_state(ledger_id, _replace(state, explicit_lac=lac))
+        else:
+            raise BookieIOError(f"journal record of unknown type {kind}")
+
+    # ------------------------------------------------------------------ ledger lookup
+
+    def _ledger(self, ledger_id: int) -> _Ledger | None:
+        ledger = self._ledgers.get(ledger_id)
+        if ledger is not None:
+            return ledger
+        state = self.storage.get_state(ledger_id)
+        if state is None:
+            return None
+        ledger = _Ledger(state.master_key, state.fenced, state.explicit_lac,
+                         max(state.explicit_lac, self._stored_lac(ledger_id)))
+        self._ledgers[ledger_id] = ledger
+        return ledger
+
+    def _stored_lac(self, ledger_id: int) -> int:
+        """The LAC piggybacked on the highest stored entry (after a restart)."""
+        last_entry_id = self.storage.last_entry_id(ledger_id)
+        if last_entry_id < 0:
+            return -1
+        packed = self.storage.get_entry(ledger_id, last_entry_id)
+        if packed is None or len(packed) < ENTRY_HEADER_BYTES:
+            return -1
+        return ENTRY_HEADER.unpack_from(packed)[2]
+
+    def forget_ledger(self, ledger_id: int) -> None:
+        """Garbage collection removed the ledger: drop it and fail its long polls."""
+        ledger = self._ledgers.pop(ledger_id, None)
+        if ledger is not None:
+            for waiter in ledger.waiters:
+                self._finish_waiter(waiter, ledger_id, None)
+            ledger.waiters.clear()
+
+    def ledger_summary(self, ledger_id: int) -> dict[str, int | bool] | None:
+        ledger = self._ledger(ledger_id)
+        if ledger is None:
+            return None
+        return {"ledger_id": ledger_id, "fenced": ledger.fenced, "lac": ledger.lac,
+                "last_entry_id": self.storage.last_entry_id(ledger_id)}
+
+    # ------------------------------------------------------------------ ADD
+
+    def on_add(self, request: AddRequest, reply: Reply) -> None:
+        problem = self._check_add(request)
+        if problem is not None:
+            status, message = problem
+            self._fail(reply, request.request_id, OpCode.ADD, status, message)
+            return
+        ledger_id, entry_id, entry = request.ledger_id, request.entry_id, request.entry
+        ledger = self._ledger(ledger_id)
+        if ledger is None:
+            ledger = self._create_ledger(ledger_id, request.master_key)
+        elif ledger.master_key != request.master_key:
+            self._fail(reply, request.request_id, OpCode.ADD, Status.UNAUTHORIZED,
+                       f"wrong master key for ledger {ledger_id}")
+            return
+        elif ledger.fenced and not request.recovery:
+            self._fail(reply, request.request_id, OpCode.ADD, Status.FENCED,
+                       f"ledger {ledger_id} is fenced; the outcome of adds to it is unknown")
+            return
+        if entry_id <= self.storage.last_entry_id(ledger_id):
+            stored = self.storage.get_entry(ledger_id, entry_id)
+            if stored is not None and stored != entry:
+                self._fail(reply, request.request_id, OpCode.ADD, Status.ENTRY_EXISTS,
+                           f"entry {ledger_id}:{entry_id} is stored with different bytes")
+                return
+        self.storage.add_entry(ledger_id, entry_id, entry)
+        self.journal.append(_ADD_RECORD.pack(RECORD_ADD, ledger_id, entry_id) + entry,
+                            _answer, (reply, encode_add_response(request.request_id, ledger_id,
+                                                                 entry_id)))
+        piggybacked_lac = ENTRY_HEADER.unpack_from(entry)[2]
+        if piggybacked_lac > ledger.lac:
+            self._advance_lac(ledger_id, ledger, piggybacked_lac)
+        self.add_count += 1
+        self.add_bytes += len(entry)
+
+    def _check_add(self, request: AddRequest) -> tuple[Status, str] | None:
+        if self.read_only:
+            return Status.READ_ONLY, f"bookie is read-only ({self.read_only_reason})"
+        if request.ledger_id < 0 or request.entry_id < 0:
+            return Status.BAD_REQUEST, (f"ledger and entry ids must be >= 0, got "
+                                        f"{request.ledger_id}:{request.entry_id}")
+        entry = request.entry
+        if len(entry) < ENTRY_HEADER_BYTES:
+            return Status.BAD_REQUEST, (f"entry of {len(entry)} bytes is shorter than the "
+                                        f"{ENTRY_HEADER_BYTES}-byte entry header")
+        ledger_id, entry_id, lac, _, digest_type = ENTRY_HEADER.unpack_from(entry)
+        if (ledger_id, entry_id) != (request.ledger_id, request.entry_id):
+            return Status.BAD_REQUEST, (f"entry header says {ledger_id}:{entry_id}, the request "
+                                        f"says {request.ledger_id}:{request.entry_id}")
+        if digest_type not in _VALID_DIGEST_TYPES:
+            return Status.BAD_REQUEST, f"unknown digest type {digest_type}"
+        if len(entry) < ENTRY_HEADER_BYTES + DIGEST_BYTES[digest_type]:  # type: ignore[index]
+            return Status.BAD_REQUEST, "entry is shorter than its digest"
+        if lac >= entry_id:
+            return Status.BAD_REQUEST, f"entry {entry_id} carries LAC {lac}, which must be below it"
+        return None
+
+    def _create_ledger(self, ledger_id: int, master_key: bytes) -> _Ledger:
+        self.storage.put_state(ledger_id, LedgerState(master_key))
+        self.journal.append(_KEY_RECORD.pack(RECORD_KEY, ledger_id, master_key), _ignore, None)
+        ledger = _Ledger(master_key, False, -1, -1)
+        self._ledgers[ledger_id] = ledger
+        return ledger
+
+    # ------------------------------------------------------------------ LAC and long polls
+
+    def on_write_lac(self, request: WriteLacRequest, reply: Reply) -> None:
+        ledger = self._ledger(request.ledger_id)
+        if ledger is None:
+            self._fail(reply, request.request_id, OpCode.WRITE_LAC, Status.NO_LEDGER,
+                       f"no ledger {request.ledger_id} on this bookie")
+            return
+        if ledger.master_key != request.master_key:
+            self._fail(reply, request.request_id, OpCode.WRITE_LAC, Status.UNAUTHORIZED,
+                       f"wrong master key for ledger {request.ledger_id}")
+            return
+        if request.lac > ledger.explicit_lac:
+            ledger.explicit_lac = request.lac
+            state = self.storage.get_state(request.ledger_id)
+            invariant(state is not None, "a known ledger has a stored state")
+            self.storage.put_state(request.ledger_id, _replace(state, explicit_lac=request.lac))
+        self.journal.append(_LAC_RECORD.pack(RECORD_LAC, request.ledger_id, request.lac), _answer,
+                            (reply, encode_response(WriteLacResponse(request.request_id,
+                                                                     request.ledger_id))))
+        if request.lac > ledger.lac:
+            self._advance_lac(request.ledger_id, ledger, request.lac)
+
+    def _advance_lac(self, ledger_id: int, ledger: _Ledger, lac: int) -> None:
+        ledger.lac = lac
+        if not ledger.waiters:
+            return
+        still_waiting = []
+        for waiter in ledger.waiters:
+            if lac > waiter.previous_lac:
+                self._finish_waiter(waiter, ledger_id, ledger)
+            else:
+                still_waiting.append(waiter)
+        ledger.waiters = still_waiting
+
+    def _finish_waiter(self, waiter: _Waiter, ledger_id: int, ledger: _Ledger | None) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        self._waiter_count -= 1
+        if ledger is None:
+            self._fail(waiter.reply, waiter.request_id, waiter.opcode, Status.NO_LEDGER,
+                       f"ledger {ledger_id} was deleted")
+            return
+        waiter.reply.send(self._lac_answer(waiter.opcode, waiter.request_id, ledger_id,
+                                           waiter.entry_id, ledger.lac))
+        waiter.reply.request_done()
+
+    def _lac_answer(self, opcode: int, request_id: int, ledger_id: int, entry_id: int,
+                    lac: int) -> bytes:
+        if opcode == OpCode.READ_LAC:
+            return encode_response(ReadLacResponse(request_id, ledger_id, lac))
+        entry = b""
+        if 0 <= entry_id <= lac:
+            entry = self._read_entry(ledger_id, entry_id) or b""
+        return encode_response(ReadResponse(request_id, ledger_id, entry_id, lac, entry))
+
+    def _park(self, ledger_id: int, ledger: _Ledger, waiter: _Waiter, timeout_ms: int) -> None:
+        if self._waiter_count >= self.long_poll_waiters_max:
+            self._fail(waiter.reply, waiter.request_id, waiter.opcode, Status.TOO_MANY_REQUESTS,
+                       f"{self._waiter_count} long polls already wait (maximum "
+                       f"{self.long_poll_waiters_max})")
+            return
+        timeout_s = min(timeout_ms, self.long_poll_timeout_ms_max) / 1000
+
+        def expire() -> None:
+            if waiter in ledger.waiters:
+                ledger.waiters.remove(waiter)
+                waiter.timer = None
+                self._finish_waiter(waiter, ledger_id, ledger)
+
+        waiter.timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+        ledger.waiters.append(waiter)
+        self._waiter_count += 1
+
+    def on_read_lac(self, request: ReadLacRequest, reply: Reply) -> None:
+        ledger = self._ledger(request.ledger_id)
+        if ledger is None:
+            self._fail(reply, request.request_id, OpCode.READ_LAC, Status.NO_LEDGER,
+                       f"no ledger {request.ledger_id} on this bookie")
+            return
+        if request.long_poll and ledger.lac <= request.previous_lac:
+            waiter = _Waiter(request.previous_lac, -1, request.request_id, OpCode.READ_LAC, reply)
+            self._park(request.ledger_id, ledger, waiter, request.timeout_ms)
+            return
+        reply.send(encode_response(ReadLacResponse(request.request_id, request.ledger_id,
+                                                   ledger.lac)))
+        reply.request_done()
+
+    # ------------------------------------------------------------------ READ and fencing
+
+    def on_read(self, request: ReadRequest, reply: Reply) -> None:
+        ledger_id = request.ledger_id
+        ledger = self._ledger(ledger_id)
+        if ledger is None and request.fence and ledger_id >= 0:
+            # a fence must hold even where the writer's adds have not arrived yet: otherwise a
+            # slow add could still land here after recovery counted this bookie as answered
+            ledger = self._create_ledger(ledger_id, request.master_key)
+        if ledger is None:
+            self._fail(reply, request.request_id, OpCode.READ, Status.NO_LEDGER,
+                       f"no ledger {ledger_id} on this bookie")
+            return
+        if request.fence:
+            if ledger.master_key != request.master_key:
+                self._fail(reply, request.request_id, OpCode.READ, Status.UNAUTHORIZED,
+                           f"wrong master key for ledger {ledger_id}")
+                return
+            if not ledger.fenced:
+                self._fence(ledger_id, ledger, request, reply)
+                return
+        if request.long_poll and ledger.lac <= request.previous_lac:
+            waiter = _Waiter(request.previous_lac, request.entry_id, request.request_id,
+                             OpCode.READ, reply)
+            self._park(ledger_id, ledger, waiter, request.timeout_ms)
+            return
+        self._answer_read(request, ledger, reply)
+
+    def _fence(self, ledger_id: int, ledger: _Ledger, request: ReadRequest, reply: Reply) -> None:
+        """Fence durably, then answer the read (A7, A11)."""
+        ledger.fenced = True
+        self.fence_count += 1
+        state = self.storage.get_state(ledger_id)
+        invariant(state is not None, "a known ledger has a stored state")
+        self.storage.put_state(ledger_id, _replace(state, fenced=True))
+
+        def fenced(_: object) -> None:
+            self._answer_read(request, ledger, reply)
+
+        self.journal.append(_FENCE_RECORD.pack(RECORD_FENCE, ledger_id), fenced, None)
+
+    def _answer_read(self, request: ReadRequest, ledger: _Ledger, reply: Reply) -> None:
+        entry = b""
+        if request.entry_id >= 0:
+            try:
+                found = self._read_entry(request.ledger_id, request.entry_id)
+            except BookieIOError as exc:
+                self._fail(reply, request.request_id, OpCode.READ, Status.IO_ERROR, str(exc))
+                return
+            if found is None:
+                self._fail(reply, request.request_id, OpCode.READ, Status.NO_ENTRY,
+                           f"no entry {request.ledger_id}:{request.entry_id} on this bookie")
+                return
+            entry = found
+            self.read_count += 1
+            self.read_bytes += len(found)
+        reply.send(encode_response(ReadResponse(request.request_id, request.ledger_id,
+                                                request.entry_id, ledger.lac, entry)))
+        reply.request_done()
+
+    def _read_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        return self.storage.get_entry(ledger_id, entry_id)
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _fail(reply: Reply, request_id: int, opcode: int, status: Status, message: str) -> None:
+        reply.send(encode_response(ErrorResponse(request_id, opcode, status, message)))
+        reply.request_done()
+
+
+def _answer(argument: object) -> None:
+    """Journal callback of an add or explicit LAC: the record is durable, send the answer."""
+    reply, frame = argument  # type: ignore[misc]
+    reply.send(frame)
+    reply.request_done()
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+def _replace(state: LedgerState, **changes: object) -> LedgerState:
+    return dataclasses.replace(state, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,69 @@
+"""Every setting of a bookie, with its default and its check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bookkeeper.bookie.server import ServerLimits
+from bookkeeper.errors import ConfigError
+from bookkeeper.meta.layout import DEFAULT_ROOT
+
+
+@dataclass(frozen=True, slots=True)
+class BookieConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 3181  # 0: any free port
+    http_port: int | None = 0  # 0: any free port; None: no admin server
+    zk: str | None = None  # "host:port[,host:port]"; None: no registration, cookie or GC (tests)
+    zk_root: str = DEFAULT_ROOT
+    zk_session_timeout_s: float = 10.0
+    bookie_id: str | None = None  # default "host:port"
+    rack: str | None = None
+    # journal
+    journal_sync: bool = True
+    journal_group_bytes_max: int = 512 * 2**10
+    journal_group_wait_us: int = 0
+    journal_file_bytes_max: int = 256 * 2**20
+    journal_prealloc_bytes: int = 16 * 2**20
+    journal_buffered_bytes_max: int = 64 * 2**20
+    # ledger storage
+    entry_log_bytes_max: int = 256 * 2**20
+    write_cache_bytes_max: int = 64 * 2**20
+    checkpoint_interval_s: float = 10.0
+    # disk and read-only mode
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm: float = 0.90
+    disk_check_interval_s: float = 10.0
+    # garbage collection
+    gc_interval_s: float = 600.0  # 0: only when asked (POST /api/v1/gc)
+    compaction_live_fraction: float = 0.5
+    # wire limits
+    limits: ServerLimits = field(default_factory=ServerLimits)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is outside 0..65535")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http port {self.http_port} is outside 0..65535")
+        if not 0 < self.disk_usage_threshold <= 1:
+            raise ConfigError(f"disk usage threshold {self.disk_usage_threshold} must be in (0, 1]")
+        if not 0 < self.disk_usage_lwm <= self.disk_usage_threshold:
+            raise ConfigError(f"disk usage low-water mark {self.disk_usage_lwm} must be in "
+                              f"(0, threshold {self.disk_usage_threshold}]")
+        if not 0 <= self.compaction_live_fraction <= 1:
+            raise ConfigError("compaction live fraction must be in [0, 1]")
+        if self.limits.entry_bytes_max > self.limits.frame_bytes_max:
+            raise ConfigError(f"maximum entry size {self.limits.entry_bytes_max} exceeds the "
+                              f"maximum frame size {self.limits.frame_bytes_max}")
+        if not self.zk_root.startswith("/") or self.zk_root.endswith("/"):
+            raise ConfigError(f"zk root {self.zk_root!r} must start with '/' and not end with it")
+
+    @property
+    def journal_dir(self) -> Path:
+        return Path(self.data_dir) / "journal"
+
+    @property
+    def ledgers_dir(self) -> Path:
+        return Path(self.data_dir) / "ledgers"

@@ -1,0 +1,90 @@
+"""The bookie's HTTP admin endpoint (aiohttp), served from the bookie's own event loop."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from bookkeeper.errors import DlogError
+
+if TYPE_CHECKING:
+    from bookkeeper.bookie.service import BookieService
+
+LEDGER_PAGE_MAX = 10_000
+SERVICE_KEY: web.AppKey[BookieService] = web.AppKey("service")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def health(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    if service.fatal_error is not None:
+        return web.json_response({"status": "failed", "reason": str(service.fatal_error)},
+                                 status=503)
+    return web.json_response({"status": "ok", "bookie_id": service.bookie_id})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[SERVICE_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE_KEY].describe())
+
+
+async def get_state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE_KEY].state_summary())
+
+
+async def put_state(request: web.Request) -> web.Response:
+    try:
+        body: Any = await request.json()
+    except json.JSONDecodeError:
+        return _error(400, 'body must be JSON like {"read_only": true}')
+    if not isinstance(body, dict) or not isinstance(body.get("read_only"), bool) or len(body) != 1:
+        return _error(400, f'body must be {{"read_only": true|false}}, got {body!r}')
+    service = request.app[SERVICE_KEY]
+    await service.set_manual_read_only(body["read_only"])
+    return web.json_response(service.state_summary())
+
+
+async def ledgers(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    try:
+        limit = int(request.query.get("limit", "1000"))
+        after = int(request.query.get("after", "-1"))
+    except ValueError:
+        return _error(400, "limit and after must be integers, e.g. ?limit=100&after=42")
+    if not 1 <= limit <= LEDGER_PAGE_MAX:
+        return _error(400, f"limit must be in 1..{LEDGER_PAGE_MAX}, got {limit}")
+    ids = sorted(ledger_id for ledger_id in service.storage.ledger_ids() if ledger_id > after)
+    page = [service.core.ledger_summary(ledger_id) for ledger_id in ids[:limit]]
+    return web.json_response({"ledgers": [item for item in page if item is not None],
+                              "more": len(ids) > limit})
+
+
+async def run_gc(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    try:
+        report = await service.collect_garbage()
+    except DlogError as exc:
+        return _error(503, f"garbage collection did not run: {exc}")
+    return web.json_response(report)
+
+
+def make_app(service: BookieService) -> web.Application:
+    app = web.Application()
+    app[SERVICE_KEY] = service
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/v1/bookie/info", info)
+    app.router.add_get("/api/v1/bookie/state", get_state)
+    app.router.add_put("/api/v1/bookie/state", put_state)
+    app.router.add_get("/api/v1/ledgers", ledgers)
+    app.router.add_post("/api/v1/gc", run_gc)
+    return app

@@ -1,0 +1,48 @@
+"""Run one bookie as the whole process: uvloop when installed, signals, exit status."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from bookkeeper.bookie.config import BookieConfig
+from bookkeeper.bookie.service import BookieService
+from bookkeeper.errors import DlogError
+
+log = logging.getLogger("bookkeeper.bookie")
+
+
+def install_event_loop_policy() -> None:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional (not on every platform)
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(config: BookieConfig, ready_line: bool = True) -> int:
+    service = BookieService(config)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, lambda: loop.create_task(service.stop()))
+    try:
+        await service.start()
+    except DlogError as exc:
+        print(f"dlog bookie: {exc}", file=sys.stderr)
+        await service.stop()
+        return 2
+    if ready_line:
+        # one parseable line for supervisors (dlog standalone, tests)
+        print(f"bookie ready id={service.bookie_id} port={service.port} "
+              f"http={service.http_url or '-'}", flush=True)
+    await service.wait_stopped()
+    return 1 if service.fatal_error is not None else 0
+
+
+def run(config: BookieConfig) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_event_loop_policy()
+    return asyncio.run(serve(config))

@@ -1,0 +1,313 @@
+"""One bookie: storage, journal, server, admin endpoint, ZooKeeper identity and the periodic work.
+
+Start-up order matters. Storage opens and the journal replays from the last checkpoint's mark
+before the port opens, so no request sees a half-recovered bookie; the cookie is checked before
+anything is served; registration comes last, so clients only find a bookie that is ready.
+Checkpoints and garbage collection share one lock: both move entries between the write cache,
+entry logs and the index, and never run at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from bookkeeper.bookie.bookie import BookieCore
+from bookkeeper.bookie.config import BookieConfig
+from bookkeeper.bookie.http import make_app
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.metrics import BookieMetrics
+from bookkeeper.bookie.registration import Registration, check_cookie, ensure_cluster
+from bookkeeper.bookie.server import BookieServer
+from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.errors import DlogError, MetadataError
+from bookkeeper.meta import layout
+from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
+
+if TYPE_CHECKING:
+    from bookkeeper.meta.zk import AsyncZooKeeper
+
+log = logging.getLogger(__name__)
+
+
+def next_read_only(read_only: bool, usage: float, threshold: float, low_water_mark: float) -> bool:
+    """Disk-driven read-only state with hysteresis: on above the threshold, off below the lwm."""
+    if usage >= threshold:
+        return True
+    if usage < low_water_mark:
+        return False
+    return read_only
+
+
+class BookieService:
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.fatal_error: BaseException | None = None
+        self.metrics = BookieMetrics(self)
+        self.storage = LedgerStorage(config.ledgers_dir, entry_log_bytes_max=config.entry_log_bytes_max,
+                                     write_cache_bytes_max=config.write_cache_bytes_max)
+        self.journal = Journal(config.journal_dir, file_bytes_max=config.journal_file_bytes_max,
+                               prealloc_bytes=config.journal_prealloc_bytes,
+                               group_bytes_max=config.journal_group_bytes_max,
+                               group_wait_us=config.journal_group_wait_us,
+                               buffered_bytes_max=config.journal_buffered_bytes_max,
+                               sync=config.journal_sync, on_commit=self._on_journal_commit,
+                               on_fatal=self._on_fatal)
+        self.core = BookieCore(self.journal, self.storage)
+        self.server = BookieServer(self.core, config.limits, self._info,
+                                   journal_full=lambda: self.journal.buffered_bytes
+                                   > config.journal_buffered_bytes_max)
+        self.port = config.port
+        self.http_port: int | None = None
+        self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
+        self.zk: AsyncZooKeeper | None = None  # only with config.zk
+        self.registration: Registration | None = None
+        self._manual_read_only = False
+        self._disk_read_only = False
+        self._maintenance = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http_runner: web.AppRunner | None = None
+        self._stopped = asyncio.Event()
+        self.replayed_records = 0
+        self._storage_open = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config.journal_dir.mkdir(parents=True, exist_ok=True)
+        self.config.ledgers_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.zk:
+            await self._check_identity()
+        await asyncio.to_thread(self._recover_storage)
+        self._storage_open = True
+        await self.journal.open_for_append()
+        await self.checkpoint()
+        self.port = await self.server.start(self.config.host, self.config.port)
+        if self.config.bookie_id is None:
+            self.bookie_id = f"{self.config.host}:{self.port}"
+        if self.config.http_port is not None:
+            await self._start_http()
+        self._check_disk()
+        if self.zk is not None:
+            await self._register()
+        self._tasks = [asyncio.create_task(self._periodic(self.config.checkpoint_interval_s,
+                                                          self.checkpoint), name="checkpoint"),
+                       asyncio.create_task(self._periodic(self.config.disk_check_interval_s,
+                                                          self._disk_check), name="disk-check")]
+        if self.config.gc_interval_s > 0 and self.zk is not None:
+            self._tasks.append(asyncio.create_task(
+                self._periodic(self.config.gc_interval_s, self.collect_garbage), name="gc"))
+        log.info("bookie %s ready: port %d, http %s, data %s (replayed %d journal records)",
+                 self.bookie_id, self.port, self.http_port, self.data_dir, self.replayed_records)
+
+    async def _check_identity(self) -> None:
+        if self.config.bookie_id is None and self.config.port == 0:
+            raise DlogError("a bookie registered in ZooKeeper needs a fixed --port or a --bookie-id: "
+                            "its cookie ties the data directory to that identity")
+        from bookkeeper.meta.zk import AsyncZooKeeper  # kazoo only when registering
+
+        self.zk = AsyncZooKeeper(self.config.zk, session_timeout_s=self.config.zk_session_timeout_s)
+        await self.zk.start()
+        instance_id = await ensure_cluster(self.zk, self.config.zk_root)
+        await check_cookie(self.zk, self.config.zk_root, self.bookie_id, self.data_dir, instance_id)
+
+    def _recover_storage(self) -> None:
+        self.storage.open()
+        mark = self.storage.load_mark()
+        self.replayed_records = self.journal.replay(mark, self.core.replay_record)
+
+    async def _start_http(self) -> None:
+        self._http_runner = web.AppRunner(make_app(self), access_log=None)
+        await self._http_runner.setup()
+        site = web.TCPSite(self._http_runner, self.config.host, self.config.http_port)
+        await site.start()
+        sockets = site._server.sockets  # type: ignore[union-attr]
+        self.http_port = sockets[0].getsockname()[1]
+
+    async def _register(self) -> None:
+        assert self.zk is not None
+        self.registration = Registration(self.zk, self.config.zk_root, self.bookie_id)
+        await self.registration.register(self._registration_info())
+
+        def on_state(state: str) -> None:
+            if state == "connected" and self.registration is not None:
+                asyncio.get_running_loop().create_task(self._reregister())
+
+        self.zk.add_state_listener(on_state)
+
+    async def _reregister(self) -> None:
+        try:
+            if self.registration is not None:
+                await self.registration.reregister()
+        except MetadataError as exc:
+            log.warning("could not re-register after reconnecting: %s", exc)
+
+    def _registration_info(self) -> dict[str, Any]:
+        return {"id": self.bookie_id, "address": f"{self.config.host}:{self.port}",
+                "http": self.http_url, "state": self.state_name, "rack": self.config.rack}
+
+    async def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.registration is not None:
+            try:
+                await self.registration.unregister()
+            except MetadataError as exc:
+                log.warning("could not unregister: %s", exc)
+        await self.server.stop()
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self._storage_open:  # a bookie refused at the cookie check never opened its storage
+            await self.journal.close()
+            if self.fatal_error is None:
+                await self.checkpoint()
+            self.storage.close()
+        if self.zk is not None:
+            await self.zk.close()
+        log.info("bookie %s stopped", self.bookie_id)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def _on_fatal(self, error: BaseException) -> None:
+        """The journal cannot write: nothing more may be acknowledged; stop serving."""
+        log.critical("journal failed, bookie stops: %s", error)
+        self.fatal_error = error
+        asyncio.get_running_loop().create_task(self.stop())
+
+    def _on_journal_commit(self, records: int, size_bytes: int, seconds: float) -> None:
+        self.metrics.on_journal_commit(records, size_bytes, seconds)
+        if self.server.paused:
+            self.server.resume_paused()
+        if self.storage.write_cache_bytes > self.config.write_cache_bytes_max and not self._maintenance.locked():
+            asyncio.get_running_loop().create_task(self.checkpoint())
+
+    # ------------------------------------------------------------------ periodic work
+
+    async def _periodic(self, interval_s: float, work: Any) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await work()
+            except (DlogError, OSError) as exc:
+                log.warning("%s failed: %s", getattr(work, "__name__", work), exc)
+
+    async def checkpoint(self) -> None:
+        """Make the write cache durable in entry logs and index, then advance the journal mark."""
+        async with self._maintenance:
+            if self.fatal_error is not None:
+                return
+            mark = self.journal.mark()
+            snapshot = self.storage.begin_checkpoint()
+            try:
+                await asyncio.to_thread(self.storage.flush_checkpoint, snapshot)
+                await asyncio.to_thread(self.storage.save_mark, mark)
+            finally:
+                self.storage.end_checkpoint(snapshot)
+            self.journal.release_before(mark)
+            self.metrics.checkpoints_total += 1
+
+    async def collect_garbage(self) -> dict[str, Any]:
+        """Drop ledgers whose metadata is gone (checked twice), then compact entry logs."""
+        if self.zk is None:
+            raise DlogError("garbage collection needs ZooKeeper (start the bookie with --zk)")
+        deleted: list[int] = []
+        started = time.monotonic()
+        for ledger_id in sorted(self.storage.ledger_ids()):
+            path = layout.ledger_path(self.config.zk_root, ledger_id)
+            if await self.zk.exists(path):
+                continue
+            async with self._maintenance:
+                # look again right before deleting: never act on a listing that may be stale
+                if await self.zk.exists(path):
+                    continue
+                self.storage.delete_ledger(ledger_id)
+                self.core.forget_ledger(ledger_id)
+            deleted.append(ledger_id)
+        async with self._maintenance:
+            reclaimed = await asyncio.to_thread(self.storage.compact,
+                                                self.config.compaction_live_fraction)
+        self.metrics.gc_ledgers_deleted_total += len(deleted)
+        self.metrics.gc_reclaimed_bytes_total += reclaimed
+        if deleted or reclaimed:
+            log.info("gc: deleted %d ledgers, reclaimed %d bytes", len(deleted), reclaimed)
+        return {"deleted_ledgers": deleted, "reclaimed_bytes": reclaimed,
+                "seconds": round(time.monotonic() - started, 3)}
+
+    # ------------------------------------------------------------------ disk and state
+
+    def disk_usage(self) -> dict[str, Any]:
+        usage = shutil.disk_usage(self.data_dir)
+        return {"total_bytes": usage.total, "free_bytes": usage.free,
+                "used_bytes": usage.total - usage.free,
+                "usage": round((usage.total - usage.free) / usage.total, 4) if usage.total else 0.0}
+
+    def _check_disk(self) -> bool:
+        """Update the disk-driven read-only flag; True when the bookie state changed."""
+        before = self.core.read_only
+        self._disk_read_only = next_read_only(self._disk_read_only, self.disk_usage()["usage"],
+                                              self.config.disk_usage_threshold,
+                                              self.config.disk_usage_lwm)
+        self._apply_read_only()
+        return before != self.core.read_only
+
+    async def _disk_check(self) -> None:
+        if self._check_disk() and self.registration is not None:
+            await self.registration.update(state=self.state_name)
+        if self.registration is not None:
+            await self.registration.reregister()
+
+    def _apply_read_only(self) -> None:
+        reasons = []
+        if self._manual_read_only:
+            reasons.append("set by an operator")
+        if self._disk_read_only:
+            reasons.append(f"disk usage {self.disk_usage()['usage']:.1%} passed "
+                           f"{self.config.disk_usage_threshold:.0%}")
+        self.core.read_only = bool(reasons)
+        self.core.read_only_reason = "; ".join(reasons)
+
+    async def set_manual_read_only(self, read_only: bool) -> None:
+        self._manual_read_only = read_only
+        self._apply_read_only()
+        if self.registration is not None:
+            await self.registration.update(state=self.state_name)
+
+    @property
+    def state_name(self) -> str:
+        return "read_only" if self.core.read_only else "writable"
+
+    def state_summary(self) -> dict[str, Any]:
+        return {"state": self.state_name, "reason": self.core.read_only_reason,
+                "manual_read_only": self._manual_read_only, "disk_read_only": self._disk_read_only}
+
+    @property
+    def http_url(self) -> str | None:
+        return None if self.http_port is None else f"http://{self.config.host}:{self.http_port}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.bookie_id, "address": f"{self.config.host}:{self.port}",
+                "http": self.http_url, "state": self.state_name, "rack": self.config.rack,
+                "data_dir": str(self.data_dir), "disk": self.disk_usage(),
+                "ledgers": len(self.storage.ledger_ids()),
+                "write_cache_bytes": self.storage.write_cache_bytes,
+                "unflushed_bytes": self.storage.unflushed_bytes,
+                "ledger_storage_bytes": self.storage.disk_bytes(),
+                "replayed_records": self.replayed_records}
+
+    def _info(self) -> BookieInfoResponse:
+        disk = self.disk_usage()
+        state = BookieState.READ_ONLY if self.core.read_only else BookieState.WRITABLE
+        return BookieInfoResponse(0, disk["free_bytes"], disk["total_bytes"], state, self.bookie_id)

@@ -1,0 +1,448 @@
+"""Ledger storage: write cache, entry logs, rocksdict index, ledger states, checkpoint, compaction.
+
+Theory of operation
+-------------------
+Threads. The event-loop thread (L) runs the hot path (``add_entry``, ``get_entry``,
+``last_entry_id``) and the rare calls (states, ``delete_ledger``, begin/end checkpoint).
+A worker thread (W) runs ``flush_checkpoint`` and ``compact``. The write cache, the last
+entry ids and the ledger states belong to L; W only does ``key in dict`` checks on them
+(atomic under the GIL) and reads checkpoint snapshots, which L never mutates after
+``begin_checkpoint`` swapped them out.
+
+Locks (none on the hot path; the cache paths of ``get_entry`` take none):
+* ``_writer_lock`` (W): one entry-log writer at a time, held from a batch's first append to
+  its index commit. So when compaction lists logs below the current one under this lock, none
+  has an append whose index entries are still to come.
+* ``_compaction_lock`` (W): one compaction at a time.
+* ``_index_lock`` (L and W, short): L holds it over a disk read (index get + pread) and over
+  ``delete_ledger``; W over each index batch write and over unlinking a log. A location read
+  under the lock is read from under the same lock, and a log is unlinked only after the index
+  no longer points into it, so a reader never sees a location of a deleted file. W never holds
+  it across entry-log I/O or fsync; index batches are chunked to keep it short.
+
+Deletes racing writers: ``delete_ledger`` adds the ledger to every registered *watcher* set
+(the in-flight checkpoint snapshot, a running compaction). Before writing an index batch under
+``_index_lock`` a writer drops the ledgers its watcher holds, so a delete is never undone.
+
+Durability order: entry log fdatasync, then index batches, then a synced rocksdict WAL (which
+also covers earlier unsynced ``put_state``/``delete_ledger`` writes); only then may the caller
+save the journal mark. Compaction syncs the WAL before it unlinks a log. Each log's ledger map
+is persisted before (or with) the first index entry pointing into it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from crc32c import crc32c
+from rocksdict import Options, Rdict, WriteBatch
+
+from bookkeeper.bookie.entrylog import RECORD_HEADER_BYTES, EntryLogger, ScannedEntry
+from bookkeeper.bookie.journal import JournalMark, fsync_directory
+from bookkeeper.errors import BookieIOError, invariant
+
+_INDEX_KEY = struct.Struct(">BQQ")  # big endian so one ledger's keys are contiguous and sorted
+_INDEX_VALUE = struct.Struct("<QI")  # location, record bytes
+_LEDGER_KEY = struct.Struct(">BQ")
+_INDEX, _STATE, _LEDGER_MAP = ord("i"), ord("s"), ord("m")
+_NEXT_LOG_ID_KEY = b"n"
+_STATE_HEAD = struct.Struct("<BBqI")  # version, fenced, explicit_lac, master key bytes
+_STATE_VERSION = 1
+_MARK = struct.Struct("<4sQQ")
+_MARK_MAGIC = b"DLMK"
+_CHUNK_PUTS = 16384  # index puts per batch: bounds how long _index_lock is held
+_RELOCATE_BATCH_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerState:
+    """What a bookie knows about a ledger besides its entries (kept in memory and rocksdict)."""
+
+    master_key: bytes
+    fenced: bool = False
+    explicit_lac: int = -1
+    explicit_lac_data: bytes = b""  # the client-signed LAC buffer, returned as is by readLac
+
+
+def encode_state(state: LedgerState) -> bytes:
+    head = _STATE_HEAD.pack(_STATE_VERSION, state.fenced, state.explicit_lac, len(state.master_key))
+    return head + state.master_key + state.explicit_lac_data
+
+
+def decode_state(blob: bytes) -> LedgerState:
+    if len(blob) < _STATE_HEAD.size:
+        raise BookieIOError(f"corrupt ledger state ({len(blob)} bytes)")
+    version, fenced, lac, key_bytes = _STATE_HEAD.unpack_from(blob)
+    if version != _STATE_VERSION or len(blob) < _STATE_HEAD.size + key_bytes:
+        raise BookieIOError(f"corrupt ledger state (version {version}, {len(blob)} bytes)")
+    key_end = _STATE_HEAD.size + key_bytes
+    return LedgerState(blob[_STATE_HEAD.size : key_end], bool(fenced), lac, blob[key_end:])
+
+
+class CheckpointSnapshot:
+    """A write cache swapped out by begin_checkpoint; ``deleted`` is its deletion watcher."""
+
+    __slots__ = ("entries", "cache_bytes", "deleted", "flushed")
+
+    def __init__(self, entries: dict[int, dict[int, bytes]], cache_bytes: int, deleted: set[int]) -> None:
+        self.entries = entries
+        self.cache_bytes = cache_bytes
+        self.deleted = deleted
+        self.flushed = False
+
+
+def _index_key(ledger_id: int, entry_id: int) -> bytes:
+    return _INDEX_KEY.pack(_INDEX, ledger_id, entry_id)
+
+
+class LedgerStorage:
+    """Entries and ledger states of one bookie directory; see the module docstring."""
+
+    def __init__(
+        self, directory: Path, *, entry_log_bytes_max: int = 256 * 2**20, write_cache_bytes_max: int = 64 * 2**20
+    ) -> None:
+        self._directory = Path(directory)
+        self._entry_log_bytes_max = entry_log_bytes_max
+        self.write_cache_bytes_max = write_cache_bytes_max
+        self._db: Rdict | None = None
+        self._log: EntryLogger | None = None
+        self._active: dict[int, dict[int, bytes]] = {}
+        self._active_bytes = 0
+        self._snapshot: CheckpointSnapshot | None = None
+        self._last_entry: dict[int, int] = {}
+        self._states: dict[int, LedgerState] = {}
+        self._watchers: list[set[int]] = []
+        self._writer_lock = threading.Lock()
+        self._compaction_lock = threading.Lock()
+        self._index_lock = threading.Lock()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        invariant(self._db is None, "LedgerStorage.open called twice")
+        self._directory.mkdir(parents=True, exist_ok=True)
+        self._db = Rdict(str(self._directory / "index"), Options(raw_mode=True))
+        self._states = {
+            _LEDGER_KEY.unpack(key)[1]: decode_state(value) for key, value in self._prefix_items(_STATE)
+        }
+        ledger_maps = {_LEDGER_KEY.unpack(key)[1]: value for key, value in self._prefix_items(_LEDGER_MAP)}
+        stored_next = self._db.get(_NEXT_LOG_ID_KEY)
+        next_log_id = struct.unpack("<Q", stored_next)[0] if stored_next is not None else 1
+        self._last_entry = self._load_last_entries()
+        self._log = EntryLogger(self._directory / "entrylogs", log_bytes_max=self._entry_log_bytes_max)
+        self._log.open(ledger_maps, next_log_id)
+        for log_id in ledger_maps.keys() - set(self._log.log_ids()):
+            self._db.delete(_LEDGER_KEY.pack(_LEDGER_MAP, log_id))  # a crash between unlink and this delete
+
+    def _prefix_items(self, prefix: int) -> list[tuple[bytes, bytes]]:
+        items = []
+        for key, value in self._db.items(from_key=bytes([prefix])):
+            if key[0] != prefix:
+                break
+            items.append((key, value))
+        return items
+
+    def _load_last_entries(self) -> dict[int, int]:
+        """Highest indexed entry id per ledger: one seek pair per ledger, not a full scan."""
+        last_entry: dict[int, int] = {}
+        iterator = self._db.iter()
+        iterator.seek(bytes([_INDEX]))
+        while iterator.valid() and iterator.key()[0] == _INDEX:
+            ledger_id = _INDEX_KEY.unpack(iterator.key())[1]
+            iterator.seek_for_prev(_index_key(ledger_id, 2**64 - 1))
+            last_entry[ledger_id] = _INDEX_KEY.unpack(iterator.key())[2]
+            if ledger_id == 2**64 - 1:
+                break
+            iterator.seek(_index_key(ledger_id + 1, 0))
+        return last_entry
+
+    def close(self) -> None:
+        """Flush the write cache to the entry logs, then close; call with no checkpoint running."""
+        if self._db is None:
+            return
+        invariant(self._snapshot is None, "LedgerStorage.close during a checkpoint")
+        with self._compaction_lock:
+            if self._active:
+                snapshot = self.begin_checkpoint()
+                self.flush_checkpoint(snapshot)
+                self.end_checkpoint(snapshot)
+            with self._writer_lock, self._index_lock:
+                self._log.close()
+                self._db.flush_wal(True)
+                self._db.close()
+                self._db = self._log = None
+
+    # --- hot path (loop thread) -----------------------------------------------------------
+
+    def add_entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        """Into the write cache; ``data`` must be immutable bytes."""
+        entries = self._active.get(ledger_id)
+        if entries is None:
+            entries = self._active[ledger_id] = {}
+        entries[entry_id] = data
+        self._active_bytes += len(data)
+        if entry_id > self._last_entry.get(ledger_id, -1):
+            self._last_entry[ledger_id] = entry_id
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        entries = self._active.get(ledger_id)
+        if entries is not None:
+            data = entries.get(entry_id)
+            if data is not None:
+                return data
+        snapshot = self._snapshot
+        if snapshot is not None:
+            entries = snapshot.entries.get(ledger_id)
+            if entries is not None and ledger_id not in snapshot.deleted:
+                data = entries.get(entry_id)
+                if data is not None:
+                    return data
+        if not 0 <= entry_id <= self._last_entry.get(ledger_id, -1):
+            return None
+        key = _index_key(ledger_id, entry_id)
+        with self._index_lock:
+            value = self._db.get(key)
+            if value is None:
+                return None
+            location, record_bytes = _INDEX_VALUE.unpack(value)
+            return self._log.read(location, record_bytes, ledger_id, entry_id)
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        return self._last_entry.get(ledger_id, -1)
+
+    @property
+    def write_cache_bytes(self) -> int:
+        """Bytes in the active write cache (not counting a snapshot being flushed)."""
+        return self._active_bytes
+
+    @property
+    def unflushed_bytes(self) -> int:
+        """Entry bytes not yet in entry logs: the active cache plus a snapshot being flushed."""
+        snapshot = self._snapshot
+        return self._active_bytes + (snapshot.cache_bytes if snapshot is not None else 0)
+
+    # --- ledger states (loop thread) ------------------------------------------------------
+
+    def get_state(self, ledger_id: int) -> LedgerState | None:
+        return self._states.get(ledger_id)
+
+    def put_state(self, ledger_id: int, state: LedgerState) -> None:
+        self._states[ledger_id] = state
+        self._db.put(_LEDGER_KEY.pack(_STATE, ledger_id), encode_state(state))
+
+    def ledger_ids(self) -> list[int]:
+        return sorted(self._states.keys() | self._last_entry.keys())
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._states.pop(ledger_id, None)
+        self._last_entry.pop(ledger_id, None)
+        dropped = self._active.pop(ledger_id, None)
+        if dropped:
+            self._active_bytes -= sum(len(data) for data in dropped.values())
+        batch = WriteBatch(raw_mode=True)
+        batch.delete(_LEDGER_KEY.pack(_STATE, ledger_id))
+        # Index keys are exactly 17 bytes, so this 18-byte end sorts after all of this ledger's.
+        batch.delete_range(_index_key(ledger_id, 0), _index_key(ledger_id, 2**64 - 1) + b"\0")
+        with self._index_lock:
+            for watcher in self._watchers:
+                watcher.add(ledger_id)
+            self._db.write(batch)
+
+    def _ledger_exists(self, ledger_id: int) -> bool:
+        return ledger_id in self._states or ledger_id in self._last_entry
+
+    # --- checkpoint -----------------------------------------------------------------------
+
+    def begin_checkpoint(self) -> CheckpointSnapshot:
+        """Loop thread: swap the write cache out; reads still see it until end_checkpoint."""
+        invariant(self._snapshot is None, "a checkpoint is already in progress")
+        snapshot = CheckpointSnapshot(self._active, self._active_bytes, self._watch())
+        self._active, self._active_bytes = {}, 0
+        self._snapshot = snapshot
+        return snapshot
+
+    def flush_checkpoint(self, snapshot: CheckpointSnapshot) -> None:
+        """Worker thread: entries to the entry log (fsynced), then the index (WAL synced)."""
+        invariant(snapshot is self._snapshot, "flush_checkpoint of a snapshot not in progress")
+        pack_key, pack_value = _INDEX_KEY.pack, _INDEX_VALUE.pack
+        with self._writer_lock:
+            puts: list[tuple[int, bytes, bytes]] = []
+            for ledger_id in sorted(snapshot.entries):
+                if ledger_id in snapshot.deleted:
+                    continue
+                entries = snapshot.entries[ledger_id]
+                entry_ids = sorted(entries)
+                locations = self._log.append_entries(ledger_id, entry_ids, entries)
+                for entry_id, location in zip(entry_ids, locations):
+                    record_bytes = RECORD_HEADER_BYTES + len(entries[entry_id])
+                    puts.append((ledger_id, pack_key(_INDEX, ledger_id, entry_id), pack_value(location, record_bytes)))
+            self._log.flush()
+            self._commit_index(puts, snapshot.deleted)
+            snapshot.flushed = True
+
+    def end_checkpoint(self, snapshot: CheckpointSnapshot) -> None:
+        """Loop thread: forget the snapshot; if its flush failed, its entries go back to the cache."""
+        invariant(snapshot is self._snapshot, "end_checkpoint of a snapshot not in progress")
+        self._unwatch(snapshot.deleted)
+        self._snapshot = None
+        if not snapshot.flushed:
+            self._restore(snapshot)
+
+    def _restore(self, snapshot: CheckpointSnapshot) -> None:
+        """Put an unflushed snapshot back so reads keep finding it (rare: a failed flush)."""
+        for ledger_id, entries in snapshot.entries.items():
+            if ledger_id in snapshot.deleted:
+                continue
+            active = self._active.setdefault(ledger_id, {})
+            for entry_id, data in entries.items():
+                if entry_id not in active:
+                    active[entry_id] = data
+                    self._active_bytes += len(data)
+
+    def _commit_index(self, puts: list[tuple[int, bytes, bytes]], watcher: set[int]) -> None:
+        """Writer lock held, entry log flushed: log metadata, then index puts, then sync the WAL."""
+        metadata = WriteBatch(raw_mode=True)
+        for log_id, blob in self._log.take_dirty_metadata():
+            metadata.put(_LEDGER_KEY.pack(_LEDGER_MAP, log_id), blob)
+        metadata.put(_NEXT_LOG_ID_KEY, struct.pack("<Q", self._log.next_log_id))
+        self._db.write(metadata)
+        for start in range(0, len(puts), _CHUNK_PUTS):
+            chunk = puts[start : start + _CHUNK_PUTS]
+            batch = _build_batch(chunk, ())
+            with self._index_lock:
+                # A ledger deleted since its entries were read must not come back.
+                deleted = {ledger_id for ledger_id, _, _ in chunk} & watcher if watcher else None
+                if deleted:
+                    batch = _build_batch(chunk, deleted)
+                self._db.write(batch)
+        self._db.flush_wal(True)
+
+    def _watch(self) -> set[int]:
+        watcher: set[int] = set()
+        with self._index_lock:
+            self._watchers.append(watcher)
+        return watcher
+
+    def _unwatch(self, watcher: set[int]) -> None:
+        with self._index_lock:  # by identity: two empty watchers are equal sets
+            self._watchers = [other for other in self._watchers if other is not watcher]
+
+    # --- journal mark -----------------------------------------------------------------------
+
+    def load_mark(self) -> JournalMark | None:
+        try:
+            blob = (self._directory / "lastmark").read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(blob) != _MARK.size + 4 or struct.unpack("<I", blob[-4:])[0] != crc32c(blob[:-4]):
+            raise BookieIOError("lastmark file is corrupt")
+        magic, file_id, offset = _MARK.unpack(blob[:-4])
+        if magic != _MARK_MAGIC:
+            raise BookieIOError("lastmark file has a bad magic")
+        return JournalMark(file_id, offset)
+
+    def save_mark(self, mark: JournalMark) -> None:
+        """Durably replace the mark: write temp, fsync, rename, fsync directory."""
+        body = _MARK.pack(_MARK_MAGIC, mark.file_id, mark.offset)
+        temporary = self._directory / "lastmark.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, body + struct.pack("<I", crc32c(body)))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, self._directory / "lastmark")
+        fsync_directory(self._directory)
+
+    # --- compaction (worker thread) -------------------------------------------------------
+
+    def compact(self, live_fraction_max: float = 0.5) -> int:
+        """Reclaim logs below the current one whose live fraction < threshold; returns bytes."""
+        with self._compaction_lock:
+            watcher = self._watch()
+            try:
+                with self._writer_lock:
+                    current = self._log.current_log_id
+                    candidates = [log_id for log_id in self._log.log_ids() if current is None or log_id < current]
+                return sum(self._compact_log(log_id, live_fraction_max, watcher) for log_id in candidates)
+            finally:
+                self._unwatch(watcher)
+
+    def _compact_log(self, log_id: int, live_fraction_max: float, watcher: set[int]) -> int:
+        file_bytes = self._log.file_bytes(log_id)
+        ledger_bytes = self._log.ledger_bytes(log_id)
+        live_bytes = sum(count for ledger_id, count in ledger_bytes.items() if self._ledger_exists(ledger_id))
+        if live_bytes > 0 and live_bytes >= live_fraction_max * file_bytes:
+            return 0
+        copied = self._relocate(log_id, watcher) if live_bytes > 0 else 0
+        # Index deletes (delete_ledger) and the moves above must be durable before the unlink.
+        self._db.flush_wal(True)
+        with self._writer_lock, self._index_lock:
+            self._log.delete_log(log_id)
+            self._db.delete(_LEDGER_KEY.pack(_LEDGER_MAP, log_id))
+        return max(file_bytes - copied, 0)
+
+    def _relocate(self, log_id: int, watcher: set[int]) -> int:
+        """Copy the live entries of ``log_id`` into the current log; returns bytes copied."""
+        copied, pending, pending_bytes = 0, [], 0
+        for scanned in self._log.scan(log_id):
+            if not self._ledger_exists(scanned.ledger_id):
+                continue
+            key = _index_key(scanned.ledger_id, scanned.entry_id)
+            value = _INDEX_VALUE.pack(scanned.location, scanned.record_bytes)
+            if self._db.get(key) != value:
+                continue  # superseded by a newer copy, or deleted
+            pending.append((scanned, key, value))
+            pending_bytes += scanned.record_bytes
+            if pending_bytes >= _RELOCATE_BATCH_BYTES:
+                copied += self._move(pending, watcher)
+                pending, pending_bytes = [], 0
+        if pending:
+            copied += self._move(pending, watcher)
+        return copied
+
+    def _move(self, pending: list[tuple[ScannedEntry, bytes, bytes]], watcher: set[int]) -> int:
+        with self._writer_lock:
+            puts, copied = [], 0
+            for scanned, key, value in pending:
+                # Under the writer lock only delete_ledger can still change the key (watcher).
+                if self._db.get(key) != value:
+                    continue
+                ledger_id, entry_id = scanned.ledger_id, scanned.entry_id
+                [location] = self._log.append_entries(ledger_id, [entry_id], {entry_id: scanned.data})
+                puts.append((ledger_id, key, _INDEX_VALUE.pack(location, scanned.record_bytes)))
+                copied += scanned.record_bytes
+            self._log.flush()
+            self._commit_index(puts, watcher)
+        return copied
+
+    # --- metrics ----------------------------------------------------------------------------
+
+    def disk_bytes(self) -> int:
+        """Bytes of entry logs plus the index directory."""
+        total = self._log.total_file_bytes() if self._log is not None else 0
+        for root, _, names in os.walk(self._directory / "index"):
+            for name in names:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    continue  # rocksdb compaction removed it meanwhile
+        return total
+
+
+def _build_batch(puts: list[tuple[int, bytes, bytes]], skip: set[int] | tuple[()]) -> WriteBatch:
+    batch = WriteBatch(raw_mode=True)
+    put = batch.put
+    if skip:
+        for ledger_id, key, value in puts:
+            if ledger_id not in skip:
+                put(key, value)
+    else:
+        for _, key, value in puts:
+            put(key, value)
+    return batch
+

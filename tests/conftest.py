@@ -1,0 +1,44 @@
+"""Fixtures shared by every test directory. Keep each section small; add new ones below."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import pytest
+
+from bookkeeper.meta.zk import AsyncZooKeeper
+from bookkeeper.meta.zkserver import EmbeddedZooKeeper
+
+# ------------------------------------------------------------------------------ ZooKeeper
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedZooKeeper]:
+    """One real ZooKeeper for the whole session; tests keep apart by using ``zk_root``."""
+    server = EmbeddedZooKeeper(Path(tmp_path_factory.mktemp("zookeeper")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_hosts(zk_server: EmbeddedZooKeeper) -> str:
+    """The connect string of the session's ZooKeeper, e.g. "127.0.0.1:PORT"."""
+    return zk_server.address
+
+
+@pytest.fixture
+def zk_root() -> str:
+    """A root path no other test uses, e.g. "/t-1a2b3c4d" (not created: tests create what they need)."""
+    return f"/t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def zk(zk_server: EmbeddedZooKeeper) -> AsyncIterator[AsyncZooKeeper]:
+    """A started client of the session's ZooKeeper, closed after the test."""
+    client = AsyncZooKeeper(zk_server.address, timeout_s=10.0)
+    await client.start()
+    yield client
+    await client.close()
