@@ -138,6 +138,13 @@ class NotEnoughBookiesError(DlogError):
     retryable = True
 
 
+class LedgerRecoveryError(DlogError):
+    """Recovery could not decide where the ledger ends (too many bookies unreachable); retry."""
+
+    code = 203
+    retryable = True
+
+
 class MetadataError(DlogError):
     """Metadata store failure (ZooKeeper unreachable, corrupt or unknown-version data)."""
 

@@ -1,0 +1,169 @@
+"""The client facade: create, open (with or without recovery), delete and list ledgers.
+
+    async with BookKeeper(zk="127.0.0.1:2181") as bk:
+        lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"pw")
+        entry_id = await lh.append(b"payload")
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, password=b"pw", recovery=True)
+        entries = await rh.read(0, rh.last_add_confirmed)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Callable
+
+from bookkeeper.client.ledger import LedgerHandle, ReadHandle, RecoveryDriver
+from bookkeeper.client.placement import choose_ensemble
+from bookkeeper.client.pool import BookiePool
+from bookkeeper.errors import ConfigError, DlogError, LedgerRecoveryError, UnauthorizedError
+from bookkeeper.meta import layout
+from bookkeeper.meta.store import BookieInfo, MetadataStore
+from bookkeeper.protocol.entry import Digest, DigestType, master_key
+from bookkeeper.protocol.metadata import LedgerMetadata, check_quorum, password_hash
+from bookkeeper.protocol.recovery import RecoveryOp
+from bookkeeper.protocol.writer import LedgerWriter
+
+log = logging.getLogger(__name__)
+RECOVERY_ATTEMPTS_MAX = 5
+
+
+class BookKeeper:
+    def __init__(self, zk: str | None = None, *, root: str = layout.DEFAULT_ROOT,
+                 store: MetadataStore | None = None, rng: random.Random | None = None,
+                 add_timeout_s: float = 5.0, read_timeout_s: float = 5.0,
+                 speculative_read_ms: int = 500, explicit_lac_interval_ms: int = 50,
+                 tick_interval_s: float = 0.05, pending_adds_max: int = 10_000,
+                 zk_timeout_s: float = 10.0) -> None:
+        if zk is None and store is None:
+            raise ConfigError("BookKeeper needs zk='host:port' or a metadata store")
+        self._zk = zk
+        self._root = root
+        self.store: MetadataStore = store  # type: ignore[assignment]  # set in start() if None
+        self.rng = rng or random.Random()
+        self.add_timeout_s = add_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.speculative_read_ms = speculative_read_ms
+        self.explicit_lac_interval_ms = explicit_lac_interval_ms
+        self.tick_interval_s = tick_interval_s
+        self.pending_adds_max = pending_adds_max
+        self.zk_timeout_s = zk_timeout_s
+        self.pool = BookiePool(self._address_of, timeout_s=max(add_timeout_s, read_timeout_s) + 1)
+        self._bookies: dict[str, BookieInfo] = {}
+        self._writable_watchers: list[Callable[[list[str]], None]] = []
+        self._unwatch: Callable[[], None] | None = None
+
+    async def start(self) -> BookKeeper:
+        if self.store is None:
+            from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+
+            self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,  # type: ignore[arg-type]
+                                                              timeout_s=self.zk_timeout_s)
+        self._unwatch = self.store.watch_bookies(self._on_bookies)
+        self._on_bookies(await self.store.bookies())
+        return self
+
+    async def close(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+        await self.pool.close()
+        await self.store.close()
+
+    async def __aenter__(self) -> BookKeeper:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ bookies
+
+    def _on_bookies(self, bookies: list[BookieInfo]) -> None:
+        self._bookies = {info.bookie_id: info for info in bookies}
+        writable = self.writable_bookies()
+        for watcher in list(self._writable_watchers):
+            watcher(writable)
+
+    def _address_of(self, bookie_id: str) -> str:
+        info = self._bookies.get(bookie_id)
+        return info.address if info is not None else bookie_id
+
+    def writable_bookies(self) -> list[str]:
+        return sorted(bookie_id for bookie_id, info in self._bookies.items() if info.writable)
+
+    def watch_writable(self, callback: Callable[[list[str]], None]) -> Callable[[], None]:
+        self._writable_watchers.append(callback)
+        return lambda: self._writable_watchers.remove(callback)
+
+    # ------------------------------------------------------------------ ledgers
+
+    async def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
+                            password: bytes = b"", digest: DigestType = DigestType.CRC32C,
+                            custom: dict[str, str] | None = None) -> LedgerHandle:
+        check_quorum(ensemble, write_quorum, ack_quorum)
+        bookies = choose_ensemble(self._bookies.values(), ensemble, self.rng)
+        metadata = LedgerMetadata(ensemble, write_quorum, ack_quorum, ((0, bookies),),
+                                  digest_type=digest, password_hash=password_hash(password),
+                                  ctime_ms=int(time.time() * 1000),
+                                  custom=tuple(sorted((custom or {}).items())))
+        ledger_id, version = await self.store.create_ledger(metadata)
+        writer = LedgerWriter(ledger_id, metadata, version, Digest.for_ledger(digest, password),
+                              available_bookies=self.writable_bookies(), rng=self.rng,
+                              add_timeout_ms=int(self.add_timeout_s * 1000),
+                              explicit_lac_interval_ms=self.explicit_lac_interval_ms)
+        return LedgerHandle(self, ledger_id, writer, master_key(password), self.pending_adds_max)
+
+    async def open_ledger(self, ledger_id: int, *, password: bytes = b"",
+                          recovery: bool = True) -> ReadHandle:
+        """Open for reading. With recovery the ledger is fenced and sealed first (A6); without, it
+        is read up to its LAC and can be tailed."""
+        _check_ledger_id(ledger_id)
+        metadata, version = await self.store.read_ledger(ledger_id)
+        if metadata.password_hash and metadata.password_hash != password_hash(password):
+            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        digest = Digest.for_ledger(metadata.digest_type, password)
+        if recovery and not metadata.is_closed:
+            metadata, version = await self._recover(ledger_id, metadata, version, digest, password)
+        handle = ReadHandle(self, ledger_id, metadata, version, digest, master_key(password))
+        if not metadata.is_closed:
+            await handle.read_lac()
+        return handle
+
+    async def _recover(self, ledger_id: int, metadata: LedgerMetadata, version: int, digest: Digest,
+                       password: bytes) -> tuple[LedgerMetadata, int]:
+        error: DlogError | None = None
+        for attempt in range(RECOVERY_ATTEMPTS_MAX):
+            if attempt:
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+                metadata, version = await self.store.read_ledger(ledger_id)
+            op = RecoveryOp(ledger_id, metadata, version, digest,
+                            available_bookies=self.writable_bookies(), rng=self.rng,
+                            read_timeout_ms=int(self.read_timeout_s * 1000),
+                            add_timeout_ms=int(self.add_timeout_s * 1000))
+            finished = await RecoveryDriver(self, ledger_id, op, master_key(password)).recover()
+            if finished.error is None and finished.metadata is not None:
+                return finished.metadata, finished.version
+            error = finished.error
+            if not isinstance(error, LedgerRecoveryError):
+                raise error  # type: ignore[misc]
+            log.warning("recovery of ledger %d, attempt %d: %s", ledger_id, attempt + 1, error)
+        raise error or LedgerRecoveryError(f"recovery of ledger {ledger_id} failed")
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Remove the ledger's metadata; bookies reclaim its data by garbage collection."""
+        _check_ledger_id(ledger_id)
+        await self.store.delete_ledger(ledger_id)
+
+    async def list_ledgers(self) -> list[int]:
+        return await self.store.list_ledgers()
+
+    async def ledger_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        _check_ledger_id(ledger_id)
+        return await self.store.read_ledger(ledger_id)
+
+
+def _check_ledger_id(ledger_id: object) -> None:
+    if not isinstance(ledger_id, int) or isinstance(ledger_id, bool) or not 0 <= ledger_id <= layout.LEDGER_ID_MAX:
+        raise ConfigError(f"ledger id must be an integer in 0..{layout.LEDGER_ID_MAX}, got {ledger_id!r}")

@@ -1,0 +1,105 @@
+"""One connection per bookie, opened lazily, shared by every ledger of a client.
+
+`send` never blocks: with no open connection it queues the request, connects in the background
+and sends once connected, or fails every queued request with `BookieUnavailableError`. After a
+failed connect the bookie is refused at once for `reconnect_backoff_s`, so a dead bookie costs one
+connect attempt per back-off period instead of one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any, Callable
+
+from bookkeeper.client.connection import BookieConnection
+from bookkeeper.errors import BookieUnavailableError
+from bookkeeper.protocol.wire import Request
+
+
+class BookiePool:
+    def __init__(self, resolve: Callable[[str], str] | None = None, *, timeout_s: float = 5.0,
+                 connect_timeout_s: float = 3.0, reconnect_backoff_s: float = 0.2,
+                 in_flight_max: int = 10_000) -> None:
+        self._resolve = resolve or (lambda bookie_id: bookie_id)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self.in_flight_max = in_flight_max
+        self._connections: dict[str, BookieConnection] = {}
+        self._connecting: dict[str, asyncio.Task[None]] = {}
+        self._queued: dict[str, list[tuple[Request, float, asyncio.Future[Any]]]] = {}
+        self._failed_at: dict[str, float] = {}
+        self._request_ids = itertools.count(1)
+        self._closed = False
+
+    def next_request_id(self) -> int:
+        return next(self._request_ids)
+
+    def send(self, bookie_id: str, request: Request, *, wait_s: float = 0.0) -> asyncio.Future[Any]:
+        connection = self._connections.get(bookie_id)
+        if connection is not None and connection.is_open:
+            return connection.send(request, wait_s=wait_s)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if self._closed:
+            future.set_exception(BookieUnavailableError("the client is closed"))
+            return future
+        failed_at = self._failed_at.get(bookie_id)
+        if failed_at is not None and time.monotonic() - failed_at < self.reconnect_backoff_s:
+            future.set_exception(BookieUnavailableError(f"bookie {bookie_id} is unreachable "
+                                                        "(connect failed moments ago)"))
+            return future
+        self._queued.setdefault(bookie_id, []).append((request, wait_s, future))
+        if bookie_id not in self._connecting:
+            self._connecting[bookie_id] = loop.create_task(self._connect(bookie_id))
+        return future
+
+    async def _connect(self, bookie_id: str) -> None:
+        try:
+            connection = await BookieConnection.open(
+                self._resolve(bookie_id), connect_timeout_s=self.connect_timeout_s,
+                timeout_s=self.timeout_s, in_flight_max=self.in_flight_max)
+        except BookieUnavailableError as exc:
+            self._failed_at[bookie_id] = time.monotonic()
+            for _, _, future in self._queued.pop(bookie_id, []):
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        finally:
+            self._connecting.pop(bookie_id, None)
+        self._failed_at.pop(bookie_id, None)
+        old = self._connections.get(bookie_id)
+        if old is not None:
+            await old.close()
+        self._connections[bookie_id] = connection
+        for request, wait_s, future in self._queued.pop(bookie_id, []):
+            _chain(connection.send(request, wait_s=wait_s), future)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._connecting.values()):
+            task.cancel()
+        for connection in list(self._connections.values()):
+            await connection.close()
+        self._connections.clear()
+        for queued in self._queued.values():
+            for _, _, future in queued:
+                if not future.done():
+                    future.set_exception(BookieUnavailableError("the client is closed"))
+        self._queued.clear()
+
+
+def _chain(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
+    def copy(done: asyncio.Future[Any]) -> None:
+        if target.done():
+            return
+        if done.cancelled():
+            target.cancel()
+        elif done.exception() is not None:
+            target.set_exception(done.exception())  # type: ignore[arg-type]
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)

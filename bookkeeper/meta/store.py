@@ -1,0 +1,108 @@
+"""The metadata store port, and its in-memory implementation for unit and simulation tests.
+
+Ledger metadata is versioned: every write is a compare-and-set from the version read, so two
+clients can never both believe their change won. Ledger ids are unique, 63-bit, and increase in
+allocation order (a compare-and-set counter, not a batch per client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from bookkeeper.errors import MetadataVersionError, NoSuchLedgerError
+from bookkeeper.protocol.metadata import LedgerMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfo:
+    bookie_id: str
+    address: str
+    state: str = "writable"  # or "read_only"
+    rack: str | None = None
+    http: str | None = None
+
+    @property
+    def writable(self) -> bool:
+        return self.state == "writable"
+
+
+class MetadataStore(Protocol):
+    async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
+        """Allocate a ledger id and store its metadata; returns (ledger id, version)."""
+
+    async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        """(metadata, version); NoSuchLedgerError when absent, CorruptMetadataError when unreadable."""
+
+    async def write_ledger(self, ledger_id: int, metadata: LedgerMetadata, expected_version: int) -> int:
+        """Compare-and-set; returns the new version; MetadataVersionError when it lost."""
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Remove the metadata (bookies reclaim the data by garbage collection)."""
+
+    async def list_ledgers(self) -> list[int]:
+        """Every ledger id, sorted."""
+
+    async def bookies(self) -> list[BookieInfo]:
+        """Registered bookies."""
+
+    def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Callable[[], None]:
+        """Call back (on the event loop) whenever the registered bookies change."""
+
+    async def close(self) -> None: ...
+
+
+class MemoryMetadataStore:
+    """Everything in a dict; the same semantics as the ZooKeeper store."""
+
+    def __init__(self, bookies: list[BookieInfo] | None = None) -> None:
+        self._ledgers: dict[int, tuple[LedgerMetadata, int]] = {}
+        self._next_id = 1
+        self._bookies = list(bookies or [])
+        self._watchers: list[Callable[[list[BookieInfo]], None]] = []
+
+    async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
+        ledger_id = self._next_id
+        self._next_id += 1
+        self._ledgers[ledger_id] = (metadata, 0)
+        return ledger_id, 0
+
+    async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        try:
+            return self._ledgers[ledger_id]
+        except KeyError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+
+    async def write_ledger(self, ledger_id: int, metadata: LedgerMetadata, expected_version: int) -> int:
+        current = self._ledgers.get(ledger_id)
+        if current is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        if current[1] != expected_version:
+            raise MetadataVersionError(f"ledger {ledger_id} is at version {current[1]}, "
+                                       f"not {expected_version}")
+        self._ledgers[ledger_id] = (metadata, expected_version + 1)
+        return expected_version + 1
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        if self._ledgers.pop(ledger_id, None) is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+
+    async def list_ledgers(self) -> list[int]:
+        return sorted(self._ledgers)
+
+    async def bookies(self) -> list[BookieInfo]:
+        return list(self._bookies)
+
+    def set_bookies(self, bookies: list[BookieInfo]) -> None:
+        self._bookies = list(bookies)
+        loop = asyncio.get_running_loop()
+        for watcher in list(self._watchers):
+            loop.call_soon(watcher, list(bookies))
+
+    def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Callable[[], None]:
+        self._watchers.append(callback)
+        return lambda: self._watchers.remove(callback)
+
+    async def close(self) -> None:
+        self._watchers.clear()

@@ -1,0 +1,142 @@
+"""The metadata store on ZooKeeper (layout in `bookkeeper/meta/layout.py` and docs/design.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Callable
+
+from bookkeeper.errors import (MetadataExistsError, MetadataNotFoundError, MetadataVersionError,
+                               NoSuchLedgerError)
+from bookkeeper.meta import layout
+from bookkeeper.meta.store import BookieInfo
+from bookkeeper.meta.zk import AsyncZooKeeper
+from bookkeeper.protocol.metadata import LedgerMetadata
+
+ID_COUNTER = "next"
+ID_ALLOCATION_RETRIES_MAX = 100
+
+
+class ZooKeeperMetadataStore:
+    def __init__(self, zk: AsyncZooKeeper, root: str = layout.DEFAULT_ROOT, *, owns_client: bool = False) -> None:
+        self.zk = zk
+        self.root = root
+        self._owns_client = owns_client
+
+    @classmethod
+    async def connect(cls, hosts: str, root: str = layout.DEFAULT_ROOT, **options: float) -> ZooKeeperMetadataStore:
+        zk = AsyncZooKeeper(hosts, **options)
+        await zk.start()
+        store = cls(zk, root, owns_client=True)
+        await store.ensure_layout()
+        return store
+
+    async def ensure_layout(self) -> None:
+        for path in (layout.ledgers_path(self.root), layout.available_path(self.root),
+                     layout.idgen_path(self.root), layout.cookies_path(self.root)):
+            await self.zk.ensure_path(path)
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.zk.close()
+
+    # ------------------------------------------------------------------ ledger ids
+
+    async def _allocate_id(self) -> int:
+        """Compare-and-set a counter: unique ids that increase in allocation order."""
+        path = f"{layout.idgen_path(self.root)}/{ID_COUNTER}"
+        for _ in range(ID_ALLOCATION_RETRIES_MAX):
+            found = await self.zk.get_or_none(path)
+            if found is None:
+                try:
+                    await self.zk.create(path, b"2", makepath=True)
+                    return 1
+                except MetadataExistsError:
+                    continue
+            data, version = found
+            ledger_id = int(data)
+            if ledger_id > layout.LEDGER_ID_MAX:
+                raise MetadataVersionError("ledger ids are exhausted (63 bits)")
+            try:
+                await self.zk.set(path, str(ledger_id + 1).encode(), version)
+                return ledger_id
+            except MetadataVersionError:
+                continue  # another client allocated meanwhile
+        raise MetadataVersionError(f"could not allocate a ledger id after {ID_ALLOCATION_RETRIES_MAX} "
+                                   "conflicts")
+
+    # ------------------------------------------------------------------ ledgers
+
+    async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
+        ledger_id = await self._allocate_id()
+        await self.zk.create(layout.ledger_path(self.root, ledger_id), metadata.to_bytes(), makepath=True)
+        return ledger_id, 0
+
+    async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        found = await self.zk.get_or_none(layout.ledger_path(self.root, ledger_id))
+        if found is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        data, version = found
+        return LedgerMetadata.from_bytes(data), version
+
+    async def write_ledger(self, ledger_id: int, metadata: LedgerMetadata, expected_version: int) -> int:
+        try:
+            return await self.zk.set(layout.ledger_path(self.root, ledger_id), metadata.to_bytes(),
+                                     expected_version)
+        except MetadataNotFoundError as exc:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        try:
+            await self.zk.delete(layout.ledger_path(self.root, ledger_id))
+        except MetadataNotFoundError as exc:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
+
+    async def list_ledgers(self) -> list[int]:
+        ids: list[int] = []
+
+        async def walk(path: str, depth: int) -> None:
+            try:
+                children = await self.zk.children(path)
+            except MetadataNotFoundError:
+                return
+            if depth == 4:
+                ids.extend(layout.ledger_id_from_path(f"{path}/{name}") for name in children
+                           if name.startswith("L"))
+                return
+            await asyncio.gather(*(walk(f"{path}/{name}", depth + 1) for name in sorted(children)))
+
+        await walk(layout.ledgers_path(self.root), 0)
+        return sorted(ids)
+
+    # ------------------------------------------------------------------ bookies
+
+    async def bookies(self) -> list[BookieInfo]:
+        try:
+            names = await self.zk.children(layout.available_path(self.root))
+        except MetadataNotFoundError:
+            return []
+        found = await asyncio.gather(*(self.zk.get_or_none(layout.bookie_path(self.root, name))
+                                       for name in names))
+        return sorted((_bookie_info(name, item[0]) for name, item in zip(names, found) if item is not None),
+                      key=lambda info: info.bookie_id)
+
+    def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Callable[[], None]:
+        loop = asyncio.get_running_loop()
+
+        def changed(_: list[str]) -> None:
+            async def refresh() -> None:
+                callback(await self.bookies())
+
+            loop.create_task(refresh())
+
+        return self.zk.watch_children(layout.available_path(self.root), changed)
+
+
+def _bookie_info(name: str, data: bytes) -> BookieInfo:
+    try:
+        info = json.loads(data)
+    except ValueError:
+        info = {}
+    return BookieInfo(bookie_id=info.get("id", name), address=info.get("address", name),
+                      state=info.get("state", "writable"), rack=info.get("rack"), http=info.get("http"))

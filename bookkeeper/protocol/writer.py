@@ -1,0 +1,320 @@
+"""The ledger writer: pipelined appends, ordered acknowledgement, ensemble change, close.
+
+Theory of operation. `append` packs an entry and asks for it to be sent to its write set (A1).
+Each bookie answer comes back through `on_add_ok` / `on_add_error`; entry e completes when Qa
+bookies of its *current* write set acknowledged it and every entry below it completed (A2), so
+completions are always a contiguous run from LAC + 1.
+
+A failed bookie (error answer, or no answer within `add_timeout_ms`, seen on `on_tick`) starts
+an ensemble change: a replacement is chosen from the writable bookies, a new fragment starting at
+LAC + 1 is proposed, and *no entry completes until that metadata is committed* by compare-and-set
+(A9: an acknowledgement never rests on metadata only this client has seen). After the commit,
+every pending entry is re-sent to the members of its write set that have not acknowledged it.
+A conflict means someone else wrote the metadata: if the ledger is being recovered or is closed,
+every pending add fails (fenced: outcome unknown); otherwise the change is rebased and retried.
+
+In recovery mode (the write-back of ledger recovery) adds carry the recovery flag and an ensemble
+change only updates the local metadata: it is persisted by the close that ends recovery.
+
+No I/O, no clock, no global random: time comes in as `now_ms`, randomness from the `rng` given.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from bookkeeper.errors import (BookieError, DlogError, LedgerClosedError, LedgerFencedError,
+                               MetadataError, NotEnoughBookiesError, UnauthorizedError, invariant)
+from bookkeeper.protocol.effects import (CompleteAdds, Effect, FailAdds, Finished, SendAdd,
+                                         SendWriteLac, WriteMetadata)
+from bookkeeper.protocol.entry import Digest, pack_entry
+from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState
+from bookkeeper.protocol.quorum import ack_quorum_reached, write_set
+
+
+class WriterState(enum.Enum):
+    OPEN = "open"
+    CHANGING_ENSEMBLE = "changing_ensemble"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+@dataclass(slots=True, eq=False)
+class _PendingAdd:
+    entry_id: int
+    packed: bytes
+    length: int  # cumulative ledger length including this entry
+    acked: set[str] = field(default_factory=set)
+    sent: dict[str, int] = field(default_factory=dict)  # bookie -> when sent (ms), unanswered
+
+
+class LedgerWriter:
+    def __init__(self, ledger_id: int, metadata: LedgerMetadata, version: int, digest: Digest, *,
+                 available_bookies: Iterable[str], rng: random.Random, add_timeout_ms: int = 5000,
+                 explicit_lac_interval_ms: int = 100, metadata_retries_max: int = 20,
+                 recovery: bool = False, lac: int = -1, length: int = 0) -> None:
+        invariant(metadata.state is LedgerState.OPEN or recovery,
+                  f"ledger {ledger_id} is {metadata.state.value}: only an open ledger is written")
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self.version = version
+        self.digest = digest
+        self.rng = rng
+        self.add_timeout_ms = add_timeout_ms
+        self.explicit_lac_interval_ms = explicit_lac_interval_ms
+        self.metadata_retries_max = metadata_retries_max
+        self.recovery = recovery
+        self.state = WriterState.OPEN
+        self.error: DlogError | None = None
+        self.lac = lac
+        self.lac_length = length
+        self.length = length  # of everything appended, acknowledged or not
+        self.next_entry_id = lac + 1
+        self._pending: dict[int, _PendingAdd] = {}
+        self._available = set(available_bookies)
+        self._failed: set[str] = set()  # bookies replaced (or being replaced) in this ledger
+        self._queued_failures: set[str] = set()
+        self._proposed: LedgerMetadata | None = None
+        self._conflicts = 0
+        self._lac_sent = lac
+        self._last_send_ms = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        return self.metadata.last_ensemble[1]
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def _write_set(self, entry_id: int) -> list[str]:
+        ensemble = self.ensemble
+        return [ensemble[position] for position in
+                write_set(entry_id, self.metadata.ensemble_size, self.metadata.write_quorum)]
+
+    # ------------------------------------------------------------------ appends
+
+    def append(self, payload: bytes, now_ms: int) -> tuple[int, list[Effect]]:
+        entry_id = self.next_entry_id
+        packed = pack_entry(self.digest, self.ledger_id, entry_id, self.lac,
+                            self.length + len(payload), payload)
+        return entry_id, self.append_packed(entry_id, packed, self.length + len(payload), now_ms)
+
+    def append_packed(self, entry_id: int, packed: bytes, length: int, now_ms: int) -> list[Effect]:
+        """Add an already packed entry (recovery write-back re-sends the bytes it read)."""
+        if self.state not in (WriterState.OPEN, WriterState.CHANGING_ENSEMBLE):
+            raise self.error or LedgerClosedError(f"ledger {self.ledger_id} is {self.state.value}")
+        invariant(entry_id == self.next_entry_id,
+                  f"entry {entry_id} appended out of order (next is {self.next_entry_id})")
+        self.next_entry_id = entry_id + 1
+        self.length = length
+        pending = _PendingAdd(entry_id, packed, length)
+        self._pending[entry_id] = pending
+        self._lac_sent = max(self._lac_sent, self.lac)
+        self._last_send_ms = now_ms
+        effects: list[Effect] = []
+        for bookie in self._write_set(entry_id):
+            if bookie not in self._failed:
+                pending.sent[bookie] = now_ms
+                effects.append(SendAdd(bookie, entry_id, packed, self.recovery))
+        return effects
+
+    # ------------------------------------------------------------------ answers
+
+    def on_add_ok(self, bookie: str, entry_id: int, now_ms: int) -> list[Effect]:
+        pending = self._pending.get(entry_id)
+        if pending is None or pending.sent.pop(bookie, None) is None:
+            return []  # already completed or failed, or an answer from a replaced bookie
+        pending.acked.add(bookie)
+        if (entry_id != self.lac + 1
+                or not ack_quorum_reached(len(pending.acked), self.metadata.ack_quorum)):
+            return []
+        return self._complete()
+
+    def on_add_error(self, bookie: str, entry_id: int, error: DlogError, now_ms: int) -> list[Effect]:
+        pending = self._pending.get(entry_id)
+        if pending is None or pending.sent.pop(bookie, None) is None:
+            return []
+        if isinstance(error, LedgerFencedError) and not self.recovery:
+            return self._fail_all(LedgerFencedError(
+                f"ledger {self.ledger_id} was fenced by a recovery: the outcome of entries from "
+                f"{self.lac + 1} on is unknown"))
+        if isinstance(error, UnauthorizedError):
+            return self._fail_all(error)
+        return self._bookie_failed([bookie], now_ms)
+
+    def on_tick(self, now_ms: int) -> list[Effect]:
+        late = {bookie for pending in self._pending.values()
+                for bookie, sent_ms in pending.sent.items()
+                if now_ms - sent_ms >= self.add_timeout_ms}
+        effects = self._bookie_failed(sorted(late), now_ms) if late else []
+        if (self.state is WriterState.OPEN and not self._pending and self.lac > self._lac_sent
+                and now_ms - self._last_send_ms >= self.explicit_lac_interval_ms):
+            self._lac_sent = self.lac
+            self._last_send_ms = now_ms
+            effects += [SendWriteLac(bookie, self.lac) for bookie in self.ensemble]
+        return effects
+
+    def on_bookies_changed(self, available: Iterable[str]) -> None:
+        self._available = set(available)
+
+    # ------------------------------------------------------------------ completion and failure
+
+    def _complete(self) -> list[Effect]:
+        if self.state is WriterState.CHANGING_ENSEMBLE:
+            return []  # A9: wait until the new fragment is committed
+        first = self.lac + 1
+        ack_quorum = self.metadata.ack_quorum
+        while True:
+            pending = self._pending.get(self.lac + 1)
+            if pending is None or not ack_quorum_reached(len(pending.acked), ack_quorum):
+                break
+            del self._pending[pending.entry_id]
+            self.lac = pending.entry_id
+            self.lac_length = pending.length
+        return [CompleteAdds(first, self.lac)] if self.lac >= first else []
+
+    def _fail_all(self, error: DlogError) -> list[Effect]:
+        effects: list[Effect] = [FailAdds(self.lac + 1, error)] if self._pending else []
+        self._pending.clear()
+        self.state = WriterState.FAILED
+        self.error = error
+        return effects
+
+    # ------------------------------------------------------------------ ensemble change
+
+    def _bookie_failed(self, bookies: list[str], now_ms: int) -> list[Effect]:
+        if self.state not in (WriterState.OPEN, WriterState.CHANGING_ENSEMBLE):
+            return []
+        failed = [bookie for bookie in bookies if bookie in self.ensemble and bookie not in self._failed]
+        if not failed:
+            return []
+        if self.state is WriterState.CHANGING_ENSEMBLE:
+            self._queued_failures.update(failed)
+            return []
+        self._failed.update(failed)
+        for pending in self._pending.values():
+            for bookie in failed:
+                pending.sent.pop(bookie, None)
+                pending.acked.discard(bookie)
+        candidates = sorted(self._available - set(self.ensemble) - self._failed)
+        if len(candidates) < len(failed):
+            return self._fail_all(NotEnoughBookiesError(
+                f"ledger {self.ledger_id}: bookies {', '.join(failed)} failed and only "
+                f"{len(candidates)} writable bookies are left to replace them"))
+        replacements = dict(zip(failed, self.rng.sample(candidates, len(failed))))
+        ensemble = tuple(replacements.get(bookie, bookie) for bookie in self.ensemble)
+        proposed = self.metadata.with_ensemble(self.lac + 1, ensemble)
+        if self.recovery:
+            self.metadata = proposed  # persisted by the close that ends recovery
+            return self._resend(now_ms)
+        self._proposed = proposed
+        self.state = WriterState.CHANGING_ENSEMBLE
+        return [WriteMetadata(proposed, self.version)]
+
+    def _resend(self, now_ms: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for entry_id in sorted(self._pending):
+            pending = self._pending[entry_id]
+            members = self._write_set(entry_id)
+            pending.acked.intersection_update(members)
+            for bookie in list(pending.sent):
+                if bookie not in members:
+                    del pending.sent[bookie]
+            for bookie in members:
+                if (bookie not in pending.acked and bookie not in pending.sent
+                        and bookie not in self._failed):
+                    pending.sent[bookie] = now_ms
+                    effects.append(SendAdd(bookie, entry_id, pending.packed, self.recovery))
+        return effects
+
+    # ------------------------------------------------------------------ metadata answers
+
+    def on_metadata_written(self, metadata: LedgerMetadata, version: int, now_ms: int) -> list[Effect]:
+        if self.state is WriterState.FAILED:
+            # the answer to a change proposed before a fenced add (or an unauthorized one) failed
+            # the writer: every pending add is already reported unknown, nothing is left to do
+            return []
+        self._conflicts = 0
+        if self.state is WriterState.CLOSING:
+            self.metadata, self.version, self.state = metadata, version, WriterState.CLOSED
+            return [Finished(metadata, version)]
+        invariant(self.state is WriterState.CHANGING_ENSEMBLE,
+                  f"metadata written while {self.state.value}")
+        self.metadata, self.version, self.state = metadata, version, WriterState.OPEN
+        self._proposed = None
+        # bookies that failed during the change are replaced first, so the re-send below never
+        # goes to one of them
+        queued, self._queued_failures = sorted(self._queued_failures), set()
+        effects = self._bookie_failed(queued, now_ms)
+        return effects + self._resend(now_ms) + self._complete()
+
+    def on_metadata_conflict(self, current: LedgerMetadata, version: int, now_ms: int) -> list[Effect]:
+        """The compare-and-set lost; `current` is what the store holds now."""
+        if self.state is WriterState.FAILED:
+            return []
+        self._conflicts += 1
+        if current.state is LedgerState.IN_RECOVERY or (
+                current.state is LedgerState.CLOSED and self.state is not WriterState.CLOSING):
+            error = (LedgerFencedError if current.state is LedgerState.IN_RECOVERY else LedgerClosedError)(
+                f"ledger {self.ledger_id} is {current.state.value} by another client")
+            return self._finish_with_error(error, version)
+        if self.state is WriterState.CLOSING:
+            if current.state is LedgerState.CLOSED:
+                if current.last_entry_id == self.lac:  # A10: the same close already happened
+                    return self.on_metadata_written(current, version, now_ms)
+                return self._finish_with_error(LedgerClosedError(
+                    f"ledger {self.ledger_id} was closed at entry {current.last_entry_id} by another "
+                    f"client; this writer's last entry is {self.lac}"), version)
+            return self._retry(WriteMetadata(current.closed(self.lac, self.lac_length), version), version)
+        invariant(self.state is WriterState.CHANGING_ENSEMBLE and self._proposed is not None,
+                  f"metadata conflict while {self.state.value}")
+        proposed_first, proposed_ensemble = self._proposed.last_ensemble
+        if current.last_ensemble == (proposed_first, proposed_ensemble):
+            return self.on_metadata_written(current, version, now_ms)  # our earlier write landed
+        self._proposed = current.with_ensemble(proposed_first, proposed_ensemble)
+        return self._retry(WriteMetadata(self._proposed, version), version)
+
+    def _retry(self, effect: WriteMetadata, version: int) -> list[Effect]:
+        if self._conflicts > self.metadata_retries_max:
+            return self._finish_with_error(MetadataError(
+                f"ledger {self.ledger_id}: gave up after {self._conflicts} metadata conflicts"), version)
+        self.version = version
+        return [effect]
+
+    def on_metadata_failed(self, error: DlogError) -> list[Effect]:
+        """The store could not be written (after the driver's bounded retries)."""
+        return self._finish_with_error(error, self.version)
+
+    def _finish_with_error(self, error: DlogError, version: int) -> list[Effect]:
+        closing = self.state is WriterState.CLOSING
+        effects = self._fail_all(error)
+        if closing:
+            effects.append(Finished(None, version, error))
+        return effects
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> list[Effect]:
+        """Seal the ledger at its LAC. Call with nothing pending and no ensemble change running."""
+        if self.state is WriterState.CLOSED:
+            return [Finished(self.metadata, self.version)]
+        if self.state is WriterState.FAILED:
+            raise self.error or LedgerClosedError(f"ledger {self.ledger_id} failed")
+        invariant(self.state is WriterState.OPEN and not self._pending,
+                  f"close needs an idle open writer (state {self.state.value}, "
+                  f"{len(self._pending)} pending)")
+        self.state = WriterState.CLOSING
+        return [WriteMetadata(self.metadata.closed(self.lac, self.lac_length), self.version)]
+
+
+def is_bookie_failure(error: BaseException) -> bool:
+    """Errors that mean 'this bookie cannot take the add' (ensemble change), not 'stop writing'."""
+    return isinstance(error, BookieError) and not isinstance(error, (LedgerFencedError,
+                                                                     UnauthorizedError))
