@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from bookkeeper.errors import (DlogError, LedgerClosedError, MetadataError, MetadataVersionError,
-                               NoSuchEntryError, invariant)
+                               NoSuchEntryError, NoSuchLedgerError)
 from bookkeeper.protocol.effects import (CompleteAdds, CompleteRead, Effect, FailAdds, FailRead,
                                          Finished, ReadMetadata, SendAdd, SendRead, SendWriteLac,
                                          WriteMetadata)
@@ -303,7 +303,9 @@ class ReadHandle(_Driver):
         futures = [pool.send(bookie, ReadRequest(pool.next_request_id(), self.ledger_id, -1))
                    for bookie in self.metadata.last_ensemble[1]]
         answers = await asyncio.gather(*futures, return_exceptions=True)
-        lacs = [answer.lac for answer in answers if not isinstance(answer, BaseException)]
+        # NO_LEDGER from a bookie of a ledger that exists in metadata: no add reached it yet
+        lacs = [-1 if isinstance(answer, NoSuchLedgerError) else answer.lac for answer in answers
+                if not isinstance(answer, BaseException) or isinstance(answer, NoSuchLedgerError)]
         if not lacs:
             raise next(a for a in answers if isinstance(a, BaseException))
         self.last_add_confirmed = max(self.last_add_confirmed, *lacs)
