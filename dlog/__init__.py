@@ -1,0 +1,11 @@
+"""dlog: named, replicated streams of Arrow record batches on BookKeeper ledgers."""
+
+from dlog.blocking import connect
+from dlog.namespace import Namespace
+from dlog.offsets import Offset
+from dlog.reader import OffsetOutOfRangeError, Record, StreamReader, TruncatedError
+from dlog.writer import StreamWriter, WriterFencedError, WriterLockedError, WrittenBatch
+
+__all__ = ["Namespace", "Offset", "Record", "StreamReader", "StreamWriter", "WrittenBatch",
+           "TruncatedError", "OffsetOutOfRangeError", "WriterFencedError", "WriterLockedError",
+           "connect"]

@@ -455,5 +455,16 @@ def standalone(directory: Path, bookies: int, zk_port: int) -> None:
         click.echo("dlog standalone stopped")
 
 
+def _register_commands() -> None:
+    """Commands kept in their own modules add themselves to `main` when imported."""
+    import tools.stream_commands  # noqa: F401
+
+
+_register_commands()
+
 if __name__ == "__main__":
-    main()
+    # `python -m tools.cli` runs this file as __main__, a second copy of the module; the commands
+    # above registered themselves on the importable tools.cli.main, so run that one
+    from tools.cli import main as entry_point
+
+    entry_point()

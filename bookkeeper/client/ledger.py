@@ -311,6 +311,12 @@ class ReadHandle(_Driver):
         self.last_add_confirmed = max(self.last_add_confirmed, *lacs)
         return self.last_add_confirmed
 
+    def advance_lac(self, entry_id: int) -> None:
+        """Another authority (a committed stream segment) says entries up to `entry_id` were
+        acknowledged: allow reads up to it before the bookies' LAC catches up."""
+        if not self.is_closed:
+            self.last_add_confirmed = max(self.last_add_confirmed, entry_id)
+
     async def refresh_metadata(self) -> None:
         self.metadata, self.version = await self.client.store.read_ledger(self.ledger_id)
         if self.metadata.is_closed:

@@ -1,0 +1,150 @@
+"""A blocking facade for scripts and Spark workers: the same method names, no `await`.
+
+    import dlog
+    with dlog.connect("127.0.0.1:2181") as ns:
+        ns.create_stream("orders")
+        with ns.open_writer("orders") as writer:
+            offset = writer.write(b"value")
+        with ns.open_reader("orders", follow=False) as reader:
+            for record in reader: ...
+
+One event loop runs in a daemon thread per connection; every call hands a coroutine to it and
+waits for the result (with a timeout, so a hung cluster cannot block a caller forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any, Awaitable, TypeVar
+
+import pyarrow as pa
+
+from dlog.namespace import Namespace
+from dlog.offsets import Offset
+from dlog.reader import Record, StreamReader
+from dlog.writer import StreamWriter, WrittenBatch
+
+T = TypeVar("T")
+CALL_TIMEOUT_S = 300.0
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="dlog-loop", daemon=True)
+        self.thread.start()
+
+    def call(self, awaitable: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
+        async def run() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+class BlockingNamespace:
+    def __init__(self, zk: str = "127.0.0.1:2181", name: str = "default", **options: Any) -> None:
+        self._loop = _Loop()
+        self.namespace = Namespace(zk, name, **options)
+        self._loop.call(self.namespace.start())
+
+    def __getattr__(self, attribute: str) -> Any:
+        """Every coroutine method of Namespace, made blocking (create_stream, truncate, ...)."""
+        method = getattr(self.namespace, attribute)
+        if not callable(method):
+            return method
+
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            result = method(*args, **kwargs)
+            return self._loop.call(result) if asyncio.iscoroutine(result) else result
+
+        return blocking
+
+    def open_writer(self, name: str, **options: Any) -> BlockingWriter:
+        return BlockingWriter(self._loop, self._loop.call(self.namespace.open_writer(name, **options)))
+
+    def open_reader(self, name: str, start: str | Offset | int = "earliest", **options: Any) -> BlockingReader:
+        return BlockingReader(self._loop, self._loop.call(self.namespace.open_reader(name, start, **options)))
+
+    def close(self) -> None:
+        self._loop.call(self.namespace.close())
+        self._loop.stop()
+
+    def __enter__(self) -> BlockingNamespace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class BlockingWriter:
+    def __init__(self, loop: _Loop, writer: StreamWriter) -> None:
+        self._loop = loop
+        self.writer = writer
+
+    def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None) -> Offset:
+        return self._loop.call(self.writer.write(value, key, timestamp_ms))
+
+    def write_many(self, values: list[bytes], keys: list[bytes | None] | None = None) -> list[Offset]:
+        """Pipelined per-record writes; returns every offset once all are durable."""
+        async def run() -> list[Offset]:
+            futures = []
+            for index, value in enumerate(values):
+                await self.writer.wait_writable()
+                futures.append(self.writer.write_nowait(value, keys[index] if keys else None))
+            return list(await asyncio.gather(*futures))
+
+        return self._loop.call(run())
+
+    def write_batch(self, batch: pa.RecordBatch | list[bytes]) -> WrittenBatch:
+        return self._loop.call(self.writer.write_batch(batch))
+
+    def flush(self) -> None:
+        self._loop.call(self.writer.flush())
+
+    def close(self) -> None:
+        self._loop.call(self.writer.close())
+
+    def __enter__(self) -> BlockingWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class BlockingReader:
+    def __init__(self, loop: _Loop, reader: StreamReader) -> None:
+        self._loop = loop
+        self.reader = reader
+
+    def __iter__(self) -> Iterator[Record]:
+        while True:
+            try:
+                yield self._loop.call(self.reader.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def read_batch(self, max_records: int = 65536, timeout_ms: int = 1000) -> pa.RecordBatch | None:
+        return self._loop.call(self.reader.read_batch(max_records, timeout_ms))
+
+    @property
+    def position(self) -> Offset | None:
+        return self.reader.position
+
+    def close(self) -> None:
+        self._loop.call(self.reader.close())
+
+    def __enter__(self) -> BlockingReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def connect(zk: str = "127.0.0.1:2181", namespace: str = "default", **options: Any) -> BlockingNamespace:
+    return BlockingNamespace(zk, namespace, **options)

@@ -1,0 +1,316 @@
+"""The namespace: named streams, their writers and readers, truncation, retention, subscriptions.
+
+    async with Namespace(zk="127.0.0.1:2181", name="default") as ns:
+        await ns.create_stream("orders", ensemble=3, write_quorum=2, ack_quorum=2)
+        async with await ns.open_writer("orders") as writer:
+            offset = await writer.write(b"value", key=b"k")
+        async with await ns.open_reader("orders", start="earliest") as reader:
+            async for record in reader: ...
+        await ns.truncate("orders", before=offset)
+
+A namespace is a ZooKeeper subtree (`/dlog/<name>`); its streams' ledgers live in the BookKeeper
+cluster under `/bookkeeper` of the same ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from bookkeeper.client import BookKeeper
+from bookkeeper.client.ledger import ReadHandle
+from bookkeeper.errors import DlogError, MetadataVersionError, NoSuchLedgerError
+from bookkeeper.meta import layout
+from bookkeeper.meta.zk import AsyncZooKeeper
+from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+from dlog.names import check_stream_name, check_subscription_name
+from dlog.offsets import Offset
+from dlog.reader import OffsetOutOfRangeError, StreamReader
+from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
+from dlog.segments.metadata import Segment, SegmentState, StreamConfig
+from dlog.segments.store import SegmentList, StreamStore
+from dlog.writer import StreamWriter
+
+log = logging.getLogger(__name__)
+CHANGE_RETRIES_MAX = 10
+TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as truncated
+
+
+class Namespace:
+    def __init__(self, zk: str = "127.0.0.1:2181", name: str = "default", *, root: str = "/dlog",
+                 bookkeeper_root: str = layout.DEFAULT_ROOT, zk_timeout_s: float = 10.0,
+                 **client_options: Any) -> None:
+        self.zk_hosts = zk
+        self.name = check_subscription_name(name)
+        self.root = f"{root}/{self.name}"
+        self.bookkeeper_root = bookkeeper_root
+        self.zk_timeout_s = zk_timeout_s
+        self.client_options = client_options
+        self.zk: AsyncZooKeeper | None = None
+        self.client: BookKeeper = None  # type: ignore[assignment]
+        self.store: StreamStore = None  # type: ignore[assignment]
+        self._schemas: dict[str, pa.Schema] = {}
+        self._handles: dict[int, ReadHandle] = {}
+
+    async def start(self) -> Namespace:
+        self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s)
+        await self.zk.start()
+        metadata = ZooKeeperMetadataStore(self.zk, self.bookkeeper_root)
+        await metadata.ensure_layout()
+        self.client = await BookKeeper(store=metadata, **self.client_options).start()
+        self.store = StreamStore(self.zk, self.root)
+        await self.zk.ensure_path(f"{self.root}/streams")
+        return self
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self.zk is not None:
+            await self.zk.close()
+
+    async def __aenter__(self) -> Namespace:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ streams
+
+    async def create_stream(self, name: str, *, ensemble: int = 3, write_quorum: int = 2,
+                            ack_quorum: int = 2, roll_bytes: int | None = None,
+                            roll_age_ms: int | None = None, roll_records: int = 0,
+                            retention_age_ms: int = 0, retention_bytes: int = 0,
+                            schema: pa.Schema | None = None) -> StreamConfig:
+        check_stream_name(name)
+        options: dict[str, Any] = {}
+        if roll_bytes is not None:
+            options["roll_bytes"] = roll_bytes
+        if roll_age_ms is not None:
+            options["roll_age_ms"] = roll_age_ms
+        config = StreamConfig(name, ensemble, write_quorum, ack_quorum, roll_records=roll_records,
+                              retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
+                              schema=schema_to_text(schema) if schema is not None else "",
+                              password=secrets.token_hex(16), created_ms=_now_ms(), **options)
+        await self.store.create_stream(config)
+        return config
+
+    async def config(self, name: str) -> StreamConfig:
+        return await self.store.config(name)
+
+    def schema_of(self, config: StreamConfig) -> pa.Schema:
+        if not config.schema:
+            return default_schema()
+        schema = self._schemas.get(config.schema)
+        if schema is None:
+            schema = self._schemas[config.schema] = schema_from_text(config.schema)
+        return schema
+
+    async def list_streams(self) -> list[str]:
+        return await self.store.list_streams()
+
+    async def delete_stream(self, name: str) -> list[int]:
+        """Delete every segment's ledger, then the stream's metadata; returns the ledgers deleted."""
+        listing = await self.store.segments(name)
+        deleted = []
+        for segment in listing.segments:
+            if await self.delete_ledger_quietly(segment.ledger_id):
+                deleted.append(segment.ledger_id)
+        await self.store.delete_stream_metadata(name)
+        return deleted
+
+    async def delete_ledger_quietly(self, ledger_id: int) -> bool:
+        try:
+            await self.client.delete_ledger(ledger_id)
+            self._handles.pop(ledger_id, None)
+            return True
+        except NoSuchLedgerError:
+            return False
+
+    async def stream_info(self, name: str) -> dict[str, Any]:
+        config = await self.store.config(name)
+        listing = await self.store.segments(name)
+        segments = []
+        for segment in listing.segments:
+            item = {"sequence": segment.sequence, "ledger": segment.ledger_id,
+                    "state": segment.state.value, "first_entry": segment.first_entry,
+                    "last_entry": segment.last_entry, "records": segment.records,
+                    "bytes": segment.bytes, "first_timestamp_ms": segment.first_timestamp_ms,
+                    "last_timestamp_ms": segment.last_timestamp_ms,
+                    "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}"}
+            if segment.is_in_progress:
+                handle = await self.open_segment_ledger(config, segment)
+                item["last_entry"] = handle.last_add_confirmed
+            segments.append(item)
+        return {"name": name, "config": config.public_json(), "segments": segments,
+                "subscriptions": await self.store.subscriptions(name)}
+
+    # ------------------------------------------------------------------ writers and readers
+
+    async def open_writer(self, name: str, **options: Any) -> StreamWriter:
+        return await StreamWriter(self, await self.store.config(name), **options).open()
+
+    async def open_reader(self, name: str, start: str | Offset | int = "earliest",
+                          **options: Any) -> StreamReader:
+        return await StreamReader(self, await self.store.config(name), start, **options).open()
+
+    async def open_segment_ledger(self, config: StreamConfig, segment: Segment) -> ReadHandle:
+        """A read handle of a segment's ledger (cached; the LAC refreshed for in-progress ones)."""
+        handle = self._handles.get(segment.ledger_id)
+        if handle is None:
+            handle = await self.client.open_ledger(segment.ledger_id, password=config.password.encode(),
+                                                   recovery=False)
+            if len(self._handles) > 1024:
+                self._handles.pop(next(iter(self._handles)))
+            self._handles[segment.ledger_id] = handle
+        elif segment.is_in_progress or not handle.is_closed:
+            if segment.is_in_progress:
+                await handle.read_lac()
+            else:
+                await handle.refresh_metadata()
+        return handle
+
+    # ------------------------------------------------------------------ truncation and retention
+
+    async def truncate(self, name: str, before: Offset | str) -> list[Segment]:
+        """Remove every record strictly below `before` (L5): whole segments below it are marked
+        truncated then deleted; a segment it falls inside records the new minimum active offset."""
+        offset = Offset.parse(before) if isinstance(before, str) else before
+        for _ in range(CHANGE_RETRIES_MAX):
+            listing = await self.store.segments(name)
+            target = listing.by_ledger(offset.ledger_id)
+            if target is None or target.is_truncated:
+                raise OffsetOutOfRangeError(f"cannot truncate stream {name!r} before {offset}: no live "
+                                            f"segment has ledger {offset.ledger_id}")
+            await self._check_within(name, target, offset)
+            below = [s for s in listing.segments if s.sequence < target.sequence and not s.is_truncated]
+            marked = [_truncated(s) for s in below]
+            straddled = target
+            if (offset.entry_id, offset.slot) > (target.min_active_entry, target.min_active_slot):
+                straddled = Segment(**{**_fields(target), "min_active_entry": offset.entry_id,
+                                       "min_active_slot": offset.slot})
+            try:
+                await self.store.commit(name, listing, update=[*marked, *([straddled] if straddled != target else [])])
+            except MetadataVersionError:
+                continue  # the writer rolled meanwhile; look again
+            await self._remove_truncated(name, marked)
+            return marked
+        raise DlogError(f"stream {name!r} kept changing; truncation gave up after {CHANGE_RETRIES_MAX} tries")
+
+    async def _check_within(self, name: str, segment: Segment, offset: Offset) -> None:
+        end = segment.last_entry
+        if segment.is_in_progress:
+            end = (await self.open_segment_ledger(await self.store.config(name), segment)).last_add_confirmed
+        if offset.entry_id > end + 1 or (offset.entry_id == end + 1 and offset.slot > 0):
+            raise OffsetOutOfRangeError(f"cannot truncate stream {name!r} before {offset}: that is past "
+                                        f"its end (ledger {segment.ledger_id} ends at entry {end})")
+
+    async def _remove_truncated(self, name: str, segments: list[Segment]) -> None:
+        """Second phase: delete the ledgers of segments just marked truncated. Their nodes stay as
+        tombstones (so an offset in them reads as truncated, not unknown); only the oldest beyond
+        TOMBSTONES_MAX are removed."""
+        for segment in segments:
+            await self.delete_ledger_quietly(segment.ledger_id)
+        for _ in range(CHANGE_RETRIES_MAX):
+            listing = await self.store.segments(name)
+            tombstones = [s for s in listing.segments if s.is_truncated]
+            excess = tombstones[: max(0, len(tombstones) - TOMBSTONES_MAX)]
+            if not excess:
+                return
+            try:
+                await self.store.commit(name, listing, delete=excess)
+                return
+            except MetadataVersionError:
+                continue
+
+    async def set_retention(self, name: str, *, age_ms: int | None = None, size_bytes: int | None = None,
+                            keep_unconsumed: bool | None = None) -> StreamConfig:
+        config = await self.store.config(name)
+        changes: dict[str, Any] = {}
+        if age_ms is not None:
+            changes["retention_age_ms"] = age_ms
+        if size_bytes is not None:
+            changes["retention_bytes"] = size_bytes
+        if keep_unconsumed is not None:
+            changes["retention_keeps_unconsumed"] = keep_unconsumed
+        updated = StreamConfig(**{**_fields(config), **changes})
+        await self.store.update_config(updated)
+        return updated
+
+    async def retention_plan(self, name: str, now_ms: int | None = None) -> list[Segment]:
+        """Completed segments the policy removes: older than the age limit, or oldest first while
+        the stream is over its size limit; never the in-progress segment, never the last
+        completed one, never at or past what a subscriber has not consumed (when so configured)."""
+        config = await self.store.config(name)
+        listing = await self.store.segments(name)
+        now_ms = _now_ms() if now_ms is None else now_ms
+        completed = [s for s in listing.segments if s.state is SegmentState.COMPLETED]
+        candidates = completed[:-1] if listing.in_progress is None else completed
+        if config.retention_keeps_unconsumed:
+            floor = await self._subscriber_floor(name, listing)
+            candidates = [s for s in candidates if floor is None or s.sequence < floor]
+        plan = []
+        if config.retention_age_ms:
+            plan = [s for s in candidates if s.last_timestamp_ms < now_ms - config.retention_age_ms]
+        if config.retention_bytes:
+            total = sum(s.bytes for s in listing.live)
+            total -= sum(s.bytes for s in plan)
+            for segment in candidates:
+                if total <= config.retention_bytes:
+                    break
+                if segment not in plan:
+                    plan.append(segment)
+                    total -= segment.bytes
+        return sorted(plan, key=lambda s: s.sequence)
+
+    async def _subscriber_floor(self, name: str, listing: SegmentList) -> int | None:
+        """The lowest segment sequence some subscriber still has to read."""
+        floors = []
+        for offset_json in (await self.store.subscriptions(name)).values():
+            segment = listing.by_ledger(int(offset_json["ledger"]))
+            if segment is not None:
+                floors.append(segment.sequence)
+        return min(floors) if floors else None
+
+    async def apply_retention(self, name: str, *, dry_run: bool = False,
+                              now_ms: int | None = None) -> list[Segment]:
+        for _ in range(CHANGE_RETRIES_MAX):
+            plan = await self.retention_plan(name, now_ms)
+            if dry_run or not plan:
+                return plan
+            listing = await self.store.segments(name)
+            current = {s.sequence: s for s in listing.segments}
+            if any(current.get(s.sequence) != s for s in plan):
+                continue
+            try:
+                await self.store.commit(name, listing, update=[_truncated(s) for s in plan])
+            except MetadataVersionError:
+                continue
+            await self._remove_truncated(name, plan)
+            return plan
+        raise DlogError(f"stream {name!r} kept changing; retention gave up after {CHANGE_RETRIES_MAX} tries")
+
+    # ------------------------------------------------------------------ subscriptions
+
+    async def commit_subscription(self, name: str, subscription: str, offset: Offset | str) -> None:
+        """Store a subscriber's committed offset (the next record it will read)."""
+        offset = Offset.parse(offset) if isinstance(offset, str) else offset
+        await self.store.commit_subscription(name, check_subscription_name(subscription), offset.to_json())
+
+    async def subscriptions(self, name: str) -> dict[str, Offset]:
+        return {key: Offset.from_json(value) for key, value in (await self.store.subscriptions(name)).items()}
+
+
+def _fields(item: Any) -> dict[str, Any]:
+    return {name: getattr(item, name) for name in item.__dataclass_fields__}
+
+
+def _truncated(segment: Segment) -> Segment:
+    return Segment(**{**_fields(segment), "state": SegmentState.TRUNCATED})
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,138 @@
+"""Offsets of records in a stream, their text and JSON forms, and Spark's offset JSON.
+
+An `Offset` is (ledger id, entry id, slot); the slot is the record's index inside its entry's
+batch. Text form ``L:E`` or ``L:E:S`` (the slot defaults to 0).
+
+Offsets are deliberately NOT orderable. Stream order is segment order, then entry, then slot,
+and segment order need not follow ledger-id order: the Spark sink appends ledgers written by its
+tasks as segments in commit order, whatever ids they got. A ``(ledger, entry, slot)`` comparison
+would therefore silently misorder offsets of different segments. Inside one ledger the order is
+`key_within_ledger()`; across ledgers, the stream layer orders through its segment list.
+
+Spark offsets are per stream ``{"entry": E, "ledger": L}`` meaning "the next entry to read",
+as JSON with sorted keys and no spaces, so equal offsets are equal strings in Spark's checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bookkeeper.errors import ConfigError
+from dlog.names import check_stream_name
+
+LEDGER_ID_MAX = 2**63 - 1
+ENTRY_ID_MAX = 2**63 - 1
+SLOT_MAX = 2**31 - 1  # Spark's read schema has `slot int`
+SPARK_OFFSETS_CHARS_MAX = 1_000_000
+
+# ASCII digits only (str.isdigit and \d would accept "١"), at most 19 of them per number, which
+# also keeps int() away from huge strings.
+_OFFSET_TEXT = re.compile(r"([0-9]{1,19}):([0-9]{1,19})(?::([0-9]{1,10}))?", re.ASCII)
+_OFFSET_RULE = "write L:E or L:E:S with non-negative integers, e.g. 12:0:5"
+_FIELD_LIMITS = (("ledger id", LEDGER_ID_MAX), ("entry id", ENTRY_ID_MAX), ("slot", SLOT_MAX))
+
+
+@dataclass(frozen=True, slots=True)
+class Offset:
+    ledger_id: int
+    entry_id: int
+    slot: int = 0
+
+    def __post_init__(self) -> None:
+        # One flat condition: readers build an Offset per record, so the happy path stays cheap.
+        ledger_id, entry_id, slot = self.ledger_id, self.entry_id, self.slot
+        if not (
+            type(ledger_id) is int and type(entry_id) is int and type(slot) is int
+            and 0 <= ledger_id <= LEDGER_ID_MAX and 0 <= entry_id <= ENTRY_ID_MAX and 0 <= slot <= SLOT_MAX
+        ):  # fmt: skip
+            for (what, largest), value in zip(_FIELD_LIMITS, (ledger_id, entry_id, slot)):
+                if type(value) is not int or not 0 <= value <= largest:
+                    raise ConfigError(f"bad offset {what} {value!r}: use an integer in 0..{largest}")
+
+    @classmethod
+    def parse(cls, text: str) -> Offset:
+        """The offset written as ``L:E`` or ``L:E:S``; anything else is a ConfigError."""
+        matched = _OFFSET_TEXT.fullmatch(text) if isinstance(text, str) else None
+        if matched is None:
+            raise ConfigError(f"bad offset {_shown(text)}: {_OFFSET_RULE}")
+        numbers = [int(group) if group else 0 for group in matched.groups()]
+        for (what, largest), value in zip(_FIELD_LIMITS, numbers):
+            if value > largest:
+                raise ConfigError(f"bad offset {_shown(text)}: {what} {value} is over {largest}; {_OFFSET_RULE}")
+        return cls(*numbers)
+
+    def __str__(self) -> str:
+        return f"{self.ledger_id}:{self.entry_id}:{self.slot}"
+
+    def key_within_ledger(self) -> tuple[int, int]:
+        """Sort key among offsets of the SAME ledger; meaningless across ledgers (see module doc)."""
+        return (self.entry_id, self.slot)
+
+    def to_json(self) -> dict[str, int]:
+        return {"ledger": self.ledger_id, "entry": self.entry_id, "slot": self.slot}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Offset:
+        """Inverse of `to_json`; ``slot`` may be left out (it is then 0)."""
+        expected = 'expected {"ledger": L, "entry": E, "slot": S} with non-negative integers'
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"bad offset {data!r}: {expected}")
+        unknown = set(data) - {"ledger", "entry", "slot"}
+        if unknown or "ledger" not in data or "entry" not in data:
+            raise ConfigError(f"bad offset {data!r}: {expected}")
+        return cls(data["ledger"], data["entry"], data.get("slot", 0))
+
+
+def spark_offset_json(offsets: Mapping[str, tuple[int, int]]) -> str:
+    """``{"<stream>": {"entry": E, "ledger": L}}`` for (ledger, entry) per stream, sorted, no spaces."""
+    document = {}
+    for stream, (ledger_id, entry_id) in offsets.items():
+        check_stream_name(stream)
+        Offset(ledger_id, entry_id)  # range checks
+        document[stream] = {"entry": entry_id, "ledger": ledger_id}
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def parse_spark_offsets(text: str) -> dict[str, tuple[int, int]]:
+    """Inverse of `spark_offset_json`: stream -> (ledger, entry); malformed text is a ConfigError."""
+    expected = 'expected JSON like {"orders": {"entry": 0, "ledger": 12}} (stream -> next entry to read)'
+    if not isinstance(text, str) or len(text) > SPARK_OFFSETS_CHARS_MAX:
+        raise ConfigError(
+            f"bad Spark offsets {_shown(text)}: {expected}, in at most {SPARK_OFFSETS_CHARS_MAX} characters"
+        )
+    try:
+        document = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except ValueError as error:  # JSONDecodeError, and our duplicate-key refusal
+        raise ConfigError(f"bad Spark offsets {_shown(text)}: {error}; {expected}") from error
+    if not isinstance(document, dict):
+        raise ConfigError(f"bad Spark offsets {_shown(text)}: not a JSON object; {expected}")
+    result = {}
+    for stream, position in document.items():
+        check_stream_name(stream)
+        if not isinstance(position, dict) or set(position) != {"entry", "ledger"}:
+            raise ConfigError(f"bad Spark offset for stream {stream!r}: {position!r}; {expected}")
+        try:
+            offset = Offset(position["ledger"], position["entry"])
+        except ConfigError as error:
+            raise ConfigError(f"bad Spark offset for stream {stream!r}: {error}; {expected}") from error
+        result[stream] = (offset.ledger_id, offset.entry_id)
+    return result
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"key {duplicate!r} appears more than once")
+    return document
+
+
+def _shown(text: Any) -> str:
+    """The input quoted for a message, cut short so junk cannot flood a log line."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown)} characters)"

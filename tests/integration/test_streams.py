@@ -1,0 +1,251 @@
+"""Streams on real bookie processes and ZooKeeper: records survive rolls, takeovers and a killed
+writer (L1-L4), tailing readers follow rolls at once, truncation and retention remove exactly what
+they should (L5), typed schemas are enforced, and bad names and offsets are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+
+from bookkeeper.errors import ConfigError, NoSuchLedgerError
+from dlog import (Namespace, Offset, OffsetOutOfRangeError, TruncatedError, WriterFencedError,
+                  WriterLockedError)
+from dlog.segments.metadata import SegmentState
+from tools.cluster import LineReader
+
+
+@pytest.fixture
+def stream_cluster(cluster_factory):
+    return cluster_factory(bookies=3)
+
+
+def namespace(cluster, name: str = "test") -> Namespace:
+    return Namespace(cluster.zk_address, name, bookkeeper_root=cluster.zk_root,
+                     root=f"{cluster.zk_root}-dlog", add_timeout_s=3.0)
+
+
+def values(count: int, start: int = 0) -> list[bytes]:
+    return [f'{{"n": {index}, "kind": "event"}}'.encode() for index in range(start, start + count)]
+
+
+async def read_all(ns: Namespace, name: str, start="earliest", **options) -> list:
+    async with await ns.open_reader(name, start, follow=False, **options) as reader:
+        return [record async for record in reader]
+
+
+async def write_all(writer, items: list[bytes]) -> list[Offset]:
+    futures = []
+    for value in items:
+        await writer.wait_writable()
+        futures.append(writer.write_nowait(value, key=value[:8]))
+    return list(await asyncio.gather(*futures))
+
+
+async def test_round_trip_across_many_rolls(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("rolls", roll_records=400)
+        async with await ns.open_writer("rolls", flush_records=100) as writer:
+            offsets = await write_all(writer, values(3000))
+            batch = await writer.write_batch(values(1000, 3000))
+        info = await ns.stream_info("rolls")
+        segments = info["segments"]
+        assert len(segments) >= 6 and all(s["state"] == "completed" for s in segments)
+        assert sum(s["records"] for s in segments) == 4000
+        assert [s["sequence"] for s in segments] == sorted(s["sequence"] for s in segments)
+        records = await read_all(ns, "rolls")
+        assert [r.value for r in records] == values(4000)
+        assert [r.offset for r in records[:3000]] == offsets
+        assert [r.offset for r in records[3000:]] == list(batch) and len(batch) == 1000
+        assert records[5].key == values(6)[5][:8]
+        ledger_order = [s["ledger"] for s in segments]
+        positions = [(ledger_order.index(r.offset.ledger_id), r.offset.entry_id, r.offset.slot)
+                     for r in records]
+        assert positions == sorted(positions)  # offsets only increase across segments (L3)
+
+
+async def test_takeover_fences_the_first_writer_and_keeps_what_it_acknowledged(stream_cluster):
+    async with namespace(stream_cluster) as ns, namespace(stream_cluster) as other:
+        await ns.create_stream("takeover")
+        first = await ns.open_writer("takeover")
+        acked = await write_all(first, values(200))
+        with pytest.raises(WriterLockedError, match="takeover=True"):
+            await other.open_writer("takeover", lock_timeout_s=0.2)
+        second = await other.open_writer("takeover", lock_timeout_s=0.2, takeover=True)
+        with pytest.raises(WriterFencedError):
+            await first.write(b"too late")
+        await write_all(second, values(100, 200))
+        await second.close()
+        await first.close()  # closing a fenced writer changes nothing
+        records = await read_all(ns, "takeover")
+        assert [r.value for r in records] == values(300)
+        assert [r.offset for r in records[:200]] == acked
+        listing = await ns.store.segments("takeover")
+        assert [s.state for s in listing.segments] == [SegmentState.COMPLETED] * 2
+
+
+async def test_kill_9_of_the_writer_then_a_new_writer_recovers(stream_cluster):
+    cluster = stream_cluster
+    script = (
+        "import sys, dlog\n"
+        "ns = dlog.connect(sys.argv[1], 'test', bookkeeper_root=sys.argv[2], root=sys.argv[2] + '-dlog')\n"
+        "ns.create_stream('killed')\n"
+        "w = ns.open_writer('killed')\n"
+        "for i in range(100000):\n"
+        "    w.write(b'v%06d' % i)\n"
+        "    print('acked', i, flush=True)\n")
+    writer = subprocess.Popen([sys.executable, "-c", script, cluster.zk_address, cluster.zk_root],
+                              stdout=subprocess.PIPE, text=True)
+    lines, acked = LineReader(writer), -1
+    try:
+        while acked < 150:
+            line = lines.next_line(60)
+            assert line is not None, "the writer process stopped early"
+            acked = int(line.split()[1])
+    finally:
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(timeout=30)
+    async with namespace(cluster) as ns:
+        async with await ns.open_writer("killed", lock_timeout_s=0.5, takeover=True) as second:
+            await second.write(b"after")
+        records = await read_all(ns, "killed")
+        written = [r.value for r in records]
+        assert written[: acked + 1] == [b"v%06d" % i for i in range(acked + 1)]
+        assert written[-1] == b"after" and len(written) == len(set(written))
+        listing = await ns.store.segments("killed")
+        assert all(not s.is_in_progress for s in listing.segments)
+
+
+async def test_tailing_reader_sees_records_at_once_and_follows_rolls(stream_cluster):
+    async with namespace(stream_cluster) as ns, namespace(stream_cluster) as reader_ns:
+        await ns.create_stream("tail", roll_records=50)
+        writer = await ns.open_writer("tail", flush_records=10, linger_ms=1)
+        reader = await reader_ns.open_reader("tail", "latest", poll_timeout_ms=20_000)
+        seen: list[tuple[bytes, float]] = []
+
+        async def follow() -> None:
+            async for record in reader:
+                seen.append((record.value, time.monotonic()))
+                if len(seen) == 300:
+                    return
+
+        task = asyncio.create_task(follow())
+        sent: dict[bytes, float] = {}
+        for value in values(300):
+            sent[value] = time.monotonic()
+            await writer.write(value)
+        await asyncio.wait_for(task, 60)
+        assert [value for value, _ in seen] == values(300)
+        # rolls happened under the reader, and with a 20 s poll timeout it still kept up: the
+        # segment watch and the long poll woke it, not a timer
+        assert len((await ns.stream_info("tail"))["segments"]) >= 6
+        assert max(at - sent[value] for value, at in seen) < 5.0
+        await reader.close()
+        await writer.close()
+
+
+async def test_truncation_removes_whole_segments_below_and_guards_the_rest(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("trunc", roll_records=100)
+        async with await ns.open_writer("trunc", flush_records=25) as writer:
+            offsets = await write_all(writer, values(1000))
+        cut = offsets[450]  # inside the fifth segment
+        before = (await ns.store.segments("trunc")).segments
+        removed = await ns.truncate("trunc", before=cut)
+        assert [s.ledger_id for s in removed] == [s.ledger_id for s in before[:4]]
+        for segment in removed:
+            with pytest.raises(NoSuchLedgerError):
+                await ns.client.ledger_metadata(segment.ledger_id)
+        records = await read_all(ns, "trunc")
+        assert records[0].offset == cut and [r.value for r in records] == values(550, 450)
+        with pytest.raises(TruncatedError, match="skip_truncated=True"):
+            await read_all(ns, "trunc", start=offsets[10])
+        skipped = await read_all(ns, "trunc", start=offsets[10], skip_truncated=True)
+        assert skipped[0].offset == cut
+        with pytest.raises(OffsetOutOfRangeError, match="past its end"):
+            await ns.truncate("trunc", before=Offset(offsets[-1].ledger_id, offsets[-1].entry_id + 5))
+        assert len(await read_all(ns, "trunc")) == 550  # a refused truncation changed nothing
+
+
+async def test_retention_by_size_and_age_respects_subscribers(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("keep", roll_records=100)
+        async with await ns.open_writer("keep", flush_records=50) as writer:
+            offsets = await write_all(writer, values(1000))
+        listing = await ns.store.segments("keep")
+        segment_bytes = listing.segments[0].bytes
+        await ns.commit_subscription("keep", "slow-reader", offsets[350])  # in segment 4
+        await ns.set_retention("keep", size_bytes=segment_bytes * 3)
+        plan = await ns.apply_retention("keep", dry_run=True)
+        assert [s.sequence for s in plan] == [s.sequence for s in listing.segments[:3]]
+        assert len((await ns.store.segments("keep")).segments) == 10  # dry run removed nothing
+        removed = await ns.apply_retention("keep")
+        assert [s.sequence for s in removed] == [s.sequence for s in listing.segments[:3]]
+        records = await read_all(ns, "keep")
+        assert records[0].offset == offsets[300]  # the subscriber's data is still there
+        await ns.set_retention("keep", size_bytes=0, age_ms=1000, keep_unconsumed=False)
+        future_ms = listing.segments[-1].last_timestamp_ms + 10_000
+        removed = await ns.apply_retention("keep", now_ms=future_ms)
+        remaining = (await ns.store.segments("keep")).live
+        assert len(remaining) == 1 and remaining[0] == listing.segments[-1]  # the last one stays
+        assert len(removed) == 6
+
+
+async def test_typed_streams_check_every_batch(stream_cluster):
+    schema = pa.schema([("id", pa.int64(), False), ("name", pa.string()),
+                        ("timestamp", pa.timestamp("ms"), False)])
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("typed", schema=schema)
+        now = int(time.time() * 1000)
+        good = pa.RecordBatch.from_pydict({"id": [1, 2], "name": ["a", None],
+                                           "timestamp": pa.array([now, now], pa.timestamp("ms"))},
+                                          schema=schema)
+        async with await ns.open_writer("typed") as writer:
+            await writer.write_batch(good)
+            bad = pa.RecordBatch.from_pydict({"id": ["x"], "name": ["a"],
+                                              "timestamp": pa.array([now], pa.timestamp("ms"))})
+            with pytest.raises(ConfigError, match="id"):
+                await writer.write_batch(bad)
+        async with await ns.open_reader("typed", follow=False) as reader:
+            batch = await reader.read_batch(100, timeout_ms=5000)
+        assert batch.schema.equals(schema) and batch.column("id").to_pylist() == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["", "/", "a//b", "../x", ".hidden", "a\x00b", "x" * 300, "a/./b"])
+async def test_bad_stream_names_are_refused(stream_cluster, name):
+    async with namespace(stream_cluster) as ns:
+        with pytest.raises(ConfigError):
+            await ns.create_stream(name)
+        assert await ns.list_streams() == []
+
+
+async def test_bad_and_future_offsets_are_refused(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("offsets")
+        async with await ns.open_writer("offsets") as writer:
+            offsets = await write_all(writer, values(10))
+        with pytest.raises(ConfigError, match="L:E"):
+            await ns.open_reader("offsets", "not-an-offset")
+        with pytest.raises(OffsetOutOfRangeError, match="future"):
+            await ns.open_reader("offsets", Offset(offsets[0].ledger_id, 999))
+        with pytest.raises(OffsetOutOfRangeError, match="no segment"):
+            await ns.open_reader("offsets", Offset(offsets[0].ledger_id + 1000, 0))
+        records = await read_all(ns, "offsets", start=offsets[4])
+        assert [r.value for r in records] == values(6, 4)
+
+
+async def test_read_from_a_timestamp(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("clock", roll_records=20)
+        async with await ns.open_writer("clock") as writer:
+            for index, value in enumerate(values(100)):
+                writer.write_nowait(value, timestamp_ms=1_000_000 + index * 10)
+            await writer.flush()
+        records = await read_all(ns, "clock", start=1_000_000 + 555)
+        assert [r.value for r in records] == values(44, 56)

@@ -1,0 +1,72 @@
+"""Export a stream (or a range of it) to a Parquet or Arrow IPC file, batch by batch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from bookkeeper.errors import ConfigError
+from dlog.offsets import Offset
+
+OFFSET_FIELDS = [pa.field("ledger", pa.int64()), pa.field("entry", pa.int64()), pa.field("slot", pa.int32())]
+
+
+async def export_stream(ns: Any, name: str, out_path: Path, output_format: str, start: str,
+                        end: str | None, *, progress: bool = True) -> dict[str, Any]:
+    """Write every record from `start` through `end` (inclusive) with its offset columns.
+    The file appears only when complete (written to a temporary name, then renamed)."""
+    stop = Offset.parse(end) if end else None
+    if start not in ("earliest", "latest"):
+        Offset.parse(start)
+    info = await ns.stream_info(name)
+    total = sum(s["records"] for s in info["segments"] if s["state"] != "truncated") or None
+    reader = await ns.open_reader(name, start, follow=False)
+    schema = pa.schema(OFFSET_FIELDS + list(reader.codec.schema))
+    temporary = out_path.with_name(out_path.name + ".partial")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    writer = (pq.ParquetWriter(temporary, schema, compression="zstd") if output_format == "parquet"
+              else pa.ipc.new_file(str(temporary), schema))
+    records = 0
+    bar = Progress(TextColumn(f"export {name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                   disable=not progress, transient=True)
+    try:
+        with bar:
+            task = bar.add_task("records", total=total)
+            while (entry := await reader.next_entry()) is not None:
+                batch, done = _with_offsets(entry, schema, stop)
+                if batch.num_rows:
+                    writer.write_table(pa.Table.from_batches([batch])) if output_format == "parquet" \
+                        else writer.write_batch(batch)
+                    records += batch.num_rows
+                    bar.update(task, advance=batch.num_rows)
+                if done:
+                    break
+        writer.close()
+        os.replace(temporary, out_path)
+    except BaseException:
+        writer.close()
+        temporary.unlink(missing_ok=True)
+        raise
+    finally:
+        await reader.close()
+    if stop is not None and records == 0:
+        raise ConfigError(f"nothing to export between {start} and {end}")
+    return {"stream": name, "records": records, "path": str(out_path), "format": output_format,
+            "bytes": out_path.stat().st_size}
+
+
+def _with_offsets(entry: Any, schema: pa.Schema, stop: Offset | None) -> tuple[pa.RecordBatch, bool]:
+    batch = entry.batch
+    done = False
+    if stop is not None and stop.ledger_id == entry.ledger_id and stop.entry_id <= entry.entry_id:
+        keep = max(0, stop.slot - entry.first_slot + 1) if stop.entry_id == entry.entry_id else 0
+        batch, done = batch.slice(0, keep), True
+    rows = batch.num_rows
+    columns = [pa.array([entry.ledger_id] * rows, pa.int64()), pa.array([entry.entry_id] * rows, pa.int64()),
+               pa.array(range(entry.first_slot, entry.first_slot + rows), pa.int32())]
+    return pa.RecordBatch.from_arrays(columns + batch.columns, schema=schema), done
