@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import click
 
 from bookkeeper.errors import ConfigError, DlogError
+from bookkeeper.meta.layout import DEFAULT_ROOT
 from tools.cli import SIZE, _print_table, fails_cleanly, json_option, main
 from tools.units import format_size, parse_duration_ms
 
@@ -38,17 +40,27 @@ DURATION = DurationType()
 
 
 def cluster_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    function = click.option("--zk", default=lambda: os.environ.get("DLOG_ZK", "127.0.0.1:2181"),
-                            show_default="$DLOG_ZK or 127.0.0.1:2181", help="ZooKeeper address")(function)
+    """--zk, --zk-root (the BookKeeper cluster's root) and --namespace, collected into `cluster`."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, zk: str, zk_root: str, namespace: str, **kwargs: Any) -> Any:
+        return function(*args, cluster=(zk, zk_root, namespace), **kwargs)
+
+    wrapper = click.option("--zk", default=lambda: os.environ.get("DLOG_ZK", "127.0.0.1:2181"),
+                           show_default="$DLOG_ZK or 127.0.0.1:2181", help="ZooKeeper address")(wrapper)
+    wrapper = click.option("--zk-root", default=DEFAULT_ROOT, show_default=True,
+                           help="ZooKeeper node of the BookKeeper cluster")(wrapper)
     return click.option("--namespace", default="default", show_default=True,
-                        help="namespace (a ZooKeeper subtree /dlog/<namespace>)")(function)
+                        help="namespace (a ZooKeeper subtree /dlog/<namespace>)")(wrapper)
 
 
-def run(zk: str, namespace: str, action: Callable[[Any], Any]) -> Any:
+def run(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -> Any:
     from dlog import Namespace
 
+    zk, zk_root, namespace = cluster
+
     async def go() -> Any:
-        async with Namespace(zk, namespace, zk_timeout_s=5.0) as ns:
+        async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=5.0) as ns:
             return await action(ns)
 
     return asyncio.run(go())
@@ -77,14 +89,14 @@ def stream() -> None:
 @fails_cleanly
 def stream_create(name: str, ensemble: int, write_quorum: int, ack_quorum: int, roll_size: int | None,
                   roll_age: int | None, roll_records: int, retention_age: int | None,
-                  retention_size: int | None, zk: str, namespace: str, as_json: bool) -> None:
+                  retention_size: int | None, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Create a stream (default schema: key, value, timestamp)."""
     from dlog.names import check_stream_name
     from dlog.segments.metadata import check_quorum
 
     check_stream_name(name)
     check_quorum(ensemble, write_quorum, ack_quorum)
-    config = run(zk, namespace, lambda ns: ns.create_stream(
+    config = run(cluster, lambda ns: ns.create_stream(
         name, ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
         roll_bytes=roll_size, roll_age_ms=roll_age, roll_records=roll_records,
         retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0))
@@ -97,7 +109,7 @@ def stream_create(name: str, ensemble: int, write_quorum: int, ack_quorum: int, 
 @fails_cleanly
 def stream_list(zk: str, namespace: str, as_json: bool) -> None:
     """List the streams of a namespace."""
-    names = run(zk, namespace, lambda ns: ns.list_streams())
+    names = run(cluster, lambda ns: ns.list_streams())
     click.echo(json.dumps({"streams": names}) if as_json else "\n".join(names))
 
 
@@ -106,9 +118,9 @@ def stream_list(zk: str, namespace: str, as_json: bool) -> None:
 @cluster_options
 @json_option
 @fails_cleanly
-def stream_info(name: str, zk: str, namespace: str, as_json: bool) -> None:
+def stream_info(name: str, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Segments, ledgers, record counts, sizes and offsets of a stream."""
-    info = run(zk, namespace, lambda ns: ns.stream_info(name))
+    info = run(cluster, lambda ns: ns.stream_info(name))
     if as_json:
         click.echo(json.dumps(info, sort_keys=True))
         return
@@ -125,9 +137,9 @@ def stream_info(name: str, zk: str, namespace: str, as_json: bool) -> None:
 @cluster_options
 @json_option
 @fails_cleanly
-def stream_delete(name: str, zk: str, namespace: str, as_json: bool) -> None:
+def stream_delete(name: str, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Delete a stream and its ledgers (bookies reclaim the space by garbage collection)."""
-    ledgers = run(zk, namespace, lambda ns: ns.delete_stream(name))
+    ledgers = run(cluster, lambda ns: ns.delete_stream(name))
     click.echo(json.dumps({"deleted": name, "ledgers": ledgers}) if as_json
                else f"deleted stream {name} ({len(ledgers)} ledgers)")
 
@@ -157,7 +169,7 @@ def _parse_jsonl(line: str, number: int) -> tuple[bytes, bytes | None, int | Non
 @cluster_options
 @json_option
 @fails_cleanly
-def write_command(name: str, input_format: str, zk: str, namespace: str, as_json: bool) -> None:
+def write_command(name: str, input_format: str, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Write records from standard input, one per line."""
     lines = [line.rstrip("\n") for line in sys.stdin]
     records = [(_parse_jsonl(line, number + 1) if input_format == "jsonl" else (line.encode(), None, None))
@@ -171,7 +183,7 @@ def write_command(name: str, input_format: str, zk: str, namespace: str, as_json
                 futures.append(writer.write_nowait(value, key, timestamp))
             return list(await asyncio.gather(*futures))
 
-    offsets = run(zk, namespace, action) if records else []
+    offsets = run(cluster, action) if records else []
     result = {"count": len(offsets), "first": str(offsets[0]) if offsets else None,
               "last": str(offsets[-1]) if offsets else None}
     click.echo(json.dumps(result) if as_json else f"wrote {len(offsets)} records to {name}")
@@ -200,7 +212,7 @@ def _record_json(record: Any) -> dict[str, Any]:
 @json_option
 @fails_cleanly
 def read_command(name: str, start: str, end: str | None, max_records: int | None, follow: bool,
-                 skip_truncated: bool, zk: str, namespace: str, as_json: bool) -> None:
+                 skip_truncated: bool, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Print records: one value per line, or with --json one object per line."""
     from dlog import Offset
 
@@ -218,7 +230,7 @@ def read_command(name: str, start: str, end: str | None, max_records: int | None
                 if (max_records and count >= max_records) or (stop is not None and record.offset == stop):
                     return
 
-    run(zk, namespace, action)
+    run(cluster, action)
 
 
 @main.command("truncate")
@@ -227,12 +239,12 @@ def read_command(name: str, start: str, end: str | None, max_records: int | None
 @cluster_options
 @json_option
 @fails_cleanly
-def truncate_command(name: str, before: str, zk: str, namespace: str, as_json: bool) -> None:
+def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Remove records below an offset (whole segments are deleted)."""
     from dlog import Offset
 
     offset = Offset.parse(before)
-    removed = run(zk, namespace, lambda ns: ns.truncate(name, offset))
+    removed = run(cluster, lambda ns: ns.truncate(name, offset))
     result = {"stream": name, "before": str(offset), "segments_removed": [s.sequence for s in removed]}
     click.echo(json.dumps(result) if as_json else
                f"truncated {name} before {offset}: removed {len(removed)} segments")
@@ -255,12 +267,11 @@ def retention() -> None:
 @cluster_options
 @json_option
 @fails_cleanly
-def retention_set(name: str, age: int | None, size: int | None, keep_unconsumed: bool | None, zk: str,
-                  namespace: str, as_json: bool) -> None:
+def retention_set(name: str, age: int | None, size: int | None, keep_unconsumed: bool | None, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Change a stream's retention policy."""
     if age is None and size is None and keep_unconsumed is None:
         raise ConfigError("nothing to set: give --age, --size or --keep-unconsumed/--ignore-subscribers")
-    config = run(zk, namespace, lambda ns: ns.set_retention(name, age_ms=age, size_bytes=size,
+    config = run(cluster, lambda ns: ns.set_retention(name, age_ms=age, size_bytes=size,
                                                             keep_unconsumed=keep_unconsumed))
     result = {"stream": name, "retention_age_ms": config.retention_age_ms,
               "retention_bytes": config.retention_bytes,
@@ -275,14 +286,14 @@ def retention_set(name: str, age: int | None, size: int | None, keep_unconsumed:
 @cluster_options
 @json_option
 @fails_cleanly
-def retention_apply(name: str | None, dry_run: bool, zk: str, namespace: str, as_json: bool) -> None:
+def retention_apply(name: str | None, dry_run: bool, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Apply retention to one stream or to every stream of the namespace."""
 
     async def action(ns: Any) -> dict[str, list[Any]]:
         names = [name] if name else await ns.list_streams()
         return {stream_name: await ns.apply_retention(stream_name, dry_run=dry_run) for stream_name in names}
 
-    results = run(zk, namespace, action)
+    results = run(cluster, action)
     rows = [{"stream": stream_name, "sequence": s.sequence, "ledger": s.ledger_id, "records": s.records,
              "bytes": s.bytes, "last_timestamp_ms": s.last_timestamp_ms}
             for stream_name, segments in results.items() for s in segments]
@@ -307,12 +318,11 @@ def retention_apply(name: str | None, dry_run: bool, zk: str, namespace: str, as
 @cluster_options
 @json_option
 @fails_cleanly
-def export_command(name: str, out_path: Path, output_format: str, start: str, end: str | None, zk: str,
-                   namespace: str, as_json: bool) -> None:
+def export_command(name: str, out_path: Path, output_format: str, start: str, end: str | None, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar."""
     from tools.export import export_stream
 
-    result = run(zk, namespace, lambda ns: export_stream(ns, name, out_path, output_format, start, end,
+    result = run(cluster, lambda ns: export_stream(ns, name, out_path, output_format, start, end,
                                                          progress=not as_json))
     click.echo(json.dumps(result) if as_json else
                f"exported {result['records']:,} records to {out_path} ({format_size(result['bytes'])})")

@@ -57,6 +57,8 @@ class _Ledger:
     explicit_lac: int
     lac: int
     waiters: list[_Waiter] = field(default_factory=list)
+    # fencing reads that found the fence set but not yet fsynced: answered when it is (A11)
+    fence_pending: list[tuple[ReadRequest, Reply]] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -325,6 +327,9 @@ class BookieCore:
             if not ledger.fenced:
                 self._fence(ledger_id, ledger, request, reply)
                 return
+            if ledger.fence_pending is not None:
+                ledger.fence_pending.append((request, reply))
+                return
         if request.long_poll and ledger.lac <= request.previous_lac:
             waiter = _Waiter(request.previous_lac, request.entry_id, request.request_id,
                              OpCode.READ, reply)
@@ -335,13 +340,16 @@ class BookieCore:
     def _fence(self, ledger_id: int, ledger: _Ledger, request: ReadRequest, reply: Reply) -> None:
         """Fence durably, then answer the read (A7, A11)."""
         ledger.fenced = True
+        ledger.fence_pending = [(request, reply)]
         self.fence_count += 1
         state = self.storage.get_state(ledger_id)
         invariant(state is not None, "a known ledger has a stored state")
         self.storage.put_state(ledger_id, _replace(state, fenced=True))
 
         def fenced(_: object) -> None:
-            self._answer_read(request, ledger, reply)
+            waiting, ledger.fence_pending = ledger.fence_pending or [], None
+            for pending_request, pending_reply in waiting:
+                self._answer_read(pending_request, ledger, pending_reply)
 
         self.journal.append(_FENCE_RECORD.pack(RECORD_FENCE, ledger_id), fenced, None)
 

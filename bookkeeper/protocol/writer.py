@@ -55,7 +55,8 @@ class _PendingAdd:
 class LedgerWriter:
     def __init__(self, ledger_id: int, metadata: LedgerMetadata, version: int, digest: Digest, *,
                  available_bookies: Iterable[str], rng: random.Random, add_timeout_ms: int = 5000,
-                 explicit_lac_interval_ms: int = 100, metadata_retries_max: int = 20,
+                 explicit_lac_interval_ms: int = 100, explicit_lac_repeats: int = 3,
+                 failed_bookie_quarantine_ms: int = 30_000, metadata_retries_max: int = 20,
                  recovery: bool = False, lac: int = -1, length: int = 0) -> None:
         invariant(metadata.state is LedgerState.OPEN or recovery,
                   f"ledger {ledger_id} is {metadata.state.value}: only an open ledger is written")
@@ -66,6 +67,8 @@ class LedgerWriter:
         self.rng = rng
         self.add_timeout_ms = add_timeout_ms
         self.explicit_lac_interval_ms = explicit_lac_interval_ms
+        self.explicit_lac_repeats = explicit_lac_repeats
+        self._lac_repeats_left = 0
         self.metadata_retries_max = metadata_retries_max
         self.recovery = recovery
         self.state = WriterState.OPEN
@@ -76,7 +79,11 @@ class LedgerWriter:
         self.next_entry_id = lac + 1
         self._pending: dict[int, _PendingAdd] = {}
         self._available = set(available_bookies)
-        self._failed: set[str] = set()  # bookies replaced (or being replaced) in this ledger
+        # bookies replaced (or being replaced), with when they failed: not chosen again as a
+        # replacement until `failed_bookie_quarantine_ms` has passed, so a bookie that restarted
+        # can serve again and a small cluster is not used up by transient failures
+        self._failed: dict[str, int] = {}
+        self.failed_bookie_quarantine_ms = failed_bookie_quarantine_ms
         self._queued_failures: set[str] = set()
         self._proposed: LedgerMetadata | None = None
         self._conflicts = 0
@@ -154,11 +161,17 @@ class LedgerWriter:
                 for bookie, sent_ms in pending.sent.items()
                 if now_ms - sent_ms >= self.add_timeout_ms}
         effects = self._bookie_failed(sorted(late), now_ms) if late else []
-        if (self.state is WriterState.OPEN and not self._pending and self.lac > self._lac_sent
+        if (self.state is WriterState.OPEN and not self._pending
                 and now_ms - self._last_send_ms >= self.explicit_lac_interval_ms):
-            self._lac_sent = self.lac
-            self._last_send_ms = now_ms
-            effects += [SendWriteLac(bookie, self.lac) for bookie in self.ensemble]
+            if self.lac > self._lac_sent:
+                self._lac_sent = self.lac
+                self._lac_repeats_left = self.explicit_lac_repeats
+            if self._lac_repeats_left > 0:
+                # repeated a few times (not forever): one lost message must not hide the
+                # idle writer's last entry from tailing readers (A4)
+                self._lac_repeats_left -= 1
+                self._last_send_ms = now_ms
+                effects += [SendWriteLac(bookie, self.lac) for bookie in self.ensemble]
         return effects
 
     def on_bookies_changed(self, available: Iterable[str]) -> None:
@@ -198,12 +211,15 @@ class LedgerWriter:
         if self.state is WriterState.CHANGING_ENSEMBLE:
             self._queued_failures.update(failed)
             return []
-        self._failed.update(failed)
+        for bookie, failed_ms in list(self._failed.items()):
+            if bookie not in self.ensemble and now_ms - failed_ms >= self.failed_bookie_quarantine_ms:
+                del self._failed[bookie]
+        self._failed.update(dict.fromkeys(failed, now_ms))
         for pending in self._pending.values():
             for bookie in failed:
                 pending.sent.pop(bookie, None)
                 pending.acked.discard(bookie)
-        candidates = sorted(self._available - set(self.ensemble) - self._failed)
+        candidates = sorted(self._available - set(self.ensemble) - self._failed.keys())
         if len(candidates) < len(failed):
             return self._fail_all(NotEnoughBookiesError(
                 f"ledger {self.ledger_id}: bookies {', '.join(failed)} failed and only "

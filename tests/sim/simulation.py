@@ -1,0 +1,288 @@
+"""One seeded run: a cluster, a writer, recoveries and readers under faults, then a check of A2-A10.
+
+Everything is drawn from ONE `random.Random(seed)`: the scenario (cluster size, quorum shape,
+workload, which faults are on), every latency, every fault, and the state machines' own choices.
+So `run(seed, steps)` is a pure function of its arguments and any failure replays with
+`python -m tools.sim --seed S --steps N`.
+
+A run has three phases:
+  1. faults: the writer appends; recoveries (maybe two at once) and readers start at random times;
+     faults are injected until every client is done or `steps` events have run;
+  2. heal: every bookie that can come back does (a wiped one never does), partitions and stalls
+     end, the network stops dropping; the writer gets a bounded time to finish;
+  3. final: a recovery seals the ledger (or finds it closed) and a reader reads it to its end.
+Then `history.check` looks for broken promises; a violation raises AssertionError naming the seed,
+the promises, the scenario and the last 40 events.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bookkeeper.protocol.entry import Digest, DigestType, master_key
+from bookkeeper.protocol.metadata import LedgerMetadata, password_hash
+
+from .bookie import SimBookie
+from .clients import Driver, ReaderClient, RecoveryClient, WriterClient
+from .history import History, check
+from .metastore import SimMetadataStore
+from .world import Network, NetworkConfig, World
+
+DEFAULT_STEPS = 30_000
+SHAPES = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (5, 3, 2), (3, 3, 3), (4, 4, 3), (3, 2, 1), (2, 2, 2),
+          (5, 4, 2), (4, 2, 1))
+FAULT_KINDS = ("crash", "hang", "partition", "wipe", "zk_stall", "zk_reply_lost", "writer_crash")
+HEAL_WAIT_MS = 5_000  # the writer's time to finish after the heal
+FINAL_WAIT_MS = 30_000  # the final recovery's and reader's time
+DOWN_BOOKIES_MAX = 2  # crashed or hung at the same time
+
+
+@dataclass(slots=True)
+class Scenario:
+    bookie_count: int
+    shape: tuple[int, int, int]  # ensemble, write quorum, ack quorum
+    entry_count: int
+    pipeline_depth: int
+    append_gap_ms_max: int
+    recovery_starts_ms: list[int]
+    reader_starts_ms: list[int]
+    faults: tuple[str, ...]
+    fault_gap_ms: tuple[int, int]
+    network: NetworkConfig
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Scenario:
+        shape = rng.choice(SHAPES)
+        entry_count = rng.randint(5, 60) if rng.random() < 0.8 else rng.randint(60, 150)
+        gap_ms_max = rng.randint(0, 20)
+        writing_ms = entry_count * (gap_ms_max // 2 + 8)
+        recoveries = [] if rng.random() < 0.25 else [rng.randint(0, writing_ms + 200)]
+        if recoveries and rng.random() < 0.35:  # a second recovery, concurrent with the first
+            recoveries.append(recoveries[0] + rng.randint(0, 40))
+        readers = sorted(rng.randint(0, writing_ms + 400) for _ in range(rng.randint(0, 3)))
+        faults = () if rng.random() < 0.1 else tuple(
+            kind for kind in FAULT_KINDS if rng.random() < (0.2 if kind == "writer_crash" else 0.5))
+        if shape[2] < 2:
+            faults = tuple(kind for kind in faults if kind != "wipe")  # Qa - 1 = 0 may be lost
+        network = NetworkConfig(
+            drop_probability=rng.choice((0.0, 0.0, 0.002, 0.01)),
+            duplicate_probability=rng.choice((0.0, 0.0, 0.01, 0.05)))
+        return cls(bookie_count=shape[0] + rng.randint(1, 3), shape=shape, entry_count=entry_count,
+                   pipeline_depth=rng.randint(1, 10), append_gap_ms_max=gap_ms_max,
+                   recovery_starts_ms=recoveries, reader_starts_ms=readers, faults=faults,
+                   fault_gap_ms=(rng.randint(10, 60), rng.randint(100, 400)), network=network)
+
+    def describe(self) -> str:
+        ensemble, write_quorum, ack_quorum = self.shape
+        return (f"{self.bookie_count} bookies, E={ensemble} Qw={write_quorum} Qa={ack_quorum}, "
+                f"{self.entry_count} entries (depth {self.pipeline_depth}), recoveries at "
+                f"{self.recovery_starts_ms} ms, readers at {self.reader_starts_ms} ms, faults "
+                f"{list(self.faults)}, drop {self.network.drop_probability}, duplicate "
+                f"{self.network.duplicate_probability}")
+
+
+@dataclass(slots=True)
+class RunResult:
+    seed: int
+    steps: int
+    scenario: Scenario
+    entries_appended: int
+    entries_acked: int
+    last_entry_id: int
+    faults: Counter[str]
+    events: int
+    simulated_ms: int
+    fingerprint: str = ""  # of every event: two runs of one seed and steps must agree
+    violations: list[str] = field(default_factory=list)
+    report: str = ""
+
+
+class Simulation:
+    ledger_id = 1
+    password = b"sim-password"
+
+    def __init__(self, seed: int, steps: int = DEFAULT_STEPS, *,
+                 fence_answer_waits_for_journal: bool = True, wiped_bookies_rejoin: bool = False) -> None:
+        self.seed = seed
+        self.steps = steps
+        self.wiped_bookies_rejoin = wiped_bookies_rejoin
+        self.rng = random.Random(seed)
+        self.world = World(self.rng)
+        self.scenario = Scenario.draw(self.rng)
+        self.network = Network(self.world, self.scenario.network)
+        self.history = History()
+        self.digest = Digest.for_ledger(DigestType.CRC32C, self.password)
+        self.master_key = master_key(self.password)
+        self.clients: dict[str, Driver] = {}
+        self.bookies = {f"b{index}": SimBookie(f"b{index}", self.world, self.network, self.history,
+                                               lambda: self.clients,
+                                               fence_answer_waits_for_journal=fence_answer_waits_for_journal)
+                        for index in range(self.scenario.bookie_count)}
+        ensemble_size, write_quorum, ack_quorum = self.scenario.shape
+        ensemble = tuple(self.rng.sample(sorted(self.bookies), ensemble_size))
+        metadata = LedgerMetadata(ensemble_size, write_quorum, ack_quorum, ((0, ensemble),),
+                                  password_hash=password_hash(self.password))
+        self.store = SimMetadataStore(self.world, metadata, self.history.metadata_written)
+        self.faulting = True
+        self.wiped = 0
+
+    def registered(self) -> list[str]:
+        return [bookie_id for bookie_id, bookie in sorted(self.bookies.items()) if bookie.registered]
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> RunResult:
+        scenario, world = self.scenario, self.world
+        payloads = [f"{self.seed}:{index}:".encode() + bytes(self.rng.randint(0, 40))
+                    for index in range(scenario.entry_count)]
+        writer = WriterClient("writer", self, payloads, scenario.pipeline_depth,
+                              scenario.append_gap_ms_max)
+        self._start_at(0, writer)
+        for index, start_ms in enumerate(scenario.recovery_starts_ms):
+            self._start_at(start_ms, RecoveryClient(f"recovery{index}", self, attempts_max=5))
+        for index, start_ms in enumerate(scenario.reader_starts_ms):
+            self._start_at(start_ms, ReaderClient(f"reader{index}", self))
+        if scenario.faults:
+            world.after(self.rng.randint(*scenario.fault_gap_ms), self._inject_fault)
+        self._run_until(lambda: all(client.done for client in self.clients.values()),
+                        events_max=self.steps)
+        self._heal()
+        self._run_until(lambda: writer.done, deadline_ms=world.now_ms + HEAL_WAIT_MS)
+        final_recovery = RecoveryClient("final-recovery", self, attempts_max=20, final=True)
+        self._start_at(world.now_ms, final_recovery)
+        self._run_until(lambda: final_recovery.done, deadline_ms=world.now_ms + FINAL_WAIT_MS)
+        final_reader = ReaderClient("final-reader", self, final=True, attempts_max=5)
+        self._start_at(world.now_ms, final_reader)
+        self._run_until(lambda: final_reader.done, deadline_ms=world.now_ms + FINAL_WAIT_MS)
+        return self._result()
+
+    def _start_at(self, time_ms: int, client: Any) -> None:
+        self.clients[client.name] = client
+        self.world.at(time_ms, client.start)
+
+    def _run_until(self, finished: Callable[[], bool], *, events_max: int | None = None,
+                   deadline_ms: int | None = None) -> None:
+        world = self.world
+        while not finished():
+            if events_max is not None and world.events_processed >= events_max:
+                return
+            if deadline_ms is not None and world.now_ms >= deadline_ms:
+                return
+            if not world.step():
+                return
+
+    def _result(self) -> RunResult:
+        final = self.store.current
+        violations = check(self.history, final)
+        result = RunResult(self.seed, self.steps, self.scenario, len(self.history.adds),
+                           len(self.history.ack_order), final.last_entry_id, self.world.faults,
+                           self.world.events_processed, self.world.now_ms,
+                           self.world.fingerprint, violations)
+        if violations:
+            result.report = "\n".join([
+                f"simulation seed {self.seed} (steps {self.steps}) broke {len(violations)} promise(s):",
+                *(f"  - {violation}" for violation in violations[:20]),
+                f"scenario: {self.scenario.describe()}",
+                f"final metadata: {final.state.value} last entry {final.last_entry_id}, "
+                f"fragments {[(first, list(bookies)) for first, bookies in final.ensembles]}",
+                f"faults: {dict(sorted(self.world.faults.items()))}",
+                f"replay: python -m tools.sim --seed {self.seed} --steps {self.steps}",
+                "last 40 events:", self.world.format_trace(40)])
+        return result
+
+    # ------------------------------------------------------------------ faults
+
+    def _inject_fault(self) -> None:
+        if not self.faulting:
+            return
+        kind = self.rng.choice(self.scenario.faults)
+        getattr(self, f"_fault_{kind}")()
+        self.world.after(self.rng.randint(*self.scenario.fault_gap_ms), self._inject_fault)
+
+    def _pick_bookie(self, statuses: tuple[str, ...]) -> SimBookie | None:
+        candidates = [bookie for _, bookie in sorted(self.bookies.items()) if bookie.status in statuses]
+        return self.rng.choice(candidates) if candidates else None
+
+    def _down_count(self) -> int:
+        return sum(1 for bookie in self.bookies.values() if bookie.status in ("crashed", "hung"))
+
+    def _fault_crash(self) -> None:
+        bookie = self._pick_bookie(("up", "hung"))
+        if bookie is None or self._down_count() >= DOWN_BOOKIES_MAX:
+            return
+        self.world.fault("crash", bookie.bookie_id)
+        bookie.crash()
+        self.world.after(self.rng.randint(30, 600), bookie.restart)
+
+    def _fault_hang(self) -> None:
+        bookie = self._pick_bookie(("up",))
+        if bookie is None or self._down_count() >= DOWN_BOOKIES_MAX:
+            return
+        self.world.fault("hang", bookie.bookie_id)
+        bookie.hang()
+        self.world.after(self.rng.randint(50, 1200), bookie.resume)
+
+    def _fault_partition(self) -> None:
+        clients = [name for name, client in sorted(self.clients.items()) if not client.done]
+        bookie = self._pick_bookie(("up", "hung", "crashed"))
+        if not clients or bookie is None:
+            return
+        client = self.rng.choice(clients)
+        self.world.fault("partition", client, "|", bookie.bookie_id)
+        partition_id = self.network.partition(client, bookie.bookie_id)
+        self.world.after(self.rng.randint(50, 1000), self.network.heal, client, bookie.bookie_id,
+                         partition_id)
+
+    def _fault_wipe(self) -> None:
+        # A3 promises nothing beyond Qa - 1 lost bookies of a write set; never lose more than
+        # that many in the whole cluster, so every write set stays within the promise. And keep
+        # at least E bookies, or no recovery could ever find a full ensemble to write back to.
+        ensemble_size, _, ack_quorum = self.scenario.shape
+        if self.wiped >= ack_quorum - 1 or len(self.bookies) - self.wiped - 1 < ensemble_size:
+            return
+        bookie = self._pick_bookie(("up", "hung", "crashed"))
+        if bookie is None:
+            return
+        self.wiped += 1
+        self.world.fault("wipe", bookie.bookie_id)
+        bookie.wipe(rejoin=self.wiped_bookies_rejoin)
+        if self.wiped_bookies_rejoin:
+            self.world.after(self.rng.randint(30, 600), bookie.restart)
+
+    def _fault_zk_stall(self) -> None:
+        duration_ms = self.rng.randint(100, 1500)
+        self.world.fault("zk_stall", f"{duration_ms} ms")
+        self.store.stall(duration_ms)
+
+    def _fault_zk_reply_lost(self) -> None:
+        self.store.replies_to_lose += 1  # counted when a reply is actually lost
+
+    def _fault_writer_crash(self) -> None:
+        writer = self.clients.get("writer")
+        if writer is None or writer.done or self.rng.random() < 0.7:
+            return  # rare: most runs should see the writer's own end
+        self.world.fault("writer_crash")
+        writer.die()
+
+    def _heal(self) -> None:
+        self.faulting = False
+        self.network.faulty = False
+        self.network.heal_all()
+        self.store.heal()
+        for _, bookie in sorted(self.bookies.items()):
+            bookie.restart()
+            bookie.resume()
+        self.world.log("HEAL", "every fault ends")
+
+
+def run(seed: int, steps: int = DEFAULT_STEPS, *, raise_on_violation: bool = True,
+        **options: bool) -> RunResult:
+    """One run; raises AssertionError (seed, broken promises, last events) on a violation."""
+    result = Simulation(seed, steps, **options).run()
+    if result.violations and raise_on_violation:
+        raise AssertionError(result.report)
+    return result

@@ -1,0 +1,121 @@
+"""Run the seeded protocol simulator: replay one seed, or explore many.
+
+    python -m tools.sim --seed 42 --steps 30000      # replay one run (add --trace for its events)
+    python -m tools.sim --seeds 1000 --start 0       # explore seeds 0..999 and print a summary
+    python -m tools.sim --seeds 2000 --plant ack-quorum-minus-one   # show the checker catching a bug
+
+Exit status 1 when any run broke a promise; every failing seed is printed with the command that
+replays it. The simulator itself lives in tests/sim (see tests/sim/simulation.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+# the simulator is test code, in tests/sim; make it importable however this module was started
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from tests.sim import plants  # noqa: E402
+from tests.sim.simulation import DEFAULT_STEPS, RunResult, Simulation  # noqa: E402
+
+FAILING_SEEDS_SHOWN_MAX = 20
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tools.sim", description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--seed", type=_positive, help="replay this one seed")
+    mode.add_argument("--seeds", type=_positive, help="explore this many seeds")
+    parser.add_argument("--start", type=_positive, default=0, help="first seed to explore (default 0)")
+    parser.add_argument("--steps", type=_positive, default=DEFAULT_STEPS,
+                        help=f"events before every fault heals (default {DEFAULT_STEPS})")
+    parser.add_argument("--trace", action="store_true", help="with --seed: print the last 200 events")
+    parser.add_argument("--plant", choices=plants.NAMES,
+                        help="run with a planted bug, to see the checker catch it")
+    parser.add_argument("--real-bookie-fence", action="store_true",
+                        help="answer a repeated fence before it is durable, as bookie.py does")
+    return parser
+
+
+def _simulate(seed: int, steps: int, options: dict[str, bool]) -> tuple[Simulation, RunResult]:
+    simulation = Simulation(seed, steps, **options)
+    return simulation, simulation.run()
+
+
+def replay(seed: int, steps: int, options: dict[str, bool], trace: bool) -> int:
+    simulation, result = _simulate(seed, steps, options)
+    print(f"seed {seed}, steps {steps}: {result.scenario.describe()}")
+    print(f"  {result.entries_appended} entries appended, {result.entries_acked} acknowledged, ledger "
+          f"closed at entry {result.last_entry_id}; {result.events} events over "
+          f"{result.simulated_ms} simulated ms; fingerprint {result.fingerprint}")
+    print(f"  faults: {dict(sorted(result.faults.items())) or 'none'}")
+    print(f"  exercised: {dict(sorted(simulation.world.stats.items()))}")
+    if trace:
+        print(simulation.world.format_trace(200))
+    if result.violations:
+        print(result.report)
+        return 1
+    print("  violations: 0")
+    return 0
+
+
+def explore(start: int, count: int, steps: int, options: dict[str, bool]) -> int:
+    began = time.monotonic()
+    faults: Counter[str] = Counter()
+    exercised: Counter[str] = Counter()
+    acked = appended = 0
+    failing: list[RunResult] = []
+    for seed in range(start, start + count):
+        simulation, result = _simulate(seed, steps, options)
+        faults.update(result.faults)
+        exercised.update(simulation.world.stats)
+        acked += result.entries_acked
+        appended += result.entries_appended
+        if result.violations:
+            failing.append(result)
+    elapsed_s = time.monotonic() - began
+    print(f"runs: {count} (seeds {start}..{start + count - 1}, steps {steps}) in {elapsed_s:.1f} s")
+    print(f"entries appended: {appended}, acknowledged: {acked}")
+    print(f"faults injected: {sum(faults.values())} {dict(sorted(faults.items()))}")
+    print(f"exercised: {dict(sorted(exercised.items()))}")
+    print(f"violations: {len(failing)}")
+    for result in failing[:FAILING_SEEDS_SHOWN_MAX]:
+        print(f"  seed {result.seed}: {result.violations[0]}")
+        print(f"    replay: python -m tools.sim --seed {result.seed} --steps {result.steps}")
+    if len(failing) > FAILING_SEEDS_SHOWN_MAX:
+        print(f"  ... and {len(failing) - FAILING_SEEDS_SHOWN_MAX} more")
+    if failing:
+        print(f"\nfirst failure in full:\n{failing[0].report}")
+    return 1 if failing else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    with plants.planted(arguments.plant) as options:
+        if arguments.plant:
+            print(f"planted bug: {arguments.plant}: {plants.describe(arguments.plant)}")
+        if arguments.real_bookie_fence:
+            options["fence_answer_waits_for_journal"] = False
+        if arguments.seed is not None:
+            return replay(arguments.seed, arguments.steps, options, arguments.trace)
+        return explore(arguments.start, arguments.seeds, arguments.steps, options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
