@@ -261,7 +261,12 @@ class StreamReader:
         self._changed.clear()
         poll = asyncio.ensure_future(handle._long_poll(entry_id, self.poll_timeout_ms))
         change = asyncio.ensure_future(self._changed.wait())
-        done, _ = await asyncio.wait({poll, change}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({poll, change}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            poll.cancel()  # the reader is closing: nothing may outlive it
+            change.cancel()
+            raise
         if poll in done:
             change.cancel()
             entry = poll.result()

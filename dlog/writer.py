@@ -209,6 +209,11 @@ class StreamWriter:
         if self._closed:
             raise WriterClosedError(f"the writer of stream {self.name!r} is closed")
 
+    @property
+    def writable(self) -> bool:
+        """False while buffered and in-flight bytes are at the buffer maximum."""
+        return self._buffered_bytes + self._in_flight_bytes < self.buffer_bytes_max
+
     async def wait_writable(self) -> None:
         """Wait until buffered and in-flight bytes are below the buffer maximum."""
         while self._buffered_bytes + self._in_flight_bytes >= self.buffer_bytes_max:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
+from dlog.segments.codec import records_to_batch
 from bookkeeper.protocol.wire import (AddRequest, ErrorResponse, ResponseDecoder, encode_request)
 from tools.cluster import LocalCluster
 
@@ -203,6 +204,118 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, A
     await asyncio.wait_for(tail, 60)
     await handle.close()
     return {"run": "tail", "entries": count, "rate_per_s": rate_per_s, **percentiles(latencies)}
+
+
+def event_values(count: int, size: int = 100) -> list[bytes]:
+    """`count` distinct realistic values: JSON-like events with random users, actions, items and
+    session ids (what compresses is what real events share: field names, not whole records)."""
+    rng = random.Random(7)
+    actions = [b"view", b"click", b"buy", b"share", b"search", b"scroll"]
+    values = []
+    for index in range(count):
+        value = (b'{"ts":%d,"user":"u%06d","action":"%s","item":%d,"session":"%012x"}'
+                 % (1700000000000 + index, rng.randrange(10**6), rng.choice(actions),
+                    rng.randrange(10**7), rng.getrandbits(48)))
+        values.append((value + b" " * size)[: size - 8] + b"%08d" % index)
+    return values
+
+
+async def _stream_runs(cluster: LocalCluster, records: int, batch_records: int, tail_rate: int,
+                       tail_seconds: float) -> list[dict[str, Any]]:
+    from dlog import Namespace
+
+    runs: list[dict[str, Any]] = []
+    async with Namespace(cluster.zk_address, "bench") as ns:
+        await ns.create_stream("batches")
+        values = event_values(records)
+
+        batches = [records_to_batch(values[start: start + batch_records])
+                   for start in range(0, records, batch_records)]
+        raw_bytes = sum(len(value) for value in values)
+        async with await ns.open_writer("batches") as writer:
+            started = time.perf_counter()
+            pending = []
+            for batch in batches:
+                pending.append(asyncio.ensure_future(writer.write_batch(batch)))
+                if len(pending) >= 8:
+                    await pending.pop(0)
+            await asyncio.gather(*pending)
+            elapsed_s = time.perf_counter() - started
+        stored = sum(s["bytes"] for s in (await ns.stream_info("batches"))["segments"])
+        runs.append({"run": "write_batch", "records": records, "records_per_s": round(records / elapsed_s),
+                     "mb_per_s": round(raw_bytes / elapsed_s / 1e6, 1),
+                     "compression_ratio": round(raw_bytes / max(stored, 1), 2)})
+
+        await ns.create_stream("records")
+        count = min(records, 300_000)
+        async with await ns.open_writer("records") as writer:
+            started = time.perf_counter()
+            futures = []
+            for value in values[:count]:
+                if not writer.writable:
+                    await writer.wait_writable()
+                futures.append(writer.write_nowait(value))
+            await asyncio.gather(*futures)
+            elapsed_s = time.perf_counter() - started
+        runs.append({"run": "write", "records": count, "records_per_s": round(count / elapsed_s),
+                     "mb_per_s": round(sum(map(len, values[:count])) / elapsed_s / 1e6, 1)})
+
+        reader = await ns.open_reader("batches", follow=False)
+        started = time.perf_counter()
+        read = 0
+        while (entry := await reader.next_entry()) is not None:
+            read += entry.batch.num_rows
+        elapsed_s = time.perf_counter() - started
+        await reader.close()
+        runs.append({"run": "read", "records": read, "records_per_s": round(read / elapsed_s),
+                     "as": "arrow batches"})
+        runs.append(await _stream_tail(ns, tail_rate, tail_seconds))
+    return runs
+
+
+async def _stream_tail(ns: Any, rate_per_s: int, seconds: float) -> dict[str, Any]:
+    """Write at a fixed rate; a tailing reader records each record's write-to-read latency."""
+    await ns.create_stream("tail")
+    writer = await ns.open_writer("tail", linger_ms=1)
+    reader = await ns.open_reader("tail", "latest")
+    count = int(rate_per_s * seconds)
+    sent_at: list[float] = [0.0] * count
+    latencies: list[float] = []
+
+    async def follow() -> None:
+        while len(latencies) < count:
+            entry = await reader.next_entry(timeout_s=30)
+            if entry is None:
+                raise RuntimeError("the tailing reader stalled for 30 s")
+            now = time.perf_counter()
+            for index in entry.batch.column("value").to_pylist():
+                latencies.append(now - sent_at[int(index[-8:])])
+
+    task = asyncio.create_task(follow())
+    started = time.perf_counter()
+    tick_s = 0.001
+    written = 0
+    while written < count:
+        due = min(count, int((time.perf_counter() - started) * rate_per_s) + 1)
+        while written < due:
+            sent_at[written] = time.perf_counter()
+            writer.write_nowait(b"tail-event-%08d" % written)
+            written += 1
+        await asyncio.sleep(tick_s)
+    await asyncio.wait_for(task, 60)
+    await reader.close()
+    await writer.close()
+    return {"run": "tail", "records": count, "rate_per_s": rate_per_s, **percentiles(latencies)}
+
+
+def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_rate: int = 10_000,
+                  tail_seconds: float = 5.0, fsync: bool = True) -> dict[str, Any]:
+    """Stream writes (write_batch and per-record write), catch-up read, and tail latency."""
+    args = [] if fsync else ["--no-fsync"]
+    with local_cluster(3, args) as cluster:
+        runs = asyncio.run(_stream_runs(cluster, records, batch_records, tail_rate, tail_seconds))
+    return {"mode": "streams", "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2",
+            "record_bytes": 100, "runs": runs}
 
 
 def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: int = 5_000,

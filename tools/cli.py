@@ -419,6 +419,24 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
     _print_bench(bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync), as_json)
 
 
+@bench.command("streams")
+@click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
+@click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1))
+@click.option("--tail-rate", default=10_000, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="records per second offered in the tail-latency run")
+@click.option("--tail-seconds", default=5.0, show_default=True, type=click.FloatRange(0.1, 600))
+@click.option("--no-fsync", is_flag=True, help="measure without fdatasync (NOT durable)")
+@json_option
+@fails_cleanly
+def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail_seconds: float,
+                          no_fsync: bool, as_json: bool) -> None:
+    """Stream write_batch and write(), catch-up read as Arrow batches, tail latency (E3/Qw2/Qa2)."""
+    from tools.bench import bench_streams
+
+    _print_bench(bench_streams(records, batch_records, tail_rate, tail_seconds, fsync=not no_fsync),
+                 as_json)
+
+
 # ---------------------------------------------------------------------------- standalone
 
 

@@ -140,13 +140,16 @@ class StreamStore:
                      listing.version)
 
     async def commit(self, name: str, listing: SegmentList, *, create: Sequence[Segment] = (),
-                     update: Sequence[Segment] = (), delete: Sequence[Segment] = ()) -> None:
-        """Change the segment list in one multi, based on `listing`'s version (L1, L3)."""
+                     update: Sequence[Segment] = (), delete: Sequence[Segment] = (),
+                     extra: Sequence[Op] = ()) -> None:
+        """Change the segment list in one multi, based on `listing`'s version (L1, L3). `extra`
+        operations commit with it or not at all (the Spark sink records its batch id this way)."""
         ops: list[Op] = [SetOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in update]
         ops += [DeleteOp(self.segment_path(name, s.sequence)) for s in delete]
         ops += [CreateOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in create]
         top = max([listing.max_sequence, *(s.sequence for s in create)])
         ops.append(self._list_op(name, listing, top))
+        ops += list(extra)
         await self.zk.multi(ops)
 
     def watch_segments(self, name: str, callback: Callable[[], None]) -> Callable[[], None]:
