@@ -107,7 +107,7 @@ def stream_create(name: str, ensemble: int, write_quorum: int, ack_quorum: int, 
 @cluster_options
 @json_option
 @fails_cleanly
-def stream_list(zk: str, namespace: str, as_json: bool) -> None:
+def stream_list(cluster: tuple[str, str, str], as_json: bool) -> None:
     """List the streams of a namespace."""
     names = run(cluster, lambda ns: ns.list_streams())
     click.echo(json.dumps({"streams": names}) if as_json else "\n".join(names))

@@ -37,3 +37,12 @@ def test_bench_refuses_a_bad_size_with_one_clear_line():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "bad size '12 parsecs'" in result.stderr and "64KiB" in result.stderr
+
+
+def test_bench_streams_reports_writes_reads_and_tail():
+    result = run_bench("streams", "--records", "2000", "--batch-records", "500", "--tail-rate", "200",
+                       "--tail-seconds", "0.5")
+    runs = {run["run"]: run for run in result["runs"]}
+    assert set(runs) == {"write_batch", "write", "read", "tail"}
+    assert runs["read"]["records"] == 2000 and runs["write_batch"]["compression_ratio"] > 1
+    assert runs["tail"]["records"] == 100 and runs["tail"]["p50_ms"] <= runs["tail"]["p99_ms"]

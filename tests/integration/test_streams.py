@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import pyarrow as pa
 import pytest
 
@@ -195,6 +196,14 @@ async def test_retention_by_size_and_age_respects_subscribers(stream_cluster):
         remaining = (await ns.store.segments("keep")).live
         assert len(remaining) == 1 and remaining[0] == listing.segments[-1]  # the last one stays
         assert len(removed) == 6
+        # removed segments' ledgers are deleted, so bookie garbage collection reclaims them
+        removed_ledgers = {s.ledger_id for s in listing.segments[:-1]}
+        collected: set[int] = set()
+        async with aiohttp.ClientSession() as session:
+            for bookie in stream_cluster.bookies:
+                async with session.post(f"{bookie.http}/api/v1/gc") as response:
+                    collected.update((await response.json())["deleted_ledgers"])
+        assert collected == removed_ledgers
 
 
 async def test_typed_streams_check_every_batch(stream_cluster):
