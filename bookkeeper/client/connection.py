@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from bookkeeper.errors import (BookieUnavailableError, ProtocolError, RequestTimeoutError,
                                error_for_status)
@@ -23,6 +23,16 @@ from bookkeeper.protocol.wire import (AddRequest, AddResponse, BookieInfoRequest
                                       WriteLacResponse, encode_request)
 
 
+class EncodedRequest:
+    """A request already encoded to its frame (the hot path builds frames directly)."""
+
+    __slots__ = ("request_id", "frame")
+
+    def __init__(self, request_id: int, frame: bytes) -> None:
+        self.request_id = request_id
+        self.frame = frame
+
+
 class BookieConnection(asyncio.Protocol):
     def __init__(self, address: str, *, timeout_s: float = 5.0, in_flight_max: int = 10_000,
                  frame_bytes_max: int = wire.FRAME_BYTES_MAX_DEFAULT) -> None:
@@ -30,7 +40,8 @@ class BookieConnection(asyncio.Protocol):
         self.timeout_s = timeout_s
         self.in_flight_max = in_flight_max
         self._decoder = ResponseDecoder(frame_bytes_max)
-        self._pending: dict[int, tuple[asyncio.Future[Any], float]] = {}
+        # request id -> (future or callback, deadline); callbacks skip a future and a loop hop
+        self._pending: dict[int, tuple[Any, float]] = {}
         self._request_ids = itertools.count(1)
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
@@ -113,11 +124,24 @@ class BookieConnection(asyncio.Protocol):
             future.set_exception(BookieUnavailableError(f"connection to {self.address} is closed"))
             return future
         self._pending[request.request_id] = (future, self._loop.time() + self.timeout_s + wait_s)
-        self._out.append(encode_request(request))
+        self._out.append(request.frame if type(request) is EncodedRequest else encode_request(request))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
         return future
+
+    def send_callback(self, request_id: int, frame: bytes, callback: Callable[[Any], None], *,
+                      wait_s: float = 0.0) -> None:
+        """Send an encoded frame; `callback(response or error)` runs when it is answered, times
+        out or the connection fails (never before this method returns)."""
+        if self._closed_error is not None:
+            self._loop.call_soon(callback, BookieUnavailableError(f"connection to {self.address} is closed"))
+            return
+        self._pending[request_id] = (callback, self._loop.time() + self.timeout_s + wait_s)
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -130,12 +154,14 @@ class BookieConnection(asyncio.Protocol):
         pending = self._pending.pop(request_id, None)
         if pending is None:
             return  # already timed out, or an answer to a request we never sent
-        future = pending[0]
-        if not future.done():
+        target = pending[0]
+        if not isinstance(target, asyncio.Future):
+            target(outcome)
+        elif not target.done():
             if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
+                target.set_exception(outcome)
             else:
-                future.set_result(outcome)
+                target.set_result(outcome)
         if not self._room.is_set() and len(self._pending) < self.in_flight_max:
             self._room.set()
 
@@ -154,11 +180,13 @@ class BookieConnection(asyncio.Protocol):
         if self._closed_error is None:
             self._closed_error = cause
         pending, self._pending = self._pending, {}
-        for future, _ in pending.values():
-            if not future.done():
-                error = BookieUnavailableError(f"connection to bookie {self.address} lost: {cause}")
-                error.__cause__ = cause
-                future.set_exception(error)
+        for target, _ in pending.values():
+            error = BookieUnavailableError(f"connection to bookie {self.address} lost: {cause}")
+            error.__cause__ = cause
+            if not isinstance(target, asyncio.Future):
+                target(error)
+            elif not target.done():
+                target.set_exception(error)
         self._room.set()
         if self._sweeper is not None and self._sweeper is not asyncio.current_task():
             self._sweeper.cancel()

@@ -24,7 +24,7 @@ from bookkeeper.protocol.entry import Digest, DigestMismatchError, unpack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.reader import ReadOp
 from bookkeeper.protocol.recovery import RecoveryOp
-from bookkeeper.protocol.wire import AddRequest, ReadRequest, WriteLacRequest
+from bookkeeper.protocol.wire import ReadRequest, WriteLacRequest, encode_add_request
 from bookkeeper.protocol.writer import LedgerWriter, WriterState
 
 if TYPE_CHECKING:
@@ -95,20 +95,18 @@ class _Driver:
 
     def _send_add(self, effect: SendAdd) -> None:
         pool = self.client.pool
-        future = pool.send(effect.bookie, AddRequest(pool.next_request_id(), self.ledger_id,
-                                                     effect.entry_id, self.master_key,
-                                                     effect.packed, effect.recovery))
-        bookie, entry_id = effect.bookie, effect.entry_id
+        request_id = pool.next_request_id()
+        frame = encode_add_request(request_id, self.ledger_id, effect.entry_id, self.master_key,
+                                   effect.packed, effect.recovery)
+        bookie, entry_id, machine = effect.bookie, effect.entry_id, self.machine
 
-        def done(answer: asyncio.Future[Any]) -> None:
-            error = answer.exception()
-            if error is None:
-                self.run(self.machine.on_add_ok(bookie, entry_id, self.now_ms()))
+        def answered(outcome: Any) -> None:
+            if isinstance(outcome, BaseException):
+                self.run(machine.on_add_error(bookie, entry_id, _as_dlog_error(outcome), self.now_ms()))
             else:
-                self.run(self.machine.on_add_error(bookie, entry_id, _as_dlog_error(error),
-                                                   self.now_ms()))
+                self.run(machine.on_add_ok(bookie, entry_id, self.now_ms()))
 
-        future.add_done_callback(done)
+        pool.send_callback(bookie, request_id, frame, answered)
 
     def _send_read(self, effect: SendRead) -> None:
         pool = self.client.pool

@@ -13,7 +13,7 @@ import itertools
 import time
 from typing import Any, Callable
 
-from bookkeeper.client.connection import BookieConnection
+from bookkeeper.client.connection import BookieConnection, EncodedRequest
 from bookkeeper.errors import BookieUnavailableError
 from bookkeeper.protocol.wire import Request
 
@@ -55,6 +55,16 @@ class BookiePool:
         if bookie_id not in self._connecting:
             self._connecting[bookie_id] = loop.create_task(self._connect(bookie_id))
         return future
+
+    def send_callback(self, bookie_id: str, request_id: int, frame: bytes,
+                      callback: Callable[[Any], None], *, wait_s: float = 0.0) -> None:
+        """Like `send` for an encoded frame, answering through `callback` (no future per request)."""
+        connection = self._connections.get(bookie_id)
+        if connection is not None and connection.is_open:
+            connection.send_callback(request_id, frame, callback, wait_s=wait_s)
+            return
+        future = self.send(bookie_id, EncodedRequest(request_id, frame), wait_s=wait_s)  # type: ignore[arg-type]
+        future.add_done_callback(lambda done: callback(done.exception() or done.result()))
 
     async def _connect(self, bookie_id: str) -> None:
         try:

@@ -78,6 +78,8 @@ class LedgerWriter:
         self.length = length  # of everything appended, acknowledged or not
         self.next_entry_id = lac + 1
         self._pending: dict[int, _PendingAdd] = {}
+        self._write_sets: list[list[str]] = []
+        self._write_sets_of: tuple[str, ...] | None = None
         self._available = set(available_bookies)
         # bookies replaced (or being replaced), with when they failed: not chosen again as a
         # replacement until `failed_bookie_quarantine_ms` has passed, so a bookie that restarted
@@ -101,9 +103,14 @@ class LedgerWriter:
         return len(self._pending)
 
     def _write_set(self, entry_id: int) -> list[str]:
-        ensemble = self.ensemble
-        return [ensemble[position] for position in
-                write_set(entry_id, self.metadata.ensemble_size, self.metadata.write_quorum)]
+        """Bookies of entry `entry_id`: E distinct write sets per ensemble, computed once each."""
+        ensemble = self.metadata.last_ensemble[1]
+        if ensemble is not self._write_sets_of:
+            size, quorum = self.metadata.ensemble_size, self.metadata.write_quorum
+            self._write_sets = [[ensemble[position] for position in write_set(start, size, quorum)]
+                                for start in range(size)]
+            self._write_sets_of = ensemble
+        return self._write_sets[entry_id % len(ensemble)]
 
     # ------------------------------------------------------------------ appends
 
