@@ -2,9 +2,9 @@
 
     async with Namespace(zk="127.0.0.1:2181", name="default") as ns:
         await ns.create_stream("orders", ensemble=3, write_quorum=2, ack_quorum=2)
-        async with await ns.open_writer("orders") as writer:
+        async with ns.open_writer("orders") as writer:
             offset = await writer.write(b"value", key=b"k")
-        async with await ns.open_reader("orders", start="earliest") as reader:
+        async with ns.open_reader("orders", start="earliest") as reader:
             async for record in reader: ...
         await ns.truncate("orders", before=offset)
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -36,6 +36,7 @@ from dlog.segments.store import SegmentList, StreamStore
 from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 CHANGE_RETRIES_MAX = 10
 TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as truncated
 
@@ -150,12 +151,22 @@ class Namespace:
 
     # ------------------------------------------------------------------ writers and readers
 
-    async def open_writer(self, name: str, **options: Any) -> StreamWriter:
-        return await StreamWriter(self, await self.store.config(name), **options).open()
+    def open_writer(self, name: str, **options: Any) -> _Opening[StreamWriter]:
+        """`async with ns.open_writer(name) as writer:` (or `writer = await ns.open_writer(name)`)."""
 
-    async def open_reader(self, name: str, start: str | Offset | int = "earliest",
-                          **options: Any) -> StreamReader:
-        return await StreamReader(self, await self.store.config(name), start, **options).open()
+        async def open_it() -> StreamWriter:
+            return await StreamWriter(self, await self.store.config(name), **options).open()
+
+        return _Opening(open_it)
+
+    def open_reader(self, name: str, start: str | Offset | int = "earliest",
+                    **options: Any) -> _Opening[StreamReader]:
+        """`async with ns.open_reader(name, start) as reader:` (or `await ns.open_reader(...)`)."""
+
+        async def open_it() -> StreamReader:
+            return await StreamReader(self, await self.store.config(name), start, **options).open()
+
+        return _Opening(open_it)
 
     async def open_segment_ledger(self, config: StreamConfig, segment: Segment) -> ReadHandle:
         """A read handle of a segment's ledger (cached; the LAC refreshed for in-progress ones)."""
@@ -302,6 +313,26 @@ class Namespace:
 
     async def subscriptions(self, name: str) -> dict[str, Offset]:
         return {key: Offset.from_json(value) for key, value in (await self.store.subscriptions(name)).items()}
+
+
+class _Opening(Generic[T]):
+    """What open_writer/open_reader return: await it for the object, or use it directly in
+    `async with`, which opens on entry and closes on exit."""
+
+    def __init__(self, open_it: Callable[[], Awaitable[T]]) -> None:
+        self._open_it = open_it
+        self._opened: T | None = None
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._open_it().__await__()
+
+    async def __aenter__(self) -> T:
+        self._opened = await self._open_it()
+        return self._opened
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._opened is not None:
+            await self._opened.close()  # type: ignore[attr-defined]
 
 
 def _fields(item: Any) -> dict[str, Any]:

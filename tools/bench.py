@@ -232,7 +232,7 @@ async def _stream_runs(cluster: LocalCluster, records: int, batch_records: int, 
         batches = [records_to_batch(values[start: start + batch_records])
                    for start in range(0, records, batch_records)]
         raw_bytes = sum(len(value) for value in values)
-        async with await ns.open_writer("batches") as writer:
+        async with ns.open_writer("batches") as writer:
             started = time.perf_counter()
             pending = []
             for batch in batches:
@@ -248,7 +248,7 @@ async def _stream_runs(cluster: LocalCluster, records: int, batch_records: int, 
 
         await ns.create_stream("records")
         count = min(records, 300_000)
-        async with await ns.open_writer("records") as writer:
+        async with ns.open_writer("records") as writer:
             started = time.perf_counter()
             futures = []
             for value in values[:count]:

@@ -95,7 +95,7 @@ class Demo:
         with progress() as bar:
             task = bar.add_task("write 1,000,000 records", total=RECORDS)
             started = time.perf_counter()
-            async with await ns.open_writer(STREAM) as writer:
+            async with ns.open_writer(STREAM) as writer:
                 for start in range(0, RECORDS, BATCH_RECORDS):
                     await writer.write_batch(records_to_batch(self.values[start: start + BATCH_RECORDS]))
                     bar.update(task, advance=BATCH_RECORDS)
@@ -123,7 +123,7 @@ class Demo:
                   f"{len(segments)} segments, {len(removed)} removed, reads start at {first.offset}")
 
     async def _first_record(self, ns: Any) -> Any:
-        async with await ns.open_reader(STREAM, follow=False) as reader:
+        async with ns.open_reader(STREAM, follow=False) as reader:
             return await reader.__anext__()
 
     async def retention(self, ns: Any) -> None:

@@ -176,7 +176,7 @@ def write_command(name: str, input_format: str, cluster: tuple[str, str, str], a
                for number, line in enumerate(lines) if line]
 
     async def action(ns: Any) -> list[Any]:
-        async with await ns.open_writer(name) as writer:
+        async with ns.open_writer(name) as writer:
             futures = []
             for value, key, timestamp in records:
                 await writer.wait_writable()
@@ -221,7 +221,7 @@ def read_command(name: str, start: str, end: str | None, max_records: int | None
     stop = Offset.parse(end) if end else None
 
     async def action(ns: Any) -> None:
-        async with await ns.open_reader(name, start, follow=follow, skip_truncated=skip_truncated) as reader:
+        async with ns.open_reader(name, start, follow=follow, skip_truncated=skip_truncated) as reader:
             count = 0
             async for record in reader:
                 click.echo(json.dumps(_record_json(record)) if as_json

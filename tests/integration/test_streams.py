@@ -37,7 +37,7 @@ def values(count: int, start: int = 0) -> list[bytes]:
 
 
 async def read_all(ns: Namespace, name: str, start="earliest", **options) -> list:
-    async with await ns.open_reader(name, start, follow=False, **options) as reader:
+    async with ns.open_reader(name, start, follow=False, **options) as reader:
         return [record async for record in reader]
 
 
@@ -52,7 +52,7 @@ async def write_all(writer, items: list[bytes]) -> list[Offset]:
 async def test_round_trip_across_many_rolls(stream_cluster):
     async with namespace(stream_cluster) as ns:
         await ns.create_stream("rolls", roll_records=400)
-        async with await ns.open_writer("rolls", flush_records=100) as writer:
+        async with ns.open_writer("rolls", flush_records=100) as writer:
             offsets = await write_all(writer, values(3000))
             batch = await writer.write_batch(values(1000, 3000))
         info = await ns.stream_info("rolls")
@@ -113,7 +113,7 @@ async def test_kill_9_of_the_writer_then_a_new_writer_recovers(stream_cluster):
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait(timeout=30)
     async with namespace(cluster) as ns:
-        async with await ns.open_writer("killed", lock_timeout_s=0.5, takeover=True) as second:
+        async with ns.open_writer("killed", lock_timeout_s=0.5, takeover=True) as second:
             await second.write(b"after")
         records = await read_all(ns, "killed")
         written = [r.value for r in records]
@@ -154,7 +154,7 @@ async def test_tailing_reader_sees_records_at_once_and_follows_rolls(stream_clus
 async def test_truncation_removes_whole_segments_below_and_guards_the_rest(stream_cluster):
     async with namespace(stream_cluster) as ns:
         await ns.create_stream("trunc", roll_records=100)
-        async with await ns.open_writer("trunc", flush_records=25) as writer:
+        async with ns.open_writer("trunc", flush_records=25) as writer:
             offsets = await write_all(writer, values(1000))
         cut = offsets[450]  # inside the fifth segment
         before = (await ns.store.segments("trunc")).segments
@@ -177,7 +177,7 @@ async def test_truncation_removes_whole_segments_below_and_guards_the_rest(strea
 async def test_retention_by_size_and_age_respects_subscribers(stream_cluster):
     async with namespace(stream_cluster) as ns:
         await ns.create_stream("keep", roll_records=100)
-        async with await ns.open_writer("keep", flush_records=50) as writer:
+        async with ns.open_writer("keep", flush_records=50) as writer:
             offsets = await write_all(writer, values(1000))
         listing = await ns.store.segments("keep")
         segment_bytes = listing.segments[0].bytes
@@ -215,13 +215,13 @@ async def test_typed_streams_check_every_batch(stream_cluster):
         good = pa.RecordBatch.from_pydict({"id": [1, 2], "name": ["a", None],
                                            "timestamp": pa.array([now, now], pa.timestamp("ms"))},
                                           schema=schema)
-        async with await ns.open_writer("typed") as writer:
+        async with ns.open_writer("typed") as writer:
             await writer.write_batch(good)
             bad = pa.RecordBatch.from_pydict({"id": ["x"], "name": ["a"],
                                               "timestamp": pa.array([now], pa.timestamp("ms"))})
             with pytest.raises(ConfigError, match="id"):
                 await writer.write_batch(bad)
-        async with await ns.open_reader("typed", follow=False) as reader:
+        async with ns.open_reader("typed", follow=False) as reader:
             batch = await reader.read_batch(100, timeout_ms=5000)
         assert batch.schema.equals(schema) and batch.column("id").to_pylist() == [1, 2]
 
@@ -237,7 +237,7 @@ async def test_bad_stream_names_are_refused(stream_cluster, name):
 async def test_bad_and_future_offsets_are_refused(stream_cluster):
     async with namespace(stream_cluster) as ns:
         await ns.create_stream("offsets")
-        async with await ns.open_writer("offsets") as writer:
+        async with ns.open_writer("offsets") as writer:
             offsets = await write_all(writer, values(10))
         with pytest.raises(ConfigError, match="L:E"):
             await ns.open_reader("offsets", "not-an-offset")
@@ -252,7 +252,7 @@ async def test_bad_and_future_offsets_are_refused(stream_cluster):
 async def test_read_from_a_timestamp(stream_cluster):
     async with namespace(stream_cluster) as ns:
         await ns.create_stream("clock", roll_records=20)
-        async with await ns.open_writer("clock") as writer:
+        async with ns.open_writer("clock") as writer:
             for index, value in enumerate(values(100)):
                 writer.write_nowait(value, timestamp_ms=1_000_000 + index * 10)
             await writer.flush()
