@@ -44,5 +44,6 @@ async def serve(config: BookieConfig, ready_line: bool = True) -> int:
 def run(config: BookieConfig) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
     install_event_loop_policy()
     return asyncio.run(serve(config))

@@ -36,6 +36,7 @@ class BookKeeper:
                  store: MetadataStore | None = None, rng: random.Random | None = None,
                  add_timeout_s: float = 5.0, read_timeout_s: float = 5.0,
                  speculative_read_ms: int = 500, explicit_lac_interval_ms: int = 50,
+                 eager_lac: bool = True,
                  tick_interval_s: float = 0.05, pending_adds_max: int = 10_000,
                  zk_timeout_s: float = 10.0) -> None:
         if zk is None and store is None:
@@ -48,6 +49,7 @@ class BookKeeper:
         self.read_timeout_s = read_timeout_s
         self.speculative_read_ms = speculative_read_ms
         self.explicit_lac_interval_ms = explicit_lac_interval_ms
+        self.eager_lac = eager_lac  # send the LAC as soon as the pipeline drains (tail latency)
         self.tick_interval_s = tick_interval_s
         self.pending_adds_max = pending_adds_max
         self.zk_timeout_s = zk_timeout_s
@@ -112,7 +114,8 @@ class BookKeeper:
         writer = LedgerWriter(ledger_id, metadata, version, Digest.for_ledger(digest, password),
                               available_bookies=self.writable_bookies(), rng=self.rng,
                               add_timeout_ms=int(self.add_timeout_s * 1000),
-                              explicit_lac_interval_ms=self.explicit_lac_interval_ms)
+                              explicit_lac_interval_ms=self.explicit_lac_interval_ms,
+                              eager_lac=self.eager_lac)
         return LedgerHandle(self, ledger_id, writer, master_key(password), self.pending_adds_max)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"",

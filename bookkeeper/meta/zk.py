@@ -142,7 +142,8 @@ class AsyncZooKeeper:
             await asyncio.wait_for(self._connect_waiter, self.timeout_s)
         except (TimeoutError, MetadataError) as exc:
             await self.close()
-            raise MetadataError(f"cannot reach ZooKeeper at {self.hosts} within {self.timeout_s}s") from exc
+            raise MetadataError(f"cannot reach ZooKeeper at {self.hosts} within {self.timeout_s}s: is it "
+                                "running there? (pass --zk HOST:PORT or set DLOG_ZK)") from exc
         except asyncio.CancelledError:
             await self.close()  # do not leave kazoo's threads reconnecting for nobody
             raise

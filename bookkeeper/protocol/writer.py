@@ -56,6 +56,7 @@ class LedgerWriter:
     def __init__(self, ledger_id: int, metadata: LedgerMetadata, version: int, digest: Digest, *,
                  available_bookies: Iterable[str], rng: random.Random, add_timeout_ms: int = 5000,
                  explicit_lac_interval_ms: int = 100, explicit_lac_repeats: int = 3,
+                 eager_lac: bool = False,
                  failed_bookie_quarantine_ms: int = 30_000, metadata_retries_max: int = 20,
                  recovery: bool = False, lac: int = -1, length: int = 0) -> None:
         invariant(metadata.state is LedgerState.OPEN or recovery,
@@ -68,6 +69,7 @@ class LedgerWriter:
         self.add_timeout_ms = add_timeout_ms
         self.explicit_lac_interval_ms = explicit_lac_interval_ms
         self.explicit_lac_repeats = explicit_lac_repeats
+        self.eager_lac = eager_lac
         self._lac_repeats_left = 0
         self.metadata_retries_max = metadata_retries_max
         self.recovery = recovery
@@ -149,7 +151,7 @@ class LedgerWriter:
         if (entry_id != self.lac + 1
                 or not ack_quorum_reached(len(pending.acked), self.metadata.ack_quorum)):
             return []
-        return self._complete()
+        return self._complete(now_ms)
 
     def on_add_error(self, bookie: str, entry_id: int, error: DlogError, now_ms: int) -> list[Effect]:
         pending = self._pending.get(entry_id)
@@ -171,14 +173,11 @@ class LedgerWriter:
         if (self.state is WriterState.OPEN and not self._pending
                 and now_ms - self._last_send_ms >= self.explicit_lac_interval_ms):
             if self.lac > self._lac_sent:
-                self._lac_sent = self.lac
-                self._lac_repeats_left = self.explicit_lac_repeats
-            if self._lac_repeats_left > 0:
+                effects += self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
+            elif self._lac_repeats_left > 0:
                 # repeated a few times (not forever): one lost message must not hide the
                 # idle writer's last entry from tailing readers (A4)
-                self._lac_repeats_left -= 1
-                self._last_send_ms = now_ms
-                effects += [SendWriteLac(bookie, self.lac) for bookie in self.ensemble]
+                effects += self._explicit_lac(now_ms, self._lac_repeats_left - 1)
         return effects
 
     def on_bookies_changed(self, available: Iterable[str]) -> None:
@@ -186,7 +185,7 @@ class LedgerWriter:
 
     # ------------------------------------------------------------------ completion and failure
 
-    def _complete(self) -> list[Effect]:
+    def _complete(self, now_ms: int) -> list[Effect]:
         if self.state is WriterState.CHANGING_ENSEMBLE:
             return []  # A9: wait until the new fragment is committed
         first = self.lac + 1
@@ -198,7 +197,20 @@ class LedgerWriter:
             del self._pending[pending.entry_id]
             self.lac = pending.entry_id
             self.lac_length = pending.length
-        return [CompleteAdds(first, self.lac)] if self.lac >= first else []
+        if self.lac < first:
+            return []
+        effects: list[Effect] = [CompleteAdds(first, self.lac)]
+        if self.eager_lac and not self._pending and not self.recovery:
+            # the pipeline drained: no next entry will carry this LAC soon, so send it now (as
+            # DistributedLog advances the LAC after each flush) instead of after the idle interval
+            effects += self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
+        return effects
+
+    def _explicit_lac(self, now_ms: int, repeats_left: int) -> list[Effect]:
+        self._lac_sent = self.lac
+        self._lac_repeats_left = repeats_left
+        self._last_send_ms = now_ms
+        return [SendWriteLac(bookie, self.lac) for bookie in self.ensemble]
 
     def _fail_all(self, error: DlogError) -> list[Effect]:
         effects: list[Effect] = [FailAdds(self.lac + 1, error)] if self._pending else []
@@ -276,7 +288,7 @@ class LedgerWriter:
         # goes to one of them
         queued, self._queued_failures = sorted(self._queued_failures), set()
         effects = self._bookie_failed(queued, now_ms)
-        return effects + self._resend(now_ms) + self._complete()
+        return effects + self._resend(now_ms) + self._complete(now_ms)
 
     def on_metadata_conflict(self, current: LedgerMetadata, version: int, now_ms: int) -> list[Effect]:
         """The compare-and-set lost; `current` is what the store holds now."""

@@ -413,3 +413,15 @@ def test_a_replaced_bookie_may_serve_again_after_its_quarantine(quarantine_ms, s
         assert isinstance(writer.error, NotEnoughBookiesError)
     else:
         assert writer.ensemble == ("b3", "b0", "b2")
+
+
+def test_an_eager_writer_sends_its_lac_as_soon_as_the_pipeline_drains():
+    writer = new_writer(explicit_lac_interval_ms=100, eager_lac=True, explicit_lac_repeats=2)
+    writer.append(b"x", now_ms=0)
+    writer.append(b"y", now_ms=0)
+    assert ack_all(writer, 0, ("b0", "b1"), now_ms=1) == [CompleteAdds(0, 0)]  # entry 1 still pending
+    effects = ack_all(writer, 1, ("b1", "b2"), now_ms=2)
+    assert effects == [CompleteAdds(1, 1)] + [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]
+    assert writer.on_tick(50) == []  # the repeat waits for the interval
+    assert writer.on_tick(102) == [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]
+    assert writer.on_tick(500) == []  # repeats are bounded
