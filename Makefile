@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test install java clean
+.PHONY: demo test install java chromium clean
 
 install: $(STAMP)
 
@@ -18,10 +18,13 @@ $(STAMP): pyproject.toml
 java:
 	@scripts/ensure-java.sh
 
+chromium:
+	@scripts/ensure-chromium.sh
+
 demo: install java
 	$(VENV)/bin/python -m tools.demo
 
-test: install java
+test: install java chromium
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -19,9 +20,9 @@ from typing import Any, Callable
 
 import click
 
-from bookkeeper.errors import DlogError
+from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
-from tools.units import parse_size
+from tools.units import parse_duration_ms, parse_size
 
 DEFAULT_ZK = "127.0.0.1:2181"
 
@@ -52,25 +53,33 @@ def fails_cleanly(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class SizeType(click.ParamType):
-    name = "size"
+class ParsedType(click.ParamType):
+    """A click type from one of tools.units' parsers, so a bad value gets its one-line message."""
+
+    def __init__(self, name: str, parse: Callable[[str], int]) -> None:
+        self.name = name
+        self.parse = parse
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
         if isinstance(value, int):
             return value
         try:
-            return parse_size(value)
+            return self.parse(value)
         except DlogError as exc:
             self.fail(str(exc), param, ctx)
 
 
-SIZE = SizeType()
+SIZE = ParsedType("size", parse_size)
+DURATION = ParsedType("duration", parse_duration_ms)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dlog")
 def main() -> None:
     """dlog: a replicated log service on the design of Apache BookKeeper and DistributedLog."""
+    # commands report failures in one line of their own; kazoo's connection chatter is noise there
+    # (a bookie process turns its logging back on in bookkeeper.bookie.main)
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 
 
 # ---------------------------------------------------------------------------- bookie
@@ -82,8 +91,9 @@ def bookie() -> None:
 
 
 @bookie.command("start")
-@click.option("--dir", "data_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="data directory: journal, entry logs, index, cookie")
+@click.option("--dir", "data_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="data directory: journal, entry logs, index, cookie (required; data_dir in a "
+                   "config file)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=3181, show_default=True, type=click.IntRange(0, 65535),
               help="bookie protocol port (0: any free port, only without --zk)")
@@ -116,23 +126,38 @@ def bookie() -> None:
 @click.option("--gc-interval", default=600.0, show_default=True, type=click.FloatRange(0),
               help="seconds between garbage collections (0: only on POST /api/v1/gc)")
 @click.option("--checkpoint-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
+@click.option("--config", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="TOML file whose [bookie] table sets any of these (flags and DLOG_BOOKIE_* "
+                   "environment variables override it); default $DLOG_CONFIG")
+@click.pass_context
 @fails_cleanly
-def bookie_start(data_dir: Path, host: str, port: int, http_port: int, zk: str | None, zk_root: str,
-                 bookie_id: str | None, rack: str | None, no_fsync: bool, group_wait_us: int,
-                 group_bytes: int, entry_log_size: int, write_cache_size: int, max_entry_size: int,
-                 max_in_flight: int, idle_timeout: float, disk_threshold: float,
-                 disk_lwm: float | None, disk_check_interval: float, gc_interval: float,
-                 checkpoint_interval: float) -> None:
+def bookie_start(ctx: click.Context, **_: Any) -> None:
     """Run one bookie in the foreground until SIGINT or SIGTERM."""
-    from bookkeeper.bookie.config import BookieConfig
     from bookkeeper.bookie.main import run
+    from tools.config import layered_params
+
+    sys.exit(run(bookie_config(**layered_params(ctx, "bookie", "DLOG_BOOKIE_"))))
+
+
+def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str | None, zk_root: str,
+                  bookie_id: str | None, rack: str | None, no_fsync: bool, group_wait_us: int,
+                  group_bytes: int, entry_log_size: int, write_cache_size: int, max_entry_size: int,
+                  max_in_flight: int, idle_timeout: float, disk_threshold: float,
+                  disk_lwm: float | None, disk_check_interval: float, gc_interval: float,
+                  checkpoint_interval: float, config: str | None = None) -> Any:
+    """The BookieConfig that `dlog bookie start` settings describe."""
+    from bookkeeper.bookie.config import BookieConfig
+
+    if data_dir is None:
+        raise ConfigError("a bookie needs a data directory: pass --dir DIR (or data_dir in the "
+                          "[bookie] table of --config)")
     from bookkeeper.bookie.server import ServerLimits
     from bookkeeper.protocol.wire import HEADER_BYTES
 
     limits = ServerLimits(frame_bytes_max=max_entry_size + 1024 + HEADER_BYTES,
                           entry_bytes_max=max_entry_size, in_flight_max=max_in_flight,
                           idle_timeout_s=idle_timeout)
-    config = BookieConfig(
+    return BookieConfig(
         data_dir=data_dir, host=host, port=port, http_port=None if http_port < 0 else http_port,
         zk=zk or None, zk_root=zk_root, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
         journal_group_wait_us=group_wait_us, journal_group_bytes_max=group_bytes,
@@ -141,13 +166,12 @@ def bookie_start(data_dir: Path, host: str, port: int, http_port: int, zk: str |
         disk_usage_lwm=disk_lwm if disk_lwm is not None else max(0.001, disk_threshold - 0.05),
         disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval,
         checkpoint_interval_s=checkpoint_interval, limits=limits)
-    sys.exit(run(config))
 
 
 async def _with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
     from bookkeeper.meta.zk import AsyncZooKeeper
 
-    client = AsyncZooKeeper(zk, timeout_s=5.0)
+    client = AsyncZooKeeper(zk, timeout_s=10.0)
     await client.start()
     try:
         return await action(client)
@@ -221,9 +245,10 @@ def _print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
 
 def _run_with_client(zk: str, zk_root: str, action: Callable[[Any], Any]) -> Any:
     from bookkeeper.client import BookKeeper
+    from tools.config import client_options
 
     async def go() -> Any:
-        async with BookKeeper(zk=zk, root=zk_root, zk_timeout_s=5.0) as client:
+        async with BookKeeper(zk=zk, root=zk_root, zk_timeout_s=10.0, **client_options()) as client:
             return await action(client)
 
     return asyncio.run(go())
@@ -445,20 +470,27 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
               type=click.Path(file_okay=False, path_type=Path), help="where ZooKeeper and bookies keep data")
 @click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 32))
 @click.option("--zk-port", default=2181, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--ui-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
+              help="status page port on 127.0.0.1 (0: any free port, -1: no status page)")
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int) -> None:
+def standalone(directory: Path, bookies: int, zk_port: int, ui_port: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all."""
     from tools.cluster import LocalCluster
+    from tools.ui import UiOptions, UiThread
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port)
+    ui = None if ui_port < 0 else UiThread(UiOptions(cluster.zk_address, cluster.zk_root), port=ui_port)
     try:
         cluster.start()
+        ui_url = ui.start() if ui is not None else None
         addresses = ",".join(bookie.address for bookie in cluster.bookies) or "-"
         click.echo(f"dlog standalone ready zk={cluster.zk_address} bookies={addresses} "
                    f"dir={cluster.directory}", nl=True)
+        if ui_url is not None:
+            click.echo(f"  ui {ui_url}")
         for bookie in cluster.bookies:
             click.echo(f"  bookie {bookie.address} admin {bookie.http} data {bookie.data_dir}")
         sys.stdout.flush()
@@ -469,8 +501,32 @@ def standalone(directory: Path, bookies: int, zk_port: int) -> None:
                                f"{bookie.process.returncode}", err=True)
                     bookie.exit_reported = True
     finally:
+        if ui is not None:
+            ui.stop()
         cluster.stop()
         click.echo("dlog standalone stopped")
+
+
+# ---------------------------------------------------------------------------- ui
+
+
+@main.command("ui")
+@zk_option
+@click.option("--namespace-root", default="/dlog", show_default=True,
+              help="ZooKeeper node whose children are the namespaces")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="port to listen on (0: any free port)")
+@fails_cleanly
+def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int) -> None:
+    """Serve the cluster status page (bookies, stream segments, subscription lag) until Ctrl-C."""
+    from tools.ui import UiOptions, serve
+
+    def on_ready(url: str) -> None:
+        click.echo(f"dlog ui serving {url} (Ctrl-C stops it)")
+        sys.stdout.flush()
+
+    serve(UiOptions(zk, zk_root, namespace_root), host, port, on_ready)
 
 
 def _register_commands() -> None:

@@ -20,23 +20,9 @@ import click
 
 from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
-from tools.cli import SIZE, _print_table, fails_cleanly, json_option, main
-from tools.units import format_size, parse_duration_ms
-
-
-class DurationType(click.ParamType):
-    name = "duration"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_duration_ms(value)
-        except DlogError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-DURATION = DurationType()
+from tools.cli import DURATION, SIZE, _print_table, fails_cleanly, json_option, main
+from tools.config import client_options
+from tools.units import format_size
 
 
 def cluster_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,7 +46,8 @@ def run(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -> Any:
     zk, zk_root, namespace = cluster
 
     async def go() -> Any:
-        async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=5.0) as ns:
+        async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=10.0,
+                             **client_options()) as ns:
             return await action(ns)
 
     return asyncio.run(go())

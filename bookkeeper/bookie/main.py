@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -22,6 +23,15 @@ def install_event_loop_policy() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def tune_garbage_collector() -> None:
+    """Requests are freed by reference counting; the cycle collector's frequent generation-0
+    passes (every 700 container allocations) only add pauses to the add path. Freeze what start-up
+    allocated, so full collections skip it, and collect young objects less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+
+
 async def serve(config: BookieConfig, ready_line: bool = True) -> int:
     service = BookieService(config)
     loop = asyncio.get_running_loop()
@@ -33,6 +43,7 @@ async def serve(config: BookieConfig, ready_line: bool = True) -> int:
         print(f"dlog bookie: {exc}", file=sys.stderr)
         await service.stop()
         return 2
+    tune_garbage_collector()
     if ready_line:
         # one parseable line for supervisors (dlog standalone, tests)
         print(f"bookie ready id={service.bookie_id} port={service.port} "

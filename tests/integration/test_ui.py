@@ -1,0 +1,315 @@
+"""The status page shows real bookies, segment timelines and subscription lag: its JSON API against
+real bookie processes and ZooKeeper, and the page itself rendered by a real headless chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from dlog import Namespace
+from tools.cluster import LineReader, LocalCluster, free_port
+from tools.ui import (HTTP_TIMEOUT_S, Collector, RateTracker, UiOptions, make_app, parse_metrics,
+                      subscription_lag, truncation_point)
+
+HOSTILE_NAME = "<img src=x onerror=alert(1)>"  # a ZooKeeper node name the page must show as text
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_TIMEOUT_S = 90.0
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def segment(sequence: int, ledger: int, records: int | None, entries: int, state: str = "completed",
+            min_active_entry: int = 0) -> dict[str, Any]:
+    return {"sequence": sequence, "ledger": ledger, "state": state, "first_entry": 0,
+            "last_entry": None if records is None else entries - 1, "records": records,
+            "min_active_entry": min_active_entry, "min_active_slot": 0}
+
+
+STREAM = [segment(1, 10, 300, 6, "truncated"), segment(2, 11, 300, 6, min_active_entry=1),
+          segment(3, 12, 300, 6), segment(4, 13, 100, 2, "in_progress")]
+
+
+@pytest.mark.parametrize("offset, lag, position, note", [
+    ({"ledger": 12, "entry": 2, "slot": 0}, 200 + 100, 2 / 6, None),  # rest of #3, all of #4
+    ({"ledger": 12, "entry": 2, "slot": 7}, 193 + 100, 107 / 300, None),  # the slot counts too
+    ({"ledger": 13, "entry": 1, "slot": 49}, 1, 0.99, None),  # the last record is still to read
+    ({"ledger": 13, "entry": 2, "slot": 0}, 0, 1.0, None),  # read everything
+    ({"ledger": 11, "entry": 0, "slot": 0}, 700, 0.0, None),
+    ({"ledger": 10, "entry": 3, "slot": 0}, 700, None, "behind the truncation point"),
+    ({"ledger": 99, "entry": 0, "slot": 0}, 700, None, "behind the truncation point"),
+])
+def test_lag_counts_records_after_the_committed_offset(offset, lag, position, note):
+    result = subscription_lag(STREAM, offset)
+    assert (result["lag_records"], result["note"], result["lag_known"]) == (lag, note, True)
+    if position is None:
+        assert result["position"] is None
+    else:
+        assert result["position"] == pytest.approx(position)
+
+
+def test_lag_is_a_lower_bound_when_a_segment_has_unknown_records():
+    stream = [*STREAM[:3], segment(4, 13, None, 0, "in_progress")]
+    result = subscription_lag(stream, {"ledger": 12, "entry": 3, "slot": 0})
+    assert (result["lag_records"], result["lag_known"]) == (150, False)
+
+
+def test_truncation_point_is_the_first_readable_offset():
+    assert truncation_point(STREAM) == {"offset": "11:1:0", "sequence": 2, "position": pytest.approx(1 / 6)}
+    assert truncation_point(STREAM[2:]) is None  # nothing was ever truncated
+    assert truncation_point([STREAM[0], segment(2, 11, 5, 1)])["offset"] == "11:0:0"
+    assert truncation_point([STREAM[0]])["offset"] is None  # everything is truncated
+
+
+def test_metrics_parsing_and_add_rate():
+    text = ("# TYPE dlog_bookie_add_entries_total counter\ndlog_bookie_add_entries_total 120.0\n"
+            "dlog_bookie_add_entries_created 1.7e9\ndlog_bookie_disk_used_ratio 0.705\n"
+            'dlog_bookie_journal_fsync_seconds_bucket{le="0.001"} 3.0\ndlog_bookie_read_only 0.0\n')
+    assert parse_metrics(text) == {"dlog_bookie_add_entries_total": 120.0,
+                                   "dlog_bookie_disk_used_ratio": 0.705, "dlog_bookie_read_only": 0.0}
+    rates = RateTracker()
+    assert rates.rate("b1", 100, now_s=10.0) is None  # one scrape gives no rate
+    assert rates.rate("b1", 160, now_s=12.0) == 30.0
+    assert rates.rate("b1", 10, now_s=14.0) == 5.0  # the bookie restarted: its counter began at 0
+
+
+# ------------------------------------------------------------------------------ a cluster to show
+
+
+class FakeClock:
+    """Each reading is 2 s after the last: every poll scrapes afresh, and rates need no sleeping."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        self.now_s += 2.0
+        return self.now_s
+
+
+def values(count: int, start: int = 0) -> list[bytes]:
+    return [f'{{"n": {index}}}'.encode() for index in range(start, start + count)]
+
+
+def namespace(cluster: LocalCluster) -> Namespace:
+    return Namespace(cluster.zk_address, "shop", bookkeeper_root=cluster.zk_root,
+                     root=f"{cluster.zk_root}-dlog", add_timeout_s=3.0)
+
+
+def options(cluster: LocalCluster) -> UiOptions:
+    return UiOptions(cluster.zk_address, cluster.zk_root, f"{cluster.zk_root}-dlog")
+
+
+async def populate(ns: Namespace, zk: Any, cluster: LocalCluster) -> Any:
+    """"orders": 4 segments of 50-record entries, the first truncated, two subscriptions;
+    "sales/eu/clicks": one in-progress segment (the writer returned stays open); plus a namespace
+    with a hostile name and a bookie that has a cookie but is not running."""
+    await ns.create_stream("orders", ensemble=2, write_quorum=2, ack_quorum=2, roll_records=300)
+    async with await ns.open_writer("orders") as writer:
+        offsets = []
+        for start in range(0, 1000, 50):
+            offsets += list(await writer.write_batch(values(50, start)))
+    await ns.truncate("orders", offsets[350])
+    await ns.commit_subscription("orders", "billing", offsets[700])
+    await ns.commit_subscription("orders", "audit", offsets[999])
+    await ns.create_stream("sales/eu/clicks", ensemble=2, write_quorum=2, ack_quorum=2)
+    clicks = await ns.open_writer("sales/eu/clicks")
+    tail = list(await clicks.write_batch(values(25))) + list(await clicks.write_batch(values(25, 25)))
+    await ns.commit_subscription("sales/eu/clicks", "dashboard", tail[25])
+    await zk.ensure_path(f"{cluster.zk_root}-dlog/{HOSTILE_NAME}")
+    await zk.create(f"{cluster.zk_root}/cookies/10.0.0.9:3181", b"{}")
+    return clicks
+
+
+async def poll_api(client: Any, ready: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+    """GET /api/cluster until `ready(answer)` holds; the last answer in the failure otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        async with client.get("/api/cluster") as response:
+            assert response.status == 200
+            answer = await response.json()
+        if ready(answer) or time.monotonic() > deadline:
+            assert ready(answer), answer
+            return answer
+        await asyncio.sleep(0.1)
+
+
+def streams_of(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {stream["name"]: stream for ns in answer["namespaces"] for stream in ns["streams"]}
+
+
+def tail_records(answer: dict[str, Any]) -> int | None:
+    clicks = streams_of(answer).get("sales/eu/clicks")
+    return clicks["segments"][-1]["records"] if clicks and clicks["segments"] else None
+
+
+# ------------------------------------------------------------------------------ the JSON API
+
+
+async def test_api_reports_bookies_segments_truncation_and_lag(cluster_factory, zk):
+    cluster = cluster_factory(bookies=2)
+    async with namespace(cluster) as ns:
+        clicks = await populate(ns, zk, cluster)
+        collector = Collector(options(cluster), clock=FakeClock())
+        async with TestClient(TestServer(make_app(collector))) as client:
+            first = await poll_api(client, lambda answer: tail_records(answer) == 50)
+            assert first["errors"] == []
+            bookies = {bookie["id"]: bookie for bookie in first["bookies"]}
+            assert sorted(bookies) == sorted([b.address for b in cluster.bookies] + ["10.0.0.9:3181"])
+            assert bookies["10.0.0.9:3181"]["state"] == "down"
+            for bookie in cluster.bookies:
+                row = bookies[bookie.address]
+                assert (row["state"], row["admin"]) == ("writable", "ok")
+                assert 0 < row["disk_used_percent"] <= 100
+            assert [ns_["name"] for ns_ in first["namespaces"]] == sorted([HOSTILE_NAME, "shop"])
+
+            orders = streams_of(first)["orders"]
+            assert [(s["sequence"], s["state"], s["records"]) for s in orders["segments"]] == [
+                (1, "truncated", 300), (2, "completed", 300), (3, "completed", 300), (4, "completed", 100)]
+            assert orders["truncation_point"]["offset"] == f"{orders['segments'][1]['ledger']}:1:0"
+            lags = {sub["name"]: (sub["lag_records"], sub["segment"]) for sub in orders["subscriptions"]}
+            assert lags == {"billing": (300, 3), "audit": (1, 4)}  # exact: equal-sized entries
+            clicks_info = streams_of(first)["sales/eu/clicks"]
+            assert clicks_info["segments"][0]["state"] == "in_progress"
+            assert clicks_info["segments"][0]["last_entry"] == 1
+            assert [(s["name"], s["lag_records"]) for s in clicks_info["subscriptions"]] == [("dashboard", 25)]
+
+            await clicks.write_batch(values(20, 50))  # acknowledged: one more entry on each bookie
+            second = await poll_api(client, lambda answer: True)  # the next scrape sees it
+            for bookie in second["bookies"]:
+                if bookie["state"] != "down":
+                    assert bookie["adds_per_second"] > 0, bookie
+            await poll_api(client, lambda answer: tail_records(answer) == 70)
+            await clicks.close()
+
+            async with aiohttp.ClientSession() as http:
+                async with http.put(cluster.bookies[1].http + "/api/v1/bookie/state",
+                                    json={"read_only": True}) as response:
+                    assert response.status == 200
+            third = await poll_api(client, lambda answer: {b["id"]: b["state"] for b in answer["bookies"]}
+                                   .get(cluster.bookies[1].address) == "read_only")
+            assert streams_of(third)["sales/eu/clicks"]["segments"][0]["state"] == "completed"
+
+            async with client.get("/") as response:
+                assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+                assert '<script src="/static/app.js"' in await response.text()
+            async with client.get("/static/app.js") as response:
+                assert response.status == 200 and "textContent" in await response.text()
+
+
+async def test_a_paused_bookie_shows_as_unreachable_not_as_an_error(cluster_factory, zk):
+    cluster = cluster_factory(bookies=2)
+    async with namespace(cluster) as ns:
+        await ns.create_stream("orders", ensemble=2, write_quorum=2, ack_quorum=2)
+        async with await ns.open_writer("orders") as writer:
+            await writer.write_batch(values(10))
+    collector = Collector(options(cluster), clock=FakeClock())
+    cluster.kill_bookie(0, signal.SIGSTOP)  # its admin port still accepts, but nothing answers
+    try:
+        async with TestClient(TestServer(make_app(collector))) as client:
+            started_s = time.monotonic()
+            answer = await poll_api(client, lambda answer: True)
+            assert time.monotonic() - started_s < HTTP_TIMEOUT_S + 5
+    finally:
+        cluster.kill_bookie(0, signal.SIGCONT)
+    admin = {bookie["id"]: bookie["admin"] for bookie in answer["bookies"]}
+    assert admin == {cluster.bookies[0].address: "unreachable", cluster.bookies[1].address: "ok"}
+    assert [s["records"] for s in streams_of(answer)["orders"]["segments"]] == [10]
+
+
+async def test_standalone_serves_the_page_and_prints_its_url(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "sa"),
+                                "--bookies", "1", "--zk-port", str(free_port())],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = LineReader(process)
+        ready = lines.line_starting("dlog standalone ready zk=", 90)
+        ui_line = lines.next_line(10)
+        assert ready is not None and ui_line is not None and ui_line.startswith("  ui http://127.0.0.1:"), \
+            (ready, ui_line)
+        bookie_address = ready.split("bookies=")[1].split()[0]
+        async with aiohttp.ClientSession(base_url=ui_line.split()[1].rstrip("/")) as http:
+            answer = await poll_api(http, lambda answer: [b["id"] for b in answer["bookies"]] == [bookie_address])
+        assert answer["errors"] == [] and answer["bookies"][0]["admin"] == "ok"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+
+
+# ------------------------------------------------------------------------------ the page in a browser
+
+
+def chromium_binary() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("chromium is not installed: run scripts/ensure-chromium.sh as root "
+                "(or apt-get install chromium) to run the browser test")
+
+
+async def run_chromium(binary: str, profile: Path, *arguments: str) -> str:
+    process = await asyncio.create_subprocess_exec(
+        binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *arguments,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), CHROMIUM_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        process.kill()
+        await process.wait()
+        raise AssertionError(f"chromium did not finish within {CHROMIUM_TIMEOUT_S} s") from None
+    assert process.returncode == 0, stderr.decode(errors="replace")[-2000:]
+    return stdout.decode(errors="replace")
+
+
+async def test_the_page_renders_bookies_timelines_and_subscriptions_in_chromium(cluster_factory, zk,
+                                                                                 tmp_path):
+    binary = chromium_binary()
+    cluster = cluster_factory(bookies=2)
+    async with namespace(cluster) as ns:
+        clicks = await populate(ns, zk, cluster)
+        runner = web.AppRunner(make_app(Collector(options(cluster))), access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+                answer = await poll_api(http, lambda answer: tail_records(answer) == 50)
+            ledgers = [s["ledger"] for stream in streams_of(answer).values() for s in stream["segments"]]
+            load = ["--virtual-time-budget=5000", "--window-size=1300,1000"]
+            dom = await run_chromium(binary, tmp_path / "profile-dom", *load, "--dump-dom", url)
+            screenshot = tmp_path / "ui.png"
+            await run_chromium(binary, tmp_path / "profile-shot", *load, f"--screenshot={screenshot}", url)
+        finally:
+            await clicks.close()
+            await runner.cleanup()
+
+    if os.environ.get("DLOG_UI_SCREENSHOT"):  # to look at it: DLOG_UI_SCREENSHOT=/tmp/ui.png pytest ...
+        shutil.copy(screenshot, os.environ["DLOG_UI_SCREENSHOT"])
+    assert 'data-loaded="1"' in dom, dom[:2000]
+    for bookie in cluster.bookies:
+        assert f'<code class="bookie-id">{bookie.address}</code>' in dom
+    assert '<h4 class="stream-name">orders</h4>' in dom
+    assert '<h4 class="stream-name">sales/eu/clicks</h4>' in dom
+    for ledger_id in ledgers:
+        assert f'data-ledger="{ledger_id}"' in dom and f"ledger {ledger_id}</div>" in dom
+    assert dom.count('class="segment truncated"') == 1 and dom.count('class="segment in_progress"') == 1
+    for name in ("billing", "audit", "dashboard"):
+        assert f'<code class="sub-name">{name}</code>' in dom
+    assert "≈ 300" in dom and "≈ 25" in dom  # lag of billing and dashboard
+    assert "&lt;img src=x onerror=alert(1)&gt;" in dom and "<img" not in dom  # shown, never parsed
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000

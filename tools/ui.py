@@ -1,0 +1,455 @@
+"""`dlog ui`: one status page for a cluster: bookies, streams as segment timelines, subscriptions.
+
+    GET /             the page (tools/ui_static/: HTML, vanilla JS, CSS; nothing from elsewhere)
+    GET /api/cluster  the JSON the page polls every 2 s
+
+Theory of operation. A `Collector` owns one ZooKeeper session and one BookKeeper client, made on
+the first poll and made again on a later poll if ZooKeeper was unreachable. Each poll reads the
+bookie registrations and cookies, scrapes every bookie's `/metrics`, lists the namespaces (children
+of the namespace root), their streams, segment lists and subscriptions. It writes nothing. Every
+ZooKeeper, bookie and HTTP call is bounded by a timeout; what fails shows up in the answer (an
+`errors` list, a bookie marked unreachable, a segment whose records are unknown), never as an
+error page. Polls are serialized and a snapshot younger than `SNAPSHOT_REUSE_S` is served again,
+so ten open tabs cost one scrape; adds/s is the change of each bookie's
+`dlog_bookie_add_entries_total` between two scrapes, over the time between them.
+
+Record counts. A completed segment's metadata holds its record count. An in-progress one's does
+not, so the collector reads its last confirmed entry and takes `first_record_index +
+record_count` from the record-set header (cached per ledger and LAC: an idle stream costs no read).
+
+Subscription lag is approximate. It is the records after the committed offset (the next record
+the subscriber reads): every record of the live segments after its segment, plus the part of its
+own segment from the committed entry and slot on. That part is estimated from counts alone, as if
+the segment's records were spread evenly over its entries: `records - round(records *
+entries_before / entries) - slot`, clamped to `0..records`. It is exact when every entry of the
+segment holds the same number of records, and otherwise off by at most the records of the
+entries whose sizes differ; reading headers would make it exact at one read per poll per
+subscription, which a status page should not cost. A subscription whose segment was truncated
+lags by every live record. `lag_known` is false when some segment's records could not be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+from aiohttp import web
+
+from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
+from bookkeeper.meta import layout
+
+STATIC_DIR = Path(__file__).resolve().parent / "ui_static"
+ZK_TIMEOUT_S = 3.0
+HTTP_TIMEOUT_S = 2.0
+LEDGER_TIMEOUT_S = 3.0
+SNAPSHOT_TIMEOUT_S = 20.0
+SNAPSHOT_REUSE_S = 1.0
+NAMESPACES_MAX = 50
+STREAMS_MAX = 200  # per namespace
+SEGMENTS_SHOWN_MAX = 60  # the newest; lag and truncation still use them all
+HANDLES_MAX = 256
+METRICS_BYTES_MAX = 1 << 20
+METRIC_NAMES = ("dlog_bookie_add_entries_total", "dlog_bookie_disk_used_ratio", "dlog_bookie_read_only")
+
+
+@dataclass(frozen=True, slots=True)
+class UiOptions:
+    zk: str
+    bookkeeper_root: str = layout.DEFAULT_ROOT
+    namespace_root: str = "/dlog"
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The unlabelled samples of METRIC_NAMES in Prometheus text format."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in METRIC_NAMES:
+            try:
+                found[name] = float(value.split()[0])
+            except (ValueError, IndexError):
+                continue
+    return found
+
+
+class RateTracker:
+    """Per-key rate of a counter from the previous scrape; a counter that went down restarted."""
+
+    def __init__(self, keys_max: int = 1000) -> None:
+        self.keys_max = keys_max
+        self._previous: dict[str, tuple[float, float]] = {}
+
+    def rate(self, key: str, value: float, now_s: float) -> float | None:
+        previous = self._previous.get(key)
+        if previous is None and len(self._previous) >= self.keys_max:
+            self._previous.pop(next(iter(self._previous)))
+        self._previous[key] = (now_s, value)
+        if previous is None or now_s <= previous[0]:
+            return None
+        delta = value - previous[1] if value >= previous[1] else value
+        return delta / (now_s - previous[0])
+
+
+def _entries(segment: dict[str, Any]) -> int | None:
+    if segment["last_entry"] is None:
+        return None
+    return max(0, segment["last_entry"] - segment["first_entry"] + 1)
+
+
+def subscription_lag(segments: list[dict[str, Any]], offset: dict[str, int]) -> dict[str, Any]:
+    """Records after `offset` (see the module doc for the approximation) and where it sits."""
+    index = next((i for i, s in enumerate(segments) if s["ledger"] == offset["ledger"]), None)
+    live = [s for s in segments if s["state"] != "truncated"]
+    if index is None or segments[index]["state"] == "truncated":
+        return {"segment": None if index is None else segments[index]["sequence"], "position": None,
+                "lag_records": sum(s["records"] or 0 for s in live),
+                "lag_known": all(s["records"] is not None for s in live),
+                "note": "behind the truncation point"}
+    segment, later = segments[index], [s for s in segments[index + 1:] if s["state"] != "truncated"]
+    records, entries = segment["records"], _entries(segment)
+    position, remaining = 0.0, records or 0
+    if records is not None and entries:
+        entries_before = min(max(offset["entry"] - segment["first_entry"], 0), entries)
+        slot = offset.get("slot", 0) if entries_before < entries else 0
+        remaining = max(0, min(records, records - round(records * entries_before / entries) - slot))
+        position = (records - remaining) / records if records else entries_before / entries
+    return {"segment": segment["sequence"], "position": position,
+            "lag_records": remaining + sum(s["records"] or 0 for s in later),
+            "lag_known": all(s["records"] is not None for s in [segment, *later]), "note": None}
+
+
+def truncation_point(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the stream's readable records start, if anything was ever truncated."""
+    live = [s for s in segments if s["state"] != "truncated"]
+    if not live:
+        return {"offset": None, "sequence": None, "position": None} if segments else None
+    first = live[0]
+    entry, slot = first["min_active_entry"], first["min_active_slot"]
+    if (entry, slot) <= (first["first_entry"], 0):
+        if first is segments[0]:
+            return None
+        entry, slot = first["first_entry"], 0
+    entries = _entries(first)
+    position = min(1.0, (entry - first["first_entry"]) / entries) if entries else 0.0
+    return {"offset": f"{first['ledger']}:{entry}:{slot}", "sequence": first["sequence"],
+            "position": position}
+
+
+# ------------------------------------------------------------------------------ the collector
+
+
+class Collector:
+    def __init__(self, options: UiOptions, clock: Callable[[], float] = time.monotonic) -> None:
+        self.options = options
+        self.clock = clock
+        self.rates = RateTracker()
+        self._zk: Any = None
+        self._client: Any = None
+        self._http: aiohttp.ClientSession | None = None
+        self._handles: dict[int, Any] = {}
+        self._tail_records: dict[int, tuple[int, int]] = {}  # ledger -> (lac, records)
+        self._lock = asyncio.Lock()
+        self._last: tuple[float, dict[str, Any]] | None = None
+
+    async def snapshot(self) -> dict[str, Any]:
+        async with self._lock:
+            now_s = self.clock()
+            if self._last is not None and now_s - self._last[0] < SNAPSHOT_REUSE_S:
+                return self._last[1]
+            result = await self._collect()
+            self._last = (now_s, result)
+            return result
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+        if self._client is not None:
+            await self._client.close()
+        if self._zk is not None:
+            await self._zk.close()
+        self._zk = self._client = self._http = None
+
+    async def _connect(self) -> None:
+        from bookkeeper.client import BookKeeper
+        from bookkeeper.meta.zk import AsyncZooKeeper
+        from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S))
+        if self._zk is None:
+            zk = AsyncZooKeeper(self.options.zk, timeout_s=ZK_TIMEOUT_S)
+            await zk.start()  # closes itself when it fails
+            self._zk = zk
+        if self._client is None:
+            store = ZooKeeperMetadataStore(self._zk, self.options.bookkeeper_root)
+            self._client = await BookKeeper(store=store, read_timeout_s=LEDGER_TIMEOUT_S).start()
+
+    async def _collect(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"zk": self.options.zk, "bookkeeper_root": self.options.bookkeeper_root,
+                                  "namespace_root": self.options.namespace_root,
+                                  "generated_ms": int(time.time() * 1000), "errors": [],
+                                  "bookies": [], "namespaces": []}
+        try:
+            await self._connect()
+        except DlogError as exc:
+            result["errors"].append(str(exc))
+            return result
+        bookies, namespaces = await asyncio.gather(self._bookies(), self._namespaces(),
+                                                   return_exceptions=True)
+        for key, found in (("bookies", bookies), ("namespaces", namespaces)):
+            if isinstance(found, (DlogError, ValueError)):  # ValueError: a node that is not JSON
+                result["errors"].append(f"reading {key}: {found}")
+            elif isinstance(found, BaseException):
+                raise found
+            else:
+                result[key] = found
+        return result
+
+    # ------------------------------------------------------------------ bookies
+
+    async def _bookies(self) -> list[dict[str, Any]]:
+        from bookkeeper.bookie.registration import list_bookies
+
+        registered = await list_bookies(self._zk, self.options.bookkeeper_root)
+        try:
+            cookies = await self._zk.children(layout.cookies_path(self.options.bookkeeper_root))
+        except MetadataNotFoundError:
+            cookies = []
+        known = {item.get("id") for item in registered}
+        down = [{"id": name, "address": name, "state": "down", "http": None, "rack": None}
+                for name in sorted(cookies) if name not in known]
+        return await asyncio.gather(*(self._bookie(item) for item in [*registered, *down]))
+
+    async def _bookie(self, info: dict[str, Any]) -> dict[str, Any]:
+        bookie_id = str(info.get("id"))
+        row = {"id": bookie_id, "address": info.get("address"), "state": info.get("state"),
+               "rack": info.get("rack"), "http": info.get("http"), "admin": "none",
+               "disk_used_percent": None, "adds_per_second": None}
+        url = info.get("http")
+        if info.get("state") == "down" or not isinstance(url, str) or not url.startswith("http://"):
+            return row
+        invariant(self._http is not None, "bookies are scraped only after _connect()")
+        try:
+            async with self._http.get(url + "/metrics") as response:  # type: ignore[union-attr]
+                response.raise_for_status()
+                text = (await response.content.read(METRICS_BYTES_MAX)).decode(errors="replace")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            row["admin"] = "unreachable"
+            return row
+        samples = parse_metrics(text)
+        row["admin"] = "ok"
+        if "dlog_bookie_read_only" in samples:  # fresher than the registration
+            row["state"] = "read_only" if samples["dlog_bookie_read_only"] else "writable"
+        if "dlog_bookie_disk_used_ratio" in samples:
+            row["disk_used_percent"] = round(samples["dlog_bookie_disk_used_ratio"] * 100, 1)
+        if "dlog_bookie_add_entries_total" in samples:
+            rate = self.rates.rate(bookie_id, samples["dlog_bookie_add_entries_total"], self.clock())
+            row["adds_per_second"] = None if rate is None else round(rate, 1)
+        return row
+
+    # ------------------------------------------------------------------ streams
+
+    async def _namespaces(self) -> list[dict[str, Any]]:
+        try:
+            names = sorted(await self._zk.children(self.options.namespace_root))
+        except MetadataNotFoundError:
+            return []
+        return list(await asyncio.gather(*(self._namespace(name) for name in names[:NAMESPACES_MAX])))
+
+    async def _namespace(self, name: str) -> dict[str, Any]:
+        from dlog.segments.store import StreamStore
+
+        store = StreamStore(self._zk, f"{self.options.namespace_root}/{name}")
+        try:
+            streams = await store.list_streams()
+        except DlogError as exc:
+            return {"name": name, "streams": [], "streams_omitted": 0, "error": str(exc)}
+        shown = await asyncio.gather(*(self._stream(store, stream) for stream in streams[:STREAMS_MAX]))
+        return {"name": name, "streams": list(shown),
+                "streams_omitted": max(0, len(streams) - STREAMS_MAX), "error": None}
+
+    async def _stream(self, store: Any, name: str) -> dict[str, Any]:
+        try:
+            config = await store.config(name)
+            listing = await store.segments(name)
+            offsets = await store.subscriptions(name)
+        except DlogError as exc:
+            return {"name": name, "error": str(exc), "segments": [], "segments_omitted": 0,
+                    "records": None, "truncation_point": None, "subscriptions": []}
+        segments = [await self._segment(config, segment) for segment in listing.segments]
+        subscriptions = [{"name": sub, "offset": f"{o['ledger']}:{o['entry']}:{o.get('slot', 0)}",
+                          **subscription_lag(segments, o)} for sub, o in sorted(offsets.items())]
+        live = [s for s in segments if s["state"] != "truncated"]
+        return {"name": name, "error": None, "segments": segments[-SEGMENTS_SHOWN_MAX:],
+                "segments_omitted": max(0, len(segments) - SEGMENTS_SHOWN_MAX),
+                "records": sum(s["records"] or 0 for s in live),
+                "truncation_point": truncation_point(segments), "subscriptions": subscriptions}
+
+    async def _segment(self, config: Any, segment: Any) -> dict[str, Any]:
+        item = {"sequence": segment.sequence, "ledger": segment.ledger_id, "state": segment.state.value,
+                "first_entry": segment.first_entry, "last_entry": segment.last_entry,
+                "records": segment.records, "bytes": segment.bytes,
+                "min_active_entry": segment.min_active_entry, "min_active_slot": segment.min_active_slot,
+                "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}",
+                "note": None}
+        if segment.is_in_progress:
+            item["bytes"] = None  # a ledger's length is known once it is closed
+            try:
+                item["last_entry"], item["records"] = await self._tail(config, segment)
+            except (DlogError, asyncio.TimeoutError) as exc:
+                self._handles.pop(segment.ledger_id, None)
+                item["last_entry"] = item["records"] = None
+                item["note"] = f"records unknown: {exc or type(exc).__name__}"
+        else:
+            self._handles.pop(segment.ledger_id, None)
+            self._tail_records.pop(segment.ledger_id, None)
+        return item
+
+    async def _tail(self, config: Any, segment: Any) -> tuple[int, int]:
+        """The in-progress segment's last confirmed entry and record count."""
+        from dlog.segments.codec import RecordSetCodec, default_schema
+
+        handle = self._handles.get(segment.ledger_id)
+        if handle is None:
+            handle = await asyncio.wait_for(self._client.open_ledger(
+                segment.ledger_id, password=config.password.encode(), recovery=False), LEDGER_TIMEOUT_S)
+            if len(self._handles) >= HANDLES_MAX:
+                self._handles.pop(next(iter(self._handles)))
+            self._handles[segment.ledger_id] = handle
+        lac = await asyncio.wait_for(handle.read_lac(), LEDGER_TIMEOUT_S)
+        if lac < segment.first_entry:
+            return lac, 0
+        cached = self._tail_records.get(segment.ledger_id)
+        if cached is not None and cached[0] == lac:
+            return cached
+        entry = (await asyncio.wait_for(handle.read(lac, lac), LEDGER_TIMEOUT_S))[0]
+        header = RecordSetCodec(default_schema()).peek_header(entry.data)
+        if len(self._tail_records) >= HANDLES_MAX:
+            self._tail_records.pop(next(iter(self._tail_records)))
+        self._tail_records[segment.ledger_id] = (lac, header.next_record_index)
+        return lac, header.next_record_index
+
+
+# ------------------------------------------------------------------------------ the web app
+
+COLLECTOR_KEY: web.AppKey[Collector] = web.AppKey("collector", Collector)
+# Everything is served from here: scripts, styles and fetches may not go anywhere else.
+SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'self'; base-uri 'none'; frame-ancestors 'none'",
+                    "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+
+
+async def _page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html")
+
+
+async def _cluster(request: web.Request) -> web.Response:
+    try:
+        result = await asyncio.wait_for(request.app[COLLECTOR_KEY].snapshot(), SNAPSHOT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return web.json_response({"errors": [f"collecting took over {SNAPSHOT_TIMEOUT_S:.0f} s"]},
+                                 status=504)
+    return web.json_response(result, dumps=lambda value: json.dumps(value, sort_keys=True))
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+
+
+def make_app(collector: Collector) -> web.Application:
+    app = web.Application()
+    app[COLLECTOR_KEY] = collector
+    app.router.add_get("/", _page)
+    app.router.add_get("/api/cluster", _cluster)
+    app.router.add_static("/static/", STATIC_DIR)
+    app.on_response_prepare.append(_security_headers)
+
+    async def close_collector(app: web.Application) -> None:
+        await app[COLLECTOR_KEY].close()
+
+    app.on_cleanup.append(close_collector)
+    return app
+
+
+async def serve_until(options: UiOptions, host: str, port: int, stop: asyncio.Event,
+                      on_ready: Callable[[str], None]) -> None:
+    """Serve the page until `stop` is set; `on_ready(url)` once listening."""
+    runner = web.AppRunner(make_app(Collector(options)), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise DlogError(f"the UI cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        bound_port = runner.addresses[0][1]
+        shown_host = f"[{host}]" if ":" in host else host
+        on_ready(f"http://{shown_host}:{bound_port}/")
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(options: UiOptions, host: str, port: int, on_ready: Callable[[str], None]) -> None:
+    """`dlog ui`: serve in the foreground until SIGINT or SIGTERM."""
+    import signal
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await serve_until(options, host, port, stop, on_ready)
+
+    asyncio.run(run())
+
+
+class UiThread:
+    """The page served from a background thread with its own event loop (`dlog standalone`)."""
+
+    def __init__(self, options: UiOptions, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.options, self.host, self.port = options, host, port
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="dlog-ui", daemon=True)
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise DlogError(f"the UI did not start within {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        assert self.url is not None
+        return self.url
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            await serve_until(self.options, self.host, self.port, self._stop, self._on_ready)
+
+        try:
+            asyncio.run(main())
+        except Exception as exc:  # handed to start() in the caller's thread, which raises it
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def _on_ready(self, url: str) -> None:
+        self.url = url
+        self._ready.set()
