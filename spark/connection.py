@@ -1,0 +1,105 @@
+"""One namespace connection per Python process, shared by every task that process runs.
+
+Spark pickles readers and writers to its Python workers and reuses a worker process for many
+tasks, so clients are never part of a pickle: `connection(options)` opens a ZooKeeper session
+and a BookKeeper client the first time a process needs them, on an event loop in a daemon
+thread, and hands the same one to every later task with the same (zk, zkRoot, namespaceRoot,
+namespace). Workers are forked from Spark's daemon, so a cached connection is only used in the
+process that made it. Connections close at interpreter exit; a worker that Spark ends with
+`os._exit` just drops its sockets (nothing ephemeral is left in ZooKeeper by readers or sink
+tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import threading
+from typing import Any, Awaitable, TypeVar
+
+from bookkeeper.errors import invariant
+from dlog.namespace import Namespace
+from spark.options import ConnectionOptions
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+CALL_TIMEOUT_S = 300.0
+CLOSE_TIMEOUT_S = 10.0
+CONNECTIONS_MAX = 16
+
+_lock = threading.Lock()
+_connections: dict[tuple[str, str, str, str], Connection] = {}
+
+
+class Connection:
+    """A started Namespace and the event loop (in a daemon thread) that runs its coroutines."""
+
+    def __init__(self, options: ConnectionOptions) -> None:
+        self.options = options
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="dlog-spark-loop", daemon=True)
+        self._thread.start()
+        self.namespace = Namespace(options.zk, options.namespace, root=options.namespace_root,
+                                   bookkeeper_root=options.zk_root)
+        try:
+            self.call(self.namespace.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def call(self, awaitable: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
+        """Run a coroutine on the connection's loop and wait for its result."""
+        invariant(threading.current_thread() is not self._thread,
+                  "Connection.call from the connection's own loop would wait for itself forever")
+
+        async def run() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout_s)
+
+    def submit(self, awaitable: Awaitable[T]) -> Any:
+        """Start a coroutine on the loop; returns a concurrent.futures.Future."""
+        async def run() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop)
+
+    def close(self) -> None:
+        try:
+            self.call(self.namespace.close(), CLOSE_TIMEOUT_S)
+        except Exception as exc:  # closing is best effort: the process is going away
+            log.debug("closing the dlog connection failed: %s", exc)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=CLOSE_TIMEOUT_S)
+
+
+def connection(options: ConnectionOptions) -> Connection:
+    """The process's connection for these options, opened on first use."""
+    key = options.key
+    with _lock:
+        found = _connections.get(key)
+        if found is not None and found.pid == os.getpid():
+            return found
+        if found is not None:  # inherited through fork: its threads did not come along
+            del _connections[key]
+        if len(_connections) >= CONNECTIONS_MAX:
+            _connections.pop(next(iter(_connections))).close()
+        opened = _connections[key] = Connection(options)
+        return opened
+
+
+def close_all() -> None:
+    with _lock:
+        items = [item for item in _connections.values() if item.pid == os.getpid()]
+        _connections.clear()
+    for item in items:
+        item.close()
+
+
+atexit.register(close_all)

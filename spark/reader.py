@@ -1,0 +1,370 @@
+"""The dlog source: a micro-batch stream reader (driver), a batch reader, and the partition read
+that runs in Python workers.
+
+Theory of operation. Offsets are `{"<stream>": {"entry": E, "ledger": L}}` (next entry to read),
+JSON with sorted keys; a stream missing from an offset is read from its earliest record (new
+streams of a `streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset`
+snapshots every stream, resolves the start (noting data removed under the query, L5), measures
+the backlog up to the latest readable entry (the LAC of an in-progress segment), admits whole
+entries up to the trigger's limit, and returns where the batch ends. `partitions` turns the
+(start, end) pair into entry ranges of single ledgers, split for `minPartitions`; `read` decodes
+those entries in a worker straight into Arrow batches of the read schema. The same (start, end)
+always yields the same records, which is what makes a replayed batch after a restart exact (L6).
+
+The driver keeps one reader object per query, but Spark pickles the data source to other
+processes for `read`: nothing here holds a client; `spark.connection` caches one per process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows,
+                                              SupportsTriggerAvailableNow)
+from pyspark.sql.types import StructType
+
+from bookkeeper.errors import ConfigError, NoSuchEntryError, NoSuchLedgerError
+from dlog.offsets import Offset, parse_spark_offsets
+from dlog.segments.codec import RecordSetCodec
+from dlog.segments.store import StreamNotFoundError
+from spark import plan
+from spark.catalog import Catalog
+from spark.connection import connection
+from spark.options import SourceOptions
+from spark.plan import Cursor, DataLossError, Position, Range, StreamView
+from spark.schema import BatchShaper, arrow_read_schema
+
+log = logging.getLogger(__name__)
+READ_CHUNK_ENTRIES = 16
+READ_TIMEOUT_S = 120.0
+
+
+class DlogPartition(InputPartition):
+    """Entries first..last of one ledger of one stream (records from `first_slot` of the first)."""
+
+    def __init__(self, span: Range, fail_on_data_loss: bool) -> None:
+        super().__init__(None)
+        self.stream = span.stream
+        self.ledger_id = span.ledger_id
+        self.first_entry = span.first_entry
+        self.last_entry = span.last_entry
+        self.first_slot = span.first_slot
+        self.fail_on_data_loss = fail_on_data_loss
+
+    def __repr__(self) -> str:
+        return (f"DlogPartition({self.stream!r}, ledger={self.ledger_id}, entries={self.first_entry}.."
+                f"{self.last_entry}, first_slot={self.first_slot})")
+
+
+# ------------------------------------------------------------------------------ shared planning
+
+
+class _Planner:
+    """Offset resolution and partition planning shared by the stream and the batch reader."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._catalog: Catalog | None = None
+
+    def catalog(self) -> Catalog:
+        """A catalog on this process's connection, kept while the connection lives (its entry
+        header cache spares re-reading headers on every trigger)."""
+        conn = connection(self.options.connection)
+        if self._catalog is None or self._catalog.conn is not conn:
+            self._catalog = Catalog(conn, self.options)
+        self._catalog.refresh()
+        return self._catalog
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "schema": self.schema, "_catalog": None}
+
+    def resolve(self, view: StreamView, position: Position | None) -> tuple[Cursor, bool]:
+        """The start cursor for `position` and whether data loss moved it (failOnDataLoss=false;
+        with true, data loss raises)."""
+        resolved = plan.resolve(view, position)
+        if resolved.losses:
+            _on_loss(self.options.fail_on_data_loss, resolved.losses)
+        return resolved.cursor, bool(resolved.losses)
+
+    def partitions_between(self, catalog: Catalog, starts: Mapping[str, Position | None],
+                           ends: Mapping[str, Cursor | Position]) -> list[DlogPartition]:
+        ranges: list[Range] = []
+        for name in sorted(ends):
+            try:
+                view = catalog.view(name)
+            except StreamNotFoundError:
+                _on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
+                continue
+            start, _ = self.resolve(view, starts.get(name))
+            end = ends[name]
+            if not isinstance(end, Cursor):
+                end = plan.resolve(view, end).cursor
+            ranges += plan.spans(view, start, end)
+        return [DlogPartition(span, self.options.fail_on_data_loss)
+                for span in plan.split(ranges, self.options.min_partitions)]
+
+
+def _on_loss(fail: bool, losses: tuple[str, ...]) -> None:
+    text = "; ".join(losses)
+    if fail:
+        raise DataLossError(f"data loss: {text}. Records the query had not read were removed by "
+                            "truncation or retention. Start the query again from a new checkpoint, or set "
+                            "failOnDataLoss=false to skip to the earliest available records")
+    log.warning("dlog source skipped removed records (failOnDataLoss=false): %s", text)
+
+
+def _offsets(document: Mapping[str, Any] | None) -> dict[str, Position]:
+    if not document:
+        return {}
+    return parse_spark_offsets(json.dumps(document))
+
+
+def _offset_document(positions: Mapping[str, Position]) -> dict[str, dict[str, int]]:
+    """Spark serializes the dict as is, so build it in sorted key order (equal offsets must be
+    equal JSON text in the checkpoint)."""
+    return {name: {"entry": positions[name][1], "ledger": positions[name][0]} for name in sorted(positions)}
+
+
+# ------------------------------------------------------------------------------ streaming
+
+
+class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._planner = _Planner(options, schema)
+        self._target: dict[str, Position] | None = None  # set by Trigger.AvailableNow
+        self._last_batch_s = time.monotonic()
+        self._latest_seen: dict[str, Position] | None = None
+        self._subscribed: dict | None = None  # the offsets last committed for the subscription
+
+    # ------------------------------------------------------------------ offsets
+
+    def initialOffset(self) -> dict:
+        catalog = self._planner.catalog()
+        names = catalog.stream_names()
+        starting = self.options.starting
+        if starting == "earliest":
+            return {}
+        if starting == "latest":
+            positions = {}
+            for name in names:
+                view = catalog.view(name)
+                position = plan.position_of(view, plan.latest(view))
+                if position is not None:
+                    positions[name] = position
+            return _offset_document(positions)
+        given = parse_spark_offsets(starting)
+        unknown = [name for name in given if not self.options.matches(name)]
+        if unknown:
+            raise ConfigError(f"startingOffsets names stream {unknown[0]!r}, which this query does not read")
+        return _offset_document(given)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records_per_trigger is not None:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        if self.options.min_records_per_trigger is not None:
+            return ReadMinRows(self.options.min_records_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        catalog = self._planner.catalog()
+        target = {}
+        for name in catalog.stream_names():
+            view = catalog.view(name)
+            position = plan.position_of(view, plan.latest(view))
+            if position is not None:
+                target[name] = position
+        self._target = target
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._commit_subscription(start)
+        catalog = self._planner.catalog()
+        starts = _offsets(start)
+        views, cursors, moved, backlogs, latest_seen = {}, {}, set(), {}, {}
+        expected: pa.Schema | None = None
+        for name in sorted(set(catalog.stream_names()) | set(starts)):
+            try:
+                view = catalog.view(name)
+            except StreamNotFoundError:
+                _on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
+                continue
+            expected = expected or catalog.schema(name)
+            catalog.check_schema(name, expected)
+            cursor, skipped = self._planner.resolve(view, starts.get(name))
+            if skipped:
+                moved.add(name)
+            latest_position = plan.position_of(view, plan.latest(view))
+            if latest_position is not None:
+                latest_seen[name] = latest_position
+            end = self._end_limit(view, name)
+            views[name], cursors[name] = view, cursor
+            backlogs[name] = plan.spans(view, cursor, end) if end is not None else []
+        self._latest_seen = latest_seen
+        max_records, min_records = self._limits(limit)
+        if max_records is None and min_records is None:
+            admission = plan.Admission(backlogs)  # no limit: no need to count records
+        else:
+            admission = plan.admit(backlogs, max_records, catalog.records_before)
+        if min_records is not None and admission.records < min_records:
+            waited_ms = (time.monotonic() - self._last_batch_s) * 1000
+            if waited_ms < self.options.max_trigger_delay_ms:
+                return start  # wait for more records, or until maxTriggerDelay passes
+        ends = {}
+        for name, view in views.items():
+            ranges = admission.ranges.get(name, [])
+            position = plan.position_of(view, plan.end_cursor(view, cursors[name], ranges))
+            if not ranges and name in starts and (name not in moved or position is None):
+                position = starts[name]  # nothing new: the same text, so Spark sees no new data
+            if position is not None:
+                ends[name] = position
+        end_document = _offset_document(ends)
+        if end_document != _offset_document(starts):
+            self._last_batch_s = time.monotonic()
+        return end_document
+
+    def _end_limit(self, view: StreamView, name: str) -> Cursor | None:
+        latest = plan.latest(view)
+        if self._target is None:
+            return latest
+        target = self._target.get(name)
+        if target is None:
+            return None  # a stream that appeared after the AvailableNow target was taken
+        return min(plan.resolve(view, target).cursor, latest)
+
+    def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
+        """(max, min) records for this trigger. The engine's limit rules: ReadAllAvailable means
+        ignore the options; minRecordsPerTrigger never holds back an AvailableNow run."""
+        if isinstance(limit, ReadAllAvailable) or limit is None:
+            return None, None
+        min_records = None if self._target is not None else self.options.min_records_per_trigger
+        if isinstance(limit, ReadMaxRows):
+            return limit.max_rows, min_records
+        if isinstance(limit, ReadMinRows):
+            return self.options.max_records_per_trigger, None if self._target is not None else limit.min_rows
+        return None, None
+
+    def reportLatestOffset(self) -> dict | None:
+        return _offset_document(self._latest_seen) if self._latest_seen else None
+
+    # ------------------------------------------------------------------ partitions, read, commit
+
+    def partitions(self, start: dict, end: dict) -> list[DlogPartition]:
+        ends = _offsets(end)
+        if not ends:
+            return []
+        return self._planner.partitions_between(self._planner.catalog(), _offsets(start), ends)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, self.schema, partition)
+
+    def commit(self, end: dict) -> None:
+        self._commit_subscription(end)
+
+    def _commit_subscription(self, done: dict) -> None:
+        """Store `done` (everything before it is processed) as the subscription's offsets.
+
+        Spark calls `commit(end)` of batch N only when it plans batch N+1, so the last batch of an
+        AvailableNow or Once run is never committed that way; `latestOffset(start)` is also only
+        called once everything before `start` is processed, so it commits `start` too."""
+        subscription = self.options.subscription
+        if subscription is None or not done or done == self._subscribed:
+            return
+        conn = connection(self.options.connection)
+        for name, (ledger_id, entry_id) in _offsets(done).items():
+            if (self._subscribed or {}).get(name) == done[name]:
+                continue
+            try:
+                conn.call(conn.namespace.commit_subscription(name, subscription, Offset(ledger_id, entry_id)))
+            except StreamNotFoundError:
+                log.warning("dlog source: stream %r is gone; subscription %r not committed", name, subscription)
+        self._subscribed = dict(done)
+
+    def stop(self) -> None:
+        """Nothing to release: the process's connection is shared and closed at exit."""
+
+
+# ------------------------------------------------------------------------------ batch
+
+
+class DlogBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        planner = _Planner(self.options, self.schema)
+        catalog = planner.catalog()
+        names = catalog.stream_names()
+        starting, ending = self.options.starting, self.options.ending
+        starts: dict[str, Position | None] = {}
+        ends: dict[str, Cursor | Position] = {}
+        given_start = parse_spark_offsets(starting) if starting not in ("earliest", "latest") else {}
+        given_end = parse_spark_offsets(ending) if ending != "latest" else {}
+        for offsets, what in ((given_start, "startingOffsets"), (given_end, "endingOffsets")):
+            unknown = [name for name in offsets if name not in names]
+            if unknown:
+                raise ConfigError(f"{what} names stream {unknown[0]!r}, which this read does not include")
+        for name in names:
+            view = catalog.view(name)
+            if starting == "latest":
+                starts[name] = plan.position_of(view, plan.latest(view))
+            else:
+                starts[name] = given_start.get(name)
+            ends[name] = given_end.get(name) or plan.latest(view)
+        partitions: list[InputPartition] = list(planner.partitions_between(catalog, starts, ends))
+        return partitions
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, self.schema, partition)
+
+
+# ------------------------------------------------------------------------------ workers
+
+
+def read_partition(options: SourceOptions, schema: StructType, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Decode the partition's entries into record batches of the read schema (in a worker)."""
+    if not isinstance(partition, DlogPartition):
+        return  # Spark's placeholder partition of an empty batch read
+    conn = connection(options.connection)
+    namespace = conn.namespace
+    try:
+        config = conn.call(namespace.config(partition.stream))
+        handle = conn.call(namespace.client.open_ledger(partition.ledger_id, password=config.password.encode(),
+                                                        recovery=False))
+    except (StreamNotFoundError, NoSuchLedgerError) as error:
+        _on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))
+        return
+    handle.advance_lac(partition.last_entry)  # the planner saw these entries confirmed
+    stream_schema = namespace.schema_of(config)
+    codec = RecordSetCodec(stream_schema)
+    shaper = BatchShaper(partition.stream, stream_schema, arrow_read_schema(schema))
+    first, last = partition.first_entry, partition.last_entry
+
+    def fetch(start: int) -> Any:
+        return conn.submit(handle.read(start, min(last, start + READ_CHUNK_ENTRIES - 1)))
+
+    pending = fetch(first)
+    next_start = first
+    while pending is not None:
+        try:
+            entries = pending.result(READ_TIMEOUT_S)
+        except (NoSuchLedgerError, NoSuchEntryError) as error:
+            _on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
+            return
+        next_start += len(entries)
+        pending = fetch(next_start) if next_start <= last else None  # decode while the next arrives
+        for entry in entries:
+            _, batch = codec.decode(entry.data)
+            slot = partition.first_slot if entry.entry_id == first else 0
+            if slot:
+                batch = batch.slice(slot)
+            if batch.num_rows:
+                yield shaper.shape(batch, partition.ledger_id, entry.entry_id, slot)

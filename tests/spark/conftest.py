@@ -1,0 +1,131 @@
+"""Fixtures for real local Spark against real bookie processes: one SparkSession and one cluster
+per test module, each test in its own namespace."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+import pytest
+
+import dlog
+from dlog.blocking import BlockingNamespace
+from dlog.segments.codec import records_to_batch
+from tools.cluster import LocalCluster
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def cluster(zk_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = f"/t-{uuid.uuid4().hex[:8]}"
+    local = LocalCluster(tmp_path_factory.mktemp("spark-cluster"), bookies=3, zk_root=root, zk_server=zk_server)
+    local.start()
+    yield local
+    from spark.connection import close_all
+
+    close_all()  # this process's cached connections, before their ZooKeeper root goes away
+    local.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The module's SparkSession. Its JVM, and so every Python worker, starts in a scratch
+    directory: workers then import dlog and find `pyspark_dlog` only through the installed
+    package, as a user's would, never because the project happens to be the working directory."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must run this interpreter
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("spark-cwd"))
+    try:
+        session = (SparkSession.builder.master("local[2]").appName("dlog-tests")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.default.parallelism", "2")
+                   .config("spark.sql.streaming.stopTimeout", "30s")
+                   .getOrCreate())
+    finally:
+        os.chdir(here)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
+
+
+class Dlog:
+    """One test's namespace on the module's cluster, with the Spark options that reach it."""
+
+    def __init__(self, cluster: LocalCluster, name: str) -> None:
+        self.options = {"zk": cluster.zk_address, "namespace": name, "zkRoot": cluster.zk_root,
+                        "namespaceRoot": f"{cluster.zk_root}-dlog"}
+        self.ns: BlockingNamespace = dlog.connect(cluster.zk_address, name, bookkeeper_root=cluster.zk_root,
+                                                  root=f"{cluster.zk_root}-dlog")
+
+    def write(self, stream: str, values: list[bytes], *, entry_records: int = 100,
+              keys: list[bytes] | None = None) -> None:
+        """Append `values` as entries of exactly `entry_records` records (one writer session)."""
+        with self.ns.open_writer(stream) as writer:
+            for start in range(0, len(values), entry_records):
+                piece_keys = keys[start: start + entry_records] if keys is not None else None
+                writer.write_batch(records_to_batch(values[start: start + entry_records], keys=piece_keys))
+
+    def records(self, stream: str) -> int:
+        return sum(segment["records"] for segment in self.ns.stream_info(stream)["segments"]
+                   if segment["state"] != "truncated")
+
+    def close(self) -> None:
+        self.ns.close()
+
+
+@pytest.fixture
+def dlog_ns(cluster: LocalCluster) -> Iterator[Dlog]:
+    space = Dlog(cluster, f"s-{uuid.uuid4().hex[:8]}")
+    yield space
+    space.close()
+
+
+def values(count: int, start: int = 0, prefix: str = "event") -> list[bytes]:
+    return [f"{prefix}-{index:07d}".encode() for index in range(start, start + count)]
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.2,
+               message: str = "") -> T:
+    """Poll `predicate` until it returns something truthy (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s: {message} (last value {result!r})")
+        time.sleep(interval_s)
+
+
+def run_available_now(reader: Any, writer_format: str, checkpoint: Path, **writer_options: str) -> Any:
+    """Start `reader` -> sink with Trigger.AvailableNow and wait for it to end; returns the query
+    (a failure is left in `query.exception()`)."""
+    from pyspark.errors import StreamingQueryException
+
+    writer = reader.writeStream.format(writer_format).option("checkpointLocation", str(checkpoint))
+    for key, value in writer_options.items():
+        writer = writer.option(key, value)
+    query = writer.trigger(availableNow=True).start()
+    try:
+        finished = query.awaitTermination(180)
+    except StreamingQueryException:
+        return query
+    if not finished:
+        query.stop()
+        raise AssertionError("the AvailableNow query did not finish within 180 s")
+    return query
+
+
+def input_rows(query: Any) -> list[int]:
+    return [progress["numInputRows"] for progress in query.recentProgress if progress["numInputRows"]]

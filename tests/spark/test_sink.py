@@ -1,0 +1,119 @@
+"""The dlog sink on real local Spark and real bookies: a stream-to-stream pipeline is exactly once
+when Spark replays a batch after a restart (L6), batch writes append typed rows, a dead writer's
+in-progress segment is sealed before the sink appends after it (L1, L3), and bad sink options
+are refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from spark.connection import connection
+from spark.options import ConnectionOptions
+from tests.spark.conftest import Dlog, input_rows, run_available_now, values
+
+pytestmark = pytest.mark.spark
+
+
+def ledgers(space: Dlog) -> set[int]:
+    options = space.options
+    conn = connection(ConnectionOptions(options["zk"], options["namespace"], options["zkRoot"],
+                                        options["namespaceRoot"]))
+    return set(conn.call(conn.namespace.client.list_ledgers()))
+
+
+def read_values(spark, space: Dlog, stream: str) -> list[bytes]:
+    """In stream order: a batch read has one partition per segment range, in segment order, and
+    collect() keeps partition order (ledger ids need not follow segment order)."""
+    frame = spark.read.format("dlog").options(**space.options).option("stream", stream).load()
+    return [row.value for row in frame.select("value").collect()]
+
+
+def sink_node(space: Dlog, stream: str, sink_id: str) -> dict:
+    options = space.options
+    conn = connection(ConnectionOptions(options["zk"], options["namespace"], options["zkRoot"],
+                                        options["namespaceRoot"]))
+    found = conn.call(conn.namespace.zk.get_or_none(conn.namespace.store.sink_path(stream, sink_id)))
+    return json.loads(found[0])
+
+
+def test_a_replayed_batch_of_a_stream_to_stream_pipeline_is_written_once(spark, dlog_ns, tmp_path):
+    ns = dlog_ns.ns
+    ns.create_stream("source")
+    ns.create_stream("upper")
+    dlog_ns.write("source", values(1000), entry_records=100)
+    checkpoint = tmp_path / "checkpoint"
+
+    def run():
+        reader = (spark.readStream.format("dlog").options(**dlog_ns.options).option("stream", "source")
+                  .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "400").load()
+                  .selectExpr("key", "upper(cast(value as string)) as value", "timestamp"))
+        return run_available_now(reader, "dlog", checkpoint, stream="upper", sinkId="upper-job",
+                                 **dlog_ns.options)
+
+    query = run()
+    assert query.exception() is None and input_rows(query) == [400, 400, 200]
+    expected = [value.upper() for value in values(1000)]
+    assert sorted(read_values(spark, dlog_ns, "upper")) == expected
+    assert sink_node(dlog_ns, "upper", "upper-job")["batch"] == 2
+    segments_before, ledgers_before = ns.stream_info("upper")["segments"], ledgers(dlog_ns)
+
+    # Spark wrote batch 2 to dlog but "crashed" before its own commit log: it replays batch 2.
+    (checkpoint / "commits" / "2").unlink()
+    (checkpoint / "commits" / ".2.crc").unlink()
+    replay = run()
+    assert replay.exception() is None and input_rows(replay) == [200]
+    assert sorted(read_values(spark, dlog_ns, "upper")) == expected  # not one record twice
+    assert ns.stream_info("upper")["segments"] == segments_before
+    assert ledgers(dlog_ns) == ledgers_before  # the replay's ledgers were deleted
+    assert dlog_ns.records("upper") == 1000
+
+
+def test_batch_writes_append_rows_of_a_typed_stream(spark, dlog_ns):
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()),
+                        pa.field("timestamp", pa.timestamp("ms"), nullable=False)])
+    dlog_ns.ns.create_stream("typed", schema=schema)
+    rows = spark.range(500).selectExpr("id", "concat('n', id) as name")
+    writer = rows.write.format("dlog").options(**dlog_ns.options).option("stream", "typed").mode("append")
+    writer.save()
+    writer.save()
+    frame = spark.read.format("dlog").options(**dlog_ns.options).option("stream", "typed").load()
+    assert frame.columns == ["stream", "ledger", "entry", "slot", "timestamp", "id", "name"]
+    ids = sorted(row.id for row in frame.select("id").collect())
+    assert ids == sorted(list(range(500)) * 2)
+    assert frame.where("name = concat('n', id) and timestamp is not null").count() == 1000
+    with pytest.raises(Exception, match="append-only"):
+        rows.write.format("dlog").options(**dlog_ns.options).option("stream", "typed").mode("overwrite").save()
+    with pytest.raises(Exception, match="column 'extra' has no place"):
+        (rows.selectExpr("id", "name", "1 as extra").write.format("dlog").options(**dlog_ns.options)
+         .option("stream", "typed").mode("append").save())
+
+
+def test_the_sink_seals_a_dead_writers_in_progress_segment_before_appending(spark, dlog_ns, cluster):
+    import dlog
+
+    dlog_ns.ns.create_stream("shared")
+    crashed = dlog.connect(cluster.zk_address, dlog_ns.options["namespace"], bookkeeper_root=cluster.zk_root,
+                           root=dlog_ns.options["namespaceRoot"])
+    writer = crashed.open_writer("shared")
+    writer.write_batch(values(50, prefix="writer"))
+    crashed.close()  # its session ends: the lock is free, the segment stays in progress
+    assert [s["state"] for s in dlog_ns.ns.stream_info("shared")["segments"]] == ["in_progress"]
+
+    frame = spark.createDataFrame([(value,) for value in values(100, prefix="spark")], "value binary")
+    frame.write.format("dlog").options(**dlog_ns.options).option("stream", "shared").mode("append").save()
+    segments = dlog_ns.ns.stream_info("shared")["segments"]
+    assert [s["state"] for s in segments] == ["completed"] * len(segments)
+    assert segments[0]["records"] == 50
+    assert read_values(spark, dlog_ns, "shared") == values(50, prefix="writer") + values(100, prefix="spark")
+
+
+def test_bad_sink_options_are_refused_by_name(spark, dlog_ns):
+    dlog_ns.ns.create_stream("target")
+    frame = spark.createDataFrame([(b"x",)], "value binary")
+    with pytest.raises(Exception, match=r"unknown option 'topic' for a batch write.*known options: .*sinkId"):
+        frame.write.format("dlog").options(**dlog_ns.options).option("stream", "target").option("topic", "t").mode("append").save()
+    with pytest.raises(Exception, match=r"stream 'absent' does not exist"):
+        frame.write.format("dlog").options(**dlog_ns.options).option("stream", "absent").mode("append").save()

@@ -1,0 +1,151 @@
+"""The dlog source on real local Spark and real bookies: found with no registration, reads exactly
+what was written (across rolls, restarts and admission limits), tails a live writer, reads
+batches between offsets, commits a subscription, and refuses unknown options by name (L6)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from dlog.offsets import Offset
+from tests.spark.conftest import Dlog, input_rows, run_available_now, values, wait_until
+
+pytestmark = pytest.mark.spark
+
+
+def stream_reader(spark, space: Dlog, **options: str):
+    reader = spark.readStream.format("dlog").options(**space.options)
+    return reader.options(**options).load()
+
+
+def test_found_by_name_with_no_registration_through_the_installed_package(spark, dlog_ns):
+    """Spark's lookup imports top-level `pyspark_*` modules it finds on the workers' sys.path;
+    the workers here do not run in the project directory, so only the install can put it there."""
+    import os
+    from pathlib import Path
+
+    project = str(Path(__file__).resolve().parents[2])
+    worker_cwd = spark.sparkContext.parallelize([0], 1).map(lambda _: os.getcwd()).collect()[0]
+    assert worker_cwd != project
+    dlog_ns.ns.create_stream("found")
+    dlog_ns.write("found", values(300))
+    assert spark.read.format("dlog").options(**dlog_ns.options).option("stream", "found").load().count() == 300
+
+
+def test_available_now_reads_exactly_what_was_written_and_a_restart_only_new_records(spark, dlog_ns, tmp_path):
+    ns = dlog_ns.ns
+    ns.create_stream("events", roll_records=1000)
+    written = values(2500)
+    dlog_ns.write("events", written, keys=[b"k%d" % (i % 7) for i in range(2500)])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    query = run_available_now(stream_reader(spark, dlog_ns, stream="events", startingOffsets="earliest"),
+                              "parquet", checkpoint, path=str(out))
+    assert query.exception() is None
+    rows = spark.read.parquet(str(out)).collect()
+    assert sorted(row.value for row in rows) == written
+    assert len({(row.ledger, row.entry, row.slot) for row in rows}) == 2500
+    assert {row.stream for row in rows} == {"events"} and all(row.key is not None for row in rows)
+
+    dlog_ns.write("events", values(700, start=2500))
+    query = run_available_now(stream_reader(spark, dlog_ns, stream="events", startingOffsets="earliest"),
+                              "parquet", checkpoint, path=str(out))
+    assert sum(input_rows(query)) == 700  # the restarted query read only the new records
+    assert sorted(row.value for row in spark.read.parquet(str(out)).collect()) == values(3200)
+
+
+def test_max_records_per_trigger_splits_a_backlog_into_whole_entries(spark, dlog_ns, tmp_path):
+    dlog_ns.ns.create_stream("backlog", roll_records=400)
+    dlog_ns.write("backlog", values(1000), entry_records=100)  # 10 entries of 100 over 3 segments
+    query = run_available_now(stream_reader(spark, dlog_ns, stream="backlog", startingOffsets="earliest",
+                                            maxRecordsPerTrigger="250"),
+                              "parquet", tmp_path / "checkpoint", path=str(tmp_path / "out"))
+    assert input_rows(query) == [200, 200, 200, 200, 200]  # 250 admits two whole 100-record entries
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 1000
+
+
+def test_min_records_per_trigger_waits_until_max_trigger_delay(spark, dlog_ns):
+    dlog_ns.ns.create_stream("trickle")
+    dlog_ns.write("trickle", values(300), entry_records=100)
+    started = time.monotonic()
+    query = (stream_reader(spark, dlog_ns, stream="trickle", startingOffsets="earliest",
+                           minRecordsPerTrigger="1000", maxTriggerDelay="3s")
+             .writeStream.format("noop").trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_until(lambda: sum(input_rows(query)) == 300, message="the held-back records")
+        assert time.monotonic() - started >= 3.0  # held until the delay, then all 300 at once
+        assert input_rows(query) == [300]
+    finally:
+        query.stop()
+
+
+def test_a_processing_time_query_tails_records_written_while_it_runs(spark, dlog_ns):
+    ns = dlog_ns.ns
+    ns.create_stream("live", roll_records=300)
+    dlog_ns.write("live", values(100, prefix="old"))
+    query = (stream_reader(spark, dlog_ns, stream="live")  # startingOffsets latest: not the old ones
+             .selectExpr("cast(value as string) as value")
+             .writeStream.format("memory").queryName("tail_live").trigger(processingTime="300 milliseconds")
+             .start())
+    try:
+        wait_until(lambda: query.lastProgress is not None, message="the first trigger")
+        with ns.open_writer("live", linger_ms=1) as writer:  # an in-progress segment, rolling every 300
+            for index in range(1000):
+                writer.write(b"new-%04d" % index)
+                if index % 100 == 99:
+                    writer.flush()
+            seen = lambda: spark.sql("select count(*) as n from tail_live").collect()[0].n
+            wait_until(lambda: seen() >= 1000, timeout_s=90, message="records written while the query runs")
+        values_seen = [row.value for row in spark.sql("select value from tail_live").collect()]
+        assert sorted(values_seen) == [f"new-{i:04d}" for i in range(1000)]
+    finally:
+        query.stop()
+
+
+def test_batch_read_between_offsets_and_a_pattern_of_streams(spark, dlog_ns):
+    ns = dlog_ns.ns
+    for name in ("orders/eu", "orders/us", "other"):
+        ns.create_stream(name)
+        dlog_ns.write(name, values(300, prefix=name), entry_records=100)
+    ledger = ns.stream_info("orders/eu")["segments"][0]["ledger"]
+    frame = (spark.read.format("dlog").options(**dlog_ns.options).option("stream", "orders/eu")
+             .option("startingOffsets", json.dumps({"orders/eu": {"ledger": ledger, "entry": 1}}))
+             .option("endingOffsets", json.dumps({"orders/eu": {"ledger": ledger, "entry": 2}})).load())
+    assert sorted(row.value for row in frame.collect()) == values(100, start=100, prefix="orders/eu")
+    both = spark.read.format("dlog").options(**dlog_ns.options).option("streamPattern", "orders/.*").load()
+    counts = {row.stream: row["count"] for row in both.groupBy("stream").count().collect()}
+    assert counts == {"orders/eu": 300, "orders/us": 300}
+
+
+def test_subscription_is_committed_at_the_end_of_each_batch(spark, dlog_ns, tmp_path):
+    ns = dlog_ns.ns
+    ns.create_stream("subscribed")
+    dlog_ns.write("subscribed", values(500), entry_records=100)
+    run_available_now(stream_reader(spark, dlog_ns, stream="subscribed", startingOffsets="earliest",
+                                    subscription="spark-job"),
+                      "noop", tmp_path / "checkpoint")
+    ledger = ns.stream_info("subscribed")["segments"][-1]["ledger"]
+    assert ns.subscriptions("subscribed") == {"spark-job": Offset(ledger, 5, 0)}
+
+
+def test_unknown_and_bad_options_are_refused_by_name(spark, dlog_ns):
+    dlog_ns.ns.create_stream("strict")
+    with pytest.raises(Exception, match=r"unknown option 'startingoffset'.*known options: .*startingOffsets"):
+        stream_reader(spark, dlog_ns, stream="strict", startingOffset="earliest")
+    with pytest.raises(Exception, match=r"bad maxRecordsPerTrigger '-5'"):
+        stream_reader(spark, dlog_ns, stream="strict", maxRecordsPerTrigger="-5")
+    with pytest.raises(Exception, match=r"stream 'absent' does not exist"):
+        spark.read.format("dlog").options(**dlog_ns.options).option("stream", "absent").load()
+
+
+def test_registered_explicitly_and_option_names_ignore_case(spark, dlog_ns):
+    from spark.source import DlogDataSource
+
+    spark.dataSource.register(DlogDataSource)
+    dlog_ns.ns.create_stream("cased")
+    dlog_ns.write("cased", values(200))
+    options = {key.upper(): value for key, value in dlog_ns.options.items()}
+    frame = spark.read.format("dlog").options(**options).option("STREAM", "cased").load()
+    assert frame.count() == 200
