@@ -169,7 +169,10 @@ class Namespace:
         return _Opening(open_it)
 
     async def open_segment_ledger(self, config: StreamConfig, segment: Segment) -> ReadHandle:
-        """A read handle of a segment's ledger (cached; the LAC refreshed for in-progress ones)."""
+        """A read handle of a segment's ledger (cached and shared: reads of it may run at once).
+        For an in-progress segment its LAC is refreshed; for a completed one it may read up to the
+        segment's last entry, which the committed segment list vouches for even before the ledger's
+        close lands."""
         handle = self._handles.get(segment.ledger_id)
         if handle is None:
             handle = await self.client.open_ledger(segment.ledger_id, password=config.password.encode(),
@@ -177,11 +180,10 @@ class Namespace:
             if len(self._handles) > 1024:
                 self._handles.pop(next(iter(self._handles)))
             self._handles[segment.ledger_id] = handle
-        elif segment.is_in_progress or not handle.is_closed:
-            if segment.is_in_progress:
-                await handle.read_lac()
-            else:
-                await handle.refresh_metadata()
+        elif segment.is_in_progress:
+            await handle.read_lac()
+        if not segment.is_in_progress:
+            handle.advance_lac(segment.last_entry)
         return handle
 
     # ------------------------------------------------------------------ truncation and retention

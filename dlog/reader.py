@@ -235,7 +235,7 @@ class StreamReader:
                 limit = handle.last_add_confirmed
             else:
                 limit = segment.last_entry
-                handle.advance_lac(limit)  # the committed segment is the authority on its end
+                handle.advance_lac(limit)  # the list changed since the handle was opened
             if next_entry <= limit:
                 last = min(limit, next_entry + READ_BATCH_ENTRIES - 1)
                 for entry in await handle.read(next_entry, last):

@@ -241,26 +241,55 @@ class LedgerHandle(_Driver):
             self._unwatch()
 
 
-class ReadHandle(_Driver):
-    """Reads of one ledger: a range up to the LAC, or tailing an open ledger."""
+class _RangeRead(_Driver):
+    """One read of a range: its own machine, results and clock, so reads of one handle may run
+    at the same time."""
+
+    def __init__(self, handle: ReadHandle, first: int, last: int) -> None:
+        super().__init__(handle.client, handle.ledger_id, handle.master_key)
+        settings = handle.client
+        self.machine = ReadOp(handle.ledger_id, handle.metadata, handle.digest, first, last,
+                              speculative_ms=settings.speculative_read_ms,
+                              read_timeout_ms=int(settings.read_timeout_s * 1000))
+        self.count = last - first + 1
+        self.results: asyncio.Queue[Effect] = asyncio.Queue()
+
+    def on_outcome(self, effect: Effect) -> None:
+        if isinstance(effect, (CompleteRead, FailRead)):
+            self.results.put_nowait(effect)
+
+    async def entries(self) -> AsyncIterator[LedgerEntry]:
+        self.start_ticking(self.client.tick_interval_s)
+        try:
+            self.run(self.machine.start(self.now_ms()))
+            for _ in range(self.count):
+                result = await self.results.get()
+                if isinstance(result, FailRead):
+                    raise result.error
+                assert isinstance(result, CompleteRead)
+                yield LedgerEntry(self.ledger_id, result.entry_id, result.payload)
+        finally:
+            self.stop_ticking()
+
+
+class ReadHandle:
+    """Reads of one ledger: a range up to the LAC, or tailing an open ledger. Safe to share:
+    each read runs its own state machine."""
 
     def __init__(self, client: BookKeeper, ledger_id: int, metadata: LedgerMetadata, version: int,
                  digest: Digest, master_key: bytes) -> None:
-        super().__init__(client, ledger_id, master_key)
+        self.client = client
+        self.ledger_id = ledger_id
+        self.master_key = master_key
         self.metadata = metadata
         self.version = version
         self.digest = digest
         self.last_add_confirmed = metadata.last_entry_id if metadata.is_closed else -1
-        self._results: asyncio.Queue[Effect] | None = None
         self._poll_index = 0
 
     @property
     def is_closed(self) -> bool:
         return self.metadata.is_closed
-
-    def on_outcome(self, effect: Effect) -> None:
-        if isinstance(effect, (CompleteRead, FailRead)) and self._results is not None:
-            self._results.put_nowait(effect)
 
     async def read(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
         """Entries first..last; never past the LAC (A4) or a closed ledger's end (A5)."""
@@ -275,23 +304,8 @@ class ReadHandle(_Driver):
         return [entry async for entry in self._read_range(first_entry_id, last_entry_id)]
 
     async def _read_range(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
-        settings = self.client
-        self.machine = ReadOp(self.ledger_id, self.metadata, self.digest, first, last,
-                              speculative_ms=settings.speculative_read_ms,
-                              read_timeout_ms=int(settings.read_timeout_s * 1000))
-        self._results = asyncio.Queue()
-        self.start_ticking(settings.tick_interval_s)
-        try:
-            self.run(self.machine.start(self.now_ms()))
-            for _ in range(last - first + 1):
-                result = await self._results.get()
-                if isinstance(result, FailRead):
-                    raise result.error
-                assert isinstance(result, CompleteRead)
-                yield LedgerEntry(self.ledger_id, result.entry_id, result.payload)
-        finally:
-            self.stop_ticking()
-            self._results = None
+        async for entry in _RangeRead(self, first, last).entries():
+            yield entry
 
     async def read_lac(self) -> int:
         """Ask every bookie of the last fragment; any bookie's LAC is a confirmed one, take the max."""
