@@ -48,15 +48,13 @@ class DlogDataSource(DataSource):
         return DlogStreamReader(parse_source_options(self.options, batch=False), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DlogBatchWriter:
-        _refuse_overwrite(overwrite)
+        if overwrite:
+            raise ConfigError("dlog streams are append-only: use save mode 'append' (an overwrite "
+                              "would have to truncate the stream; use `dlog truncate` for that)")
         return DlogBatchWriter(parse_sink_options(self.options, streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DlogStreamWriter:
-        _refuse_overwrite(overwrite)
+        # Complete and update output modes (overwrite=True for complete) append each micro-batch's
+        # rows like any other, as Kafka's sink does: a stream of aggregate updates whose latest
+        # record per key is the current value. Exactly-once per batch id still holds.
         return DlogStreamWriter(parse_sink_options(self.options, streaming=True))
-
-
-def _refuse_overwrite(overwrite: bool) -> None:
-    if overwrite:
-        raise ConfigError("dlog streams are append-only: use save mode 'append' (batch) or output mode "
-                          "'append' (streaming)")

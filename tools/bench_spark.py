@@ -82,8 +82,10 @@ def _session(cores: int, shuffle_partitions: int) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # Spark binds to loopback only, never eth0
     session = (SparkSession.builder.master(f"local[{cores}]").appName("dlog-bench")
                .config("spark.ui.enabled", "false")
+               .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                .config("spark.driver.memory", "4g")
                .getOrCreate())

@@ -2,13 +2,17 @@
 
 cluster (ZooKeeper + 3 bookie processes) -> a ledger written and recovered through the client ->
 a stream -> 1,000,000 records written -> tail-read by a live reader -> rolled and truncated ->
-retention applied -> exported to Parquet and Arrow -> [Spark query, when available] -> stop.
+retention applied -> exported to Parquet and Arrow -> a Spark Structured Streaming query
+(readStream.format("dlog") -> count by action -> writeStream.format("dlog")) -> its result read
+back and checked against the export -> stop.
 Exit status 0 only when every step's check passed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import sys
 import tempfile
 import time
@@ -22,7 +26,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bookkeeper.errors import DlogError
-from tools.bench import event_values
 from tools.cluster import LocalCluster
 
 RECORDS = 1_000_000
@@ -40,6 +43,17 @@ def check(condition: bool, message: str) -> None:
         raise DemoFailure(message)
 
 
+ACTIONS = ("view", "click", "buy", "share", "search")
+
+
+def demo_events(count: int) -> list[bytes]:
+    """JSON click events of about 100 bytes, each with an action the Spark query counts."""
+    rng = random.Random(42)
+    return [b'{"n":%d,"user":"u%05d","action":"%s","item":%d,"session":"%012x"}'
+            % (index, rng.randrange(10**5), rng.choice(ACTIONS).encode(), rng.randrange(10**6),
+               rng.getrandbits(48)) for index in range(count)]
+
+
 def progress() -> Progress:
     return Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console, transient=True)
@@ -50,19 +64,27 @@ class Demo:
         self.cluster = cluster
         self.directory = directory
         self.summary: list[tuple[str, str]] = []
-        self.values = event_values(RECORDS)
+        self.values = demo_events(RECORDS)
 
     def note(self, step: str, result: str) -> None:
         self.summary.append((step, result))
         console.print(f"[green]ok[/green] {step}: {result}")
 
-    async def run(self) -> None:
+    async def run(self, steps: tuple[Callable[[Any], Awaitable[None]], ...]) -> None:
         from dlog import Namespace
 
         async with Namespace(self.cluster.zk_address, "demo") as ns:
-            for step in (self.ledger_round_trip, self.write_stream, self.roll_and_truncate,
-                         self.retention, self.export):
+            for step in steps:
                 await step(ns)
+
+    def run_all(self) -> None:
+        asyncio.run(self.run((self.ledger_round_trip, self.write_stream, self.roll_and_truncate,
+                              self.retention, self.export, self.create_result_stream)))
+        self.spark_query()
+        asyncio.run(self.run((self.spark_result,)))
+
+    async def create_result_stream(self, ns: Any) -> None:
+        await ns.create_stream("action_counts")
 
     async def ledger_round_trip(self, ns: Any) -> None:
         client = ns.client
@@ -147,7 +169,54 @@ class Demo:
             arrow_rows = arrow_file.read_all().num_rows
         check(table.num_rows == arrow_rows == parquet["records"] == arrow["records"] == expected,
               f"exported {table.num_rows} / {arrow_rows} rows, expected {expected}")
+        self.exported = table
         self.note("exported to Parquet and Arrow", f"{expected:,} records each")
+
+    def spark_query(self) -> None:
+        """readStream.format("dlog") -> count by action -> writeStream.format("dlog")."""
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # Spark binds to loopback only, never eth0
+        from pyspark.sql import SparkSession
+        from pyspark.sql import functions as F
+
+        started = time.perf_counter()
+        spark = (SparkSession.builder.master("local[2]").appName("dlog-demo")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+                 .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            options = {"zk": self.cluster.zk_address, "namespace": "demo"}
+            clicks = (spark.readStream.format("dlog").options(**options).option("stream", STREAM)
+                      .option("startingOffsets", "earliest").load())
+            counts = (clicks.select(F.get_json_object(F.col("value").cast("string"), "$.action")
+                                    .alias("action"))
+                      .groupBy("action").count()
+                      .select(F.col("action").cast("binary").alias("key"),
+                              F.col("count").cast("string").cast("binary").alias("value")))
+            query = (counts.writeStream.format("dlog").options(**options).option("stream", "action_counts")
+                     .option("checkpointLocation", str(self.directory / "checkpoint"))
+                     .outputMode("complete").trigger(availableNow=True).start())
+            check(query.awaitTermination(240) is not False and query.exception() is None,
+                  f"the Spark query failed: {query.exception()}")
+        finally:
+            spark.stop()
+        self.spark_seconds = time.perf_counter() - started
+
+    async def spark_result(self, ns: Any) -> None:
+        async with ns.open_reader("action_counts", follow=False) as reader:
+            counts = {record.key.decode(): int(record.value) async for record in reader}
+        import json
+
+        expected: dict[str, int] = {}
+        for value in self.exported.column("value").to_pylist():
+            action = json.loads(value)["action"]
+            expected[action] = expected.get(action, 0) + 1
+        check(counts == expected, f"Spark counted {counts}, the export says {expected}")
+        self.note("Spark: readStream dlog -> count by action -> writeStream dlog, read back",
+                  f"{len(counts)} actions, {sum(counts.values()):,} records counted "
+                  f"in {self.spark_seconds:.0f} s")
 
 
 def main() -> int:
@@ -161,7 +230,7 @@ def main() -> int:
             cluster.start()
             demo.note("cluster started", f"zk={cluster.zk_address}, 3 bookies, "
                                          f"{time.perf_counter() - started:.1f} s")
-            asyncio.run(demo.run())
+            demo.run_all()
         except (DlogError, OSError) as exc:
             console.print(f"[red]demo failed:[/red] {exc}")
             return 1

@@ -39,6 +39,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     package, as a user's would, never because the project happens to be the working directory."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must run this interpreter
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # Spark binds to loopback only, never eth0
     from pyspark.sql import SparkSession
 
     here = os.getcwd()
@@ -46,6 +47,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
         session = (SparkSession.builder.master("local[2]").appName("dlog-tests")
                    .config("spark.ui.enabled", "false")
+                   .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
                    .config("spark.sql.shuffle.partitions", "2")
                    .config("spark.default.parallelism", "2")
                    .config("spark.sql.streaming.stopTimeout", "30s")

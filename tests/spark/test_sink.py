@@ -117,3 +117,26 @@ def test_bad_sink_options_are_refused_by_name(spark, dlog_ns):
         frame.write.format("dlog").options(**dlog_ns.options).option("stream", "target").option("topic", "t").mode("append").save()
     with pytest.raises(Exception, match=r"stream 'absent' does not exist"):
         frame.write.format("dlog").options(**dlog_ns.options).option("stream", "absent").mode("append").save()
+
+
+def test_a_streaming_aggregation_in_complete_mode_appends_its_results(spark, dlog_ns, tmp_path):
+    """Like Kafka's sink: each micro-batch's aggregate rows are appended; batch overwrite stays refused."""
+    from pyspark.sql import functions as F
+
+    ns = dlog_ns.ns
+    ns.create_stream("clicks")
+    ns.create_stream("counts")
+    actions = [b"buy", b"view", b"view", b"click", b"view", b"buy"] * 50
+    dlog_ns.write("clicks", actions, entry_records=30)
+    frame = (spark.readStream.format("dlog").options(**dlog_ns.options).option("stream", "clicks")
+             .option("startingOffsets", "earliest").load()
+             .groupBy(F.col("value").cast("string").alias("action")).count()
+             .select(F.col("action").cast("binary").alias("key"),
+                     F.col("count").cast("string").cast("binary").alias("value")))
+    writer = (frame.writeStream.format("dlog").options(**dlog_ns.options).option("stream", "counts")
+              .option("checkpointLocation", str(tmp_path / "checkpoint")).outputMode("complete"))
+    query = writer.trigger(availableNow=True).start()
+    assert query.awaitTermination(180) and query.exception() is None
+    rows = (spark.read.format("dlog").options(**dlog_ns.options).option("stream", "counts").load()
+            .select("key", "value").collect())
+    assert {bytes(r.key): int(bytes(r.value)) for r in rows} == {b"buy": 100, b"view": 150, b"click": 50}
