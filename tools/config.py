@@ -68,6 +68,18 @@ def layered_params(ctx: click.Context, section: str, env_prefix: str) -> dict[st
     return params
 
 
+def zk_timeout_s() -> float:
+    """How long commands wait to reach ZooKeeper: $DLOG_ZK_TIMEOUT_S, default 10 s."""
+    raw = os.environ.get("DLOG_ZK_TIMEOUT_S", "10")
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"bad DLOG_ZK_TIMEOUT_S {raw!r}: write seconds, e.g. 10") from exc
+    if value <= 0:
+        raise ConfigError(f"DLOG_ZK_TIMEOUT_S must be > 0, got {value}")
+    return value
+
+
 def client_options(section: str = "client", env_prefix: str = "DLOG_CLIENT_") -> dict[str, Any]:
     """Ledger-client settings for commands that talk to a cluster, from `$DLOG_CONFIG` and the
     environment: add_timeout_s, read_timeout_s, speculative_read_ms, explicit_lac_interval_ms."""

@@ -21,7 +21,7 @@ import click
 from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
 from tools.cli import DURATION, SIZE, _print_table, fails_cleanly, json_option, main
-from tools.config import client_options
+from tools.config import client_options, zk_timeout_s
 from tools.units import format_size
 
 
@@ -46,7 +46,7 @@ def run(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -> Any:
     zk, zk_root, namespace = cluster
 
     async def go() -> Any:
-        async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=10.0,
+        async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
                              **client_options()) as ns:
             return await action(ns)
 
