@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test install java chromium clean
+.PHONY: demo test install java chromium redis clean
 
 install: $(STAMP)
 
@@ -21,10 +21,13 @@ java:
 chromium:
 	@scripts/ensure-chromium.sh
 
+redis: install
+	@scripts/ensure-redis.sh
+
 demo: install java
 	$(VENV)/bin/python -m tools.demo
 
-test: install java chromium
+test: install java chromium redis
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 clean:

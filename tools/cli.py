@@ -171,7 +171,9 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
 async def _with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
     from bookkeeper.meta.zk import AsyncZooKeeper
 
-    client = AsyncZooKeeper(zk, timeout_s=10.0)
+    from tools.config import zk_timeout_s
+
+    client = AsyncZooKeeper(zk, timeout_s=zk_timeout_s())
     await client.start()
     try:
         return await action(client)
@@ -245,10 +247,11 @@ def _print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
 
 def _run_with_client(zk: str, zk_root: str, action: Callable[[Any], Any]) -> Any:
     from bookkeeper.client import BookKeeper
-    from tools.config import client_options
+    from tools.config import client_options, zk_timeout_s
 
     async def go() -> Any:
-        async with BookKeeper(zk=zk, root=zk_root, zk_timeout_s=10.0, **client_options()) as client:
+        async with BookKeeper(zk=zk, root=zk_root, zk_timeout_s=zk_timeout_s(),
+                              **client_options()) as client:
             return await action(client)
 
     return asyncio.run(go())
@@ -390,78 +393,6 @@ def ledger_delete(ledger_id: int, zk: str, zk_root: str, as_json: bool) -> None:
     click.echo(json.dumps({"deleted": ledger_id}) if as_json else f"deleted ledger {ledger_id}")
 
 
-# ---------------------------------------------------------------------------- bench
-
-
-def _print_bench(result: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(result, sort_keys=True))
-        return
-    header = {key: value for key, value in result.items() if key != "runs"}
-    click.echo(" ".join(f"{key}={value}" for key, value in header.items()))
-    runs = result.get("runs", [])
-    columns = sorted({key for run in runs for key in run}, key=lambda k: list(runs[0]).index(k)
-                     if k in runs[0] else 99)
-    _print_table(columns, runs)
-
-
-@main.group()
-def bench() -> None:
-    """Measure throughput and latency on a local cluster of real processes (fsync on)."""
-
-
-@bench.command("bookie")
-@click.option("--entries", default=200_000, show_default=True, type=click.IntRange(100))
-@click.option("--size", "sizes", multiple=True, type=SIZE, help="entry payload size (repeatable; default 100 and 1KiB)")
-@click.option("--in-flight", "in_flights", multiple=True, type=click.IntRange(1, 10_000),
-              help="adds kept outstanding (repeatable; default 1 and 64)")
-@click.option("--no-fsync", is_flag=True, help="measure without fdatasync (NOT durable)")
-@json_option
-@fails_cleanly
-def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple[int, ...],
-                         no_fsync: bool, as_json: bool) -> None:
-    """Raw adds against one bookie process."""
-    from tools.bench import bench_bookie
-
-    result = bench_bookie(entries, sizes or (100, 1024), in_flights or (1, 64), fsync=not no_fsync)
-    _print_bench(result, as_json)
-
-
-@bench.command("ledger")
-@click.option("--entries", default=100_000, show_default=True, type=click.IntRange(100))
-@click.option("--in-flight", default=256, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--latency-entries", default=5_000, show_default=True, type=click.IntRange(10))
-@click.option("--rate", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
-              help="appends per second offered in the tail-latency run")
-@click.option("--no-fsync", is_flag=True, help="measure without fdatasync (NOT durable)")
-@json_option
-@fails_cleanly
-def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
-                         no_fsync: bool, as_json: bool) -> None:
-    """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
-    from tools.bench import bench_ledger
-
-    _print_bench(bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync), as_json)
-
-
-@bench.command("streams")
-@click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
-@click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1))
-@click.option("--tail-rate", default=10_000, show_default=True, type=click.IntRange(1, 1_000_000),
-              help="records per second offered in the tail-latency run")
-@click.option("--tail-seconds", default=5.0, show_default=True, type=click.FloatRange(0.1, 600))
-@click.option("--no-fsync", is_flag=True, help="measure without fdatasync (NOT durable)")
-@json_option
-@fails_cleanly
-def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail_seconds: float,
-                          no_fsync: bool, as_json: bool) -> None:
-    """Stream write_batch and write(), catch-up read as Arrow batches, tail latency (E3/Qw2/Qa2)."""
-    from tools.bench import bench_streams
-
-    _print_bench(bench_streams(records, batch_records, tail_rate, tail_seconds, fsync=not no_fsync),
-                 as_json)
-
-
 # ---------------------------------------------------------------------------- standalone
 
 
@@ -531,6 +462,7 @@ def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int)
 
 def _register_commands() -> None:
     """Commands kept in their own modules add themselves to `main` when imported."""
+    import tools.bench_commands  # noqa: F401
     import tools.stream_commands  # noqa: F401
 
 

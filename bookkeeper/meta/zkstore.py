@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from typing import Callable
 
 from bookkeeper.errors import (MetadataExistsError, MetadataNotFoundError, MetadataVersionError,
@@ -45,7 +46,7 @@ class ZooKeeperMetadataStore:
     async def _allocate_id(self) -> int:
         """Compare-and-set a counter: unique ids that increase in allocation order."""
         path = f"{layout.idgen_path(self.root)}/{ID_COUNTER}"
-        for _ in range(ID_ALLOCATION_RETRIES_MAX):
+        for attempt in range(ID_ALLOCATION_RETRIES_MAX):
             found = await self.zk.get_or_none(path)
             if found is None:
                 try:
@@ -61,7 +62,9 @@ class ZooKeeperMetadataStore:
                 await self.zk.set(path, str(ledger_id + 1).encode(), version)
                 return ledger_id
             except MetadataVersionError:
-                continue  # another client allocated meanwhile
+                # another client allocated meanwhile: back off with jitter, or a crowd of writers
+                # opening at once keeps colliding (seen with 32 concurrent writers)
+                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 20)))
         raise MetadataVersionError(f"could not allocate a ledger id after {ID_ALLOCATION_RETRIES_MAX} "
                                    "conflicts")
 

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+HAS_REDIS = shutil.which("redis-server") is not None and importlib.util.find_spec("redis") is not None
+NO_REDIS = "needs redis-server and the redis package: run scripts/ensure-redis.sh"
+NO_MATPLOTLIB = "needs matplotlib: .venv/bin/pip install matplotlib"
 
 
 def run_bench(*arguments: str) -> dict:
@@ -12,6 +22,22 @@ def run_bench(*arguments: str) -> dict:
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def run_without(module: str, *arguments: str) -> subprocess.CompletedProcess:
+    """The CLI in a process where `module` cannot be imported, as if it were not installed."""
+    code = f"import sys; sys.modules[{module!r}] = None; from tools.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code, "bench", *arguments], capture_output=True,
+                          text=True, timeout=60)
+
+
+def assert_latencies(run: dict) -> None:
+    assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["p999_ms"]
+
+
+def assert_mb_per_s_matches(run: dict, record_bytes: int = 100) -> None:
+    expected = run["records_per_s"] * record_bytes / 1e6
+    assert abs(run["mb_per_s"] - expected) <= 0.1 + expected * 0.01, run
 
 
 def test_bench_bookie_reports_each_run():
@@ -25,7 +51,7 @@ def test_bench_bookie_reports_each_run():
 
 def test_bench_ledger_reports_throughput_latency_and_tail():
     result = run_bench("ledger", "--entries", "300", "--latency-entries", "30", "--rate", "200")
-    assert result["quorum"] == "E3/Qw2/Qa2"
+    assert result["quorum"] == "E3/Qw2/Qa2" and result["fsync"] is True
     runs = {run["run"]: run for run in result["runs"]}
     assert runs["throughput"]["entries"] == 300 and runs["throughput"]["appends_per_s"] > 0
     assert runs["sequential"]["entry_bytes"] == 1024
@@ -46,3 +72,113 @@ def test_bench_streams_reports_writes_reads_and_tail():
     assert set(runs) == {"write_batch", "write", "read", "tail"}
     assert runs["read"]["records"] == 2000 and runs["write_batch"]["compression_ratio"] > 1
     assert runs["tail"]["records"] == 100 and runs["tail"]["p50_ms"] <= runs["tail"]["p99_ms"]
+
+
+def test_bench_write_reports_write_batch_and_per_record_writes():
+    result = run_bench("write", "--records", "2000", "--batch-records", "500", "--write-records", "1000")
+    assert result["mode"] == "write" and result["fsync"] is True and "fdatasync" in result["durability"]
+    runs = {run["run"]: run for run in result["runs"]}
+    assert set(runs) == {"write_batch", "write"}
+    batch, single = runs["write_batch"], runs["write"]
+    assert batch["records"] == batch["stored_records"] == 2000 and batch["entries"] == 4
+    assert single["records"] == single["stored_records"] == 1000 and single["entries"] >= 1
+    assert batch["compression_ratio"] > 1 and single["compression_ratio"] > 0
+    for run in (batch, single):
+        assert run["records_per_s"] > 0
+        assert_mb_per_s_matches(run)
+
+
+def test_bench_read_reads_back_every_record_of_the_closed_segment():
+    result = run_bench("read", "--records", "2000", "--batch-records", "500")
+    written, read = result["runs"]
+    assert written["run"] == "write_batch (setup)" and read["run"] == "read"
+    assert read["records"] == written["stored_records"] == 2000
+    assert read["entries"] == written["entries"] == 4 and read["segments"] == 1
+    assert read["as"] == "arrow batches" and read["compression_ratio"] == written["compression_ratio"] > 1
+    assert_mb_per_s_matches(read)
+
+
+def test_bench_tail_reports_latency_percentiles_at_the_offered_rate():
+    result = run_bench("tail", "--rate", "200", "--seconds", "0.5")
+    assert result["fsync"] is True and result["seconds_per_rate"] == 0.5
+    [run] = result["runs"]
+    assert run["records"] == 100 and run["rate_per_s"] == 200 and run["achieved_per_s"] > 0
+    assert run["records_per_entry"] >= 1 and run["compression_ratio"] > 0
+    assert_latencies(run)
+
+
+def test_bench_scale_spreads_the_same_records_and_reports_reader_memory():
+    result = run_bench("scale", "--records", "600", "--streams", "1", "--streams", "3",
+                       "--backlog-records", "3000", "--backlog-batch-records", "100")
+    assert result["fsync"] is True
+    assert [run["streams"] for run in result["runs"]] == [1, 3]
+    for run in result["runs"]:
+        assert run["records"] == run["stored_records"] == 600 and run["records_per_s"] > 0
+        assert run["entries"] >= run["streams"]
+        assert run["records_per_entry"] == round(600 / run["entries"], 1)
+    [memory] = result["memory"]
+    assert memory["records"] == memory["records_read"] == 3000 and memory["entries"] == 30
+    assert 0 < memory["rss_before_mb"] and memory["read_ahead_entries"] == 256
+    assert memory["rss_peak_mb"] >= max(memory["rss_behind_mb"], memory["rss_after_mb"])
+
+
+def test_bench_limits_reports_synced_writes_and_loopback_round_trips(tmp_path: Path):
+    result = run_bench("limits", "--dir", str(tmp_path), "--journal-writes", "50",
+                       "--sequential-size", "4MiB", "--round-trips", "200")
+    assert result["fsync"] is True and result["directory"] == str(tmp_path.resolve())
+    runs = result["runs"]
+    assert [run["operations"] for run in runs] == [50, 50, 4, 200]
+    assert "fallocated" in runs[0]["run"] and "zero-filled" in runs[1]["run"]
+    for run in runs:
+        assert run["per_s"] > 0
+        assert_latencies(run)
+    assert list(tmp_path.iterdir()) == []  # the test files are removed
+
+
+@pytest.mark.skipif(not HAS_REDIS, reason=NO_REDIS)
+def test_bench_compare_runs_the_same_workload_on_dlog_and_redis():
+    result = run_bench("compare", "--records", "3000", "--batch-records", "500", "--in-flight", "2")
+    assert result["fsync"] is True and "appendfsync always" in result["redis"]
+    assert "no replication" in result["redis"] and "E3/Qw2/Qa2" in result["dlog"]
+    runs = {(run["system"], run["client"], run["run"]): run for run in result["runs"]}
+    dlog_write = runs["dlog", "dlog (Python)", "write"]
+    assert dlog_write["stored_records"] == 3000 and dlog_write["compression_ratio"] > 1
+    redis_writes = [run for key, run in runs.items() if key[0] == "redis" and key[2] == "write"]
+    assert any(run.get("stored_records") == 3000 for run in redis_writes)
+    for key, run in runs.items():
+        assert run["records_per_s"] > 0
+        if key[2] == "read" and key[1] != "redis-benchmark (C)":
+            assert run["records"] == 3000
+    assert {ratio["run"] for ratio in result["ratios"]} == {"write", "read"}
+    for ratio in result["ratios"]:
+        dlog = runs["dlog", "dlog (Python)", ratio["run"]]["records_per_s"]
+        peer = runs["redis", ratio["redis_client"], ratio["run"]]["records_per_s"]
+        assert ratio["dlog_over_redis"] == round(dlog / peer, 2)
+
+
+def test_bench_compare_without_the_redis_client_names_the_script_to_run():
+    result = run_without("redis", "compare", "--records", "100")
+    assert result.returncode == 1
+    assert "scripts/ensure-redis.sh" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason=NO_MATPLOTLIB)
+@pytest.mark.parametrize("arguments, png", [
+    (("ledger", "--entries", "300", "--latency-entries", "30", "--rate", "200", "--rates", "100"),
+     "ledger-tail-latency.png"),
+    (("tail", "--rate", "200", "--seconds", "0.3", "--rates", "100"), "stream-tail-latency.png"),
+    (("scale", "--records", "300", "--streams", "1", "--streams", "2", "--backlog-records", "500",
+      "--backlog-batch-records", "100"), "scale.png"),
+])
+def test_bench_plot_writes_a_png_chart(tmp_path: Path, arguments: tuple[str, ...], png: str):
+    result = run_bench(*arguments, "--plot", str(tmp_path / "charts"))
+    assert result["plots"] == [str(tmp_path / "charts" / png)]
+    assert (tmp_path / "charts" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if arguments[0] != "scale":
+        assert sorted(run["rate_per_s"] for run in result["runs"] if run["run"] == "tail") == [100, 200]
+
+
+def test_bench_plot_without_matplotlib_refuses_before_measuring(tmp_path: Path):
+    result = run_without("matplotlib", "tail", "--plot", str(tmp_path))
+    assert result.returncode == 1
+    assert "--plot needs matplotlib" in result.stderr and "Traceback" not in result.stderr
