@@ -106,9 +106,16 @@ class StreamReader:
         return self
 
     async def close(self) -> None:
-        if self._producer is not None:
-            self._producer.cancel()
-            await asyncio.gather(self._producer, return_exceptions=True)
+        producer = self._producer
+        # Python 3.11's wait_for can swallow a cancel that lands just as its wait ends, so cancel
+        # again until the producer has really stopped (bounded: it stops within a few tries)
+        for _ in range(100):
+            if producer is None or producer.done():
+                break
+            producer.cancel()
+            await asyncio.wait({producer}, timeout=0.1)
+        if producer is not None and producer.done() and not producer.cancelled():
+            producer.exception()  # retrieved: an error it ended with was already queued
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None

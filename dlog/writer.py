@@ -269,6 +269,8 @@ class StreamWriter:
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
+        if self.error is not None and self._futures:
+            self._fail_buffered(self.error)
         while self._values and self._rolling is None and self.error is None:
             count = min(len(self._values), self.flush_records)
             values, keys, timestamps = self._values[:count], self._keys[:count], self._timestamps[:count]
@@ -318,6 +320,15 @@ class StreamWriter:
         if self._should_roll():
             self._rolling = asyncio.get_running_loop().create_task(self._roll())
         return offset
+
+    def _fail_buffered(self, error: DlogError) -> None:
+        """Records not yet sent when the writer failed will never be: they get its error."""
+        futures = self._futures
+        self._values, self._keys, self._timestamps, self._futures = [], [], [], []
+        self._buffered_bytes = 0
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
 
     def _should_roll(self) -> bool:
         if self._rolling is not None:
@@ -402,6 +413,9 @@ class StreamWriter:
                 await self._seal()
         finally:
             self._closed = True
+            if self._futures:
+                self._fail_buffered(self.error or WriterClosedError(
+                    f"the writer of stream {self.name!r} closed before these records were sent"))
             await self._release_lock()
 
     async def _seal(self) -> None:

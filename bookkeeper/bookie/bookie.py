@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import struct
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -39,6 +40,7 @@ _ADD_RECORD = struct.Struct(">Bqq")
 _KEY_RECORD = struct.Struct(f">Bq{wire.MASTER_KEY_BYTES}s")
 _FENCE_RECORD = struct.Struct(">Bq")
 _LAC_RECORD = struct.Struct(">Bqq")
+log = logging.getLogger(__name__)
 _VALID_DIGEST_TYPES = frozenset(int(kind) for kind in DIGEST_BYTES)
 
 
@@ -133,7 +135,13 @@ class BookieCore:
         last_entry_id = self.storage.last_entry_id(ledger_id)
         if last_entry_id < 0:
             return -1
-        packed = self.storage.get_entry(ledger_id, last_entry_id)
+        try:
+            packed = self.storage.get_entry(ledger_id, last_entry_id)
+        except BookieIOError as exc:
+            # the LAC is advisory: a damaged last entry answers IO_ERROR when it is read, but must
+            # not fail every other request of the connection that asked about its ledger
+            log.warning("ledger %d: cannot read entry %d for its LAC: %s", ledger_id, last_entry_id, exc)
+            return -1
         if packed is None or len(packed) < ENTRY_HEADER_BYTES:
             return -1
         return ENTRY_HEADER.unpack_from(packed)[2]

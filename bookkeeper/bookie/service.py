@@ -75,6 +75,7 @@ class BookieService:
         self._tasks: list[asyncio.Task[None]] = []
         self._http_runner: web.AppRunner | None = None
         self._stopped = asyncio.Event()
+        self._stopping = False
         self.replayed_records = 0
         self._storage_open = False
 
@@ -155,9 +156,16 @@ class BookieService:
                 "http": self.http_url, "state": self.state_name, "rack": self.config.rack}
 
     async def stop(self) -> None:
-        if self._stopped.is_set():
+        if self._stopping:
+            await self._stopped.wait()
             return
-        self._stopped.set()
+        self._stopping = True
+        try:
+            await self._shutdown()
+        finally:
+            self._stopped.set()  # only now: serve() returns, and asyncio.run cancels what is left
+
+    async def _shutdown(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -152,6 +152,9 @@ class _Driver:
                     continue
                 self.run(self.machine.on_metadata_conflict(current, version, self.now_ms()))
                 return
+            except NoSuchLedgerError as exc:  # deleted under the writer: nothing to retry
+                self.run(self.machine.on_metadata_failed(exc))
+                return
             except MetadataError as exc:
                 log.warning("ledger %d: metadata write failed (attempt %d): %s", self.ledger_id,
                             attempt + 1, exc)

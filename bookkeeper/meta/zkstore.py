@@ -125,15 +125,33 @@ class ZooKeeperMetadataStore:
                       key=lambda info: info.bookie_id)
 
     def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Callable[[], None]:
+        """Call back with every registered bookie whenever one comes, goes, or changes its node
+        (a bookie turning read-only or writable again rewrites its node's data)."""
         loop = asyncio.get_running_loop()
+        node_watches: dict[str, Callable[[], None]] = {}
 
-        def changed(_: list[str]) -> None:
-            async def refresh() -> None:
+        def refresh(*_: object) -> None:
+            async def deliver() -> None:
                 callback(await self.bookies())
 
-            loop.create_task(refresh())
+            loop.create_task(deliver())
 
-        return self.zk.watch_children(layout.available_path(self.root), changed)
+        def children_changed(names: list[str]) -> None:
+            for name in set(node_watches) - set(names):
+                node_watches.pop(name)()
+            for name in set(names) - set(node_watches):
+                node_watches[name] = self.zk.watch_data(layout.bookie_path(self.root, name), refresh)
+            refresh()
+
+        stop_children = self.zk.watch_children(layout.available_path(self.root), children_changed)
+
+        def unwatch() -> None:
+            stop_children()
+            for stop in node_watches.values():
+                stop()
+            node_watches.clear()
+
+        return unwatch
 
 
 def _bookie_info(name: str, data: bytes) -> BookieInfo:
