@@ -1,0 +1,1 @@
+"""Fault scenarios on real processes, checked by histories (see docs/faults.md)."""
