@@ -279,8 +279,21 @@ class StreamWriter:
             self._buffered_bytes -= sum(len(v) + (len(k) if k else 0) + 16 for v, k in zip(values, keys))
             batch = records_to_batch(values, keys, timestamps, self.codec.schema)
             for piece_start, piece in _pieces(split_batch(batch, self.entry_bytes_max)):
-                appended = self._append(piece)
                 piece_futures = futures[piece_start: piece_start + piece.num_rows]
+                try:
+                    appended = self._append(piece)
+                except DlogError as exc:
+                    # the ledger refused at once (its writer already failed, e.g. fenced): these
+                    # records left the buffer, so they must get the error here or never complete
+                    error = (self._fenced(f"stream {self.name!r} was taken over by another writer; "
+                                          "the outcome of these records is unknown")
+                             if isinstance(exc, LedgerFencedError) else exc)
+                    if self.error is None:
+                        self.error = error
+                    for future in futures[piece_start:]:
+                        if not future.done():
+                            future.set_exception(self.error)
+                    return
                 appended.add_done_callback(lambda done, fs=piece_futures: _resolve(done, fs))
 
     def _append(self, piece: pa.RecordBatch) -> asyncio.Future[Offset]:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 from typing import Callable
 
-from bookkeeper.errors import (MetadataExistsError, MetadataNotFoundError, MetadataVersionError,
-                               NoSuchLedgerError)
+from bookkeeper.errors import (MetadataError, MetadataExistsError, MetadataNotFoundError,
+                               MetadataVersionError, NoSuchLedgerError)
 from bookkeeper.meta import layout
 from bookkeeper.meta.store import BookieInfo
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.protocol.metadata import LedgerMetadata
 
+log = logging.getLogger(__name__)
 ID_COUNTER = "next"
 ID_ALLOCATION_RETRIES_MAX = 100
 
@@ -129,12 +131,20 @@ class ZooKeeperMetadataStore:
         (a bookie turning read-only or writable again rewrites its node's data)."""
         loop = asyncio.get_running_loop()
         node_watches: dict[str, Callable[[], None]] = {}
+        refreshing: set[asyncio.Task[None]] = set()
 
         def refresh(*_: object) -> None:
             async def deliver() -> None:
-                callback(await self.bookies())
+                try:
+                    bookies = await self.bookies()
+                except MetadataError as exc:  # e.g. the client closed meanwhile: nothing to tell
+                    log.debug("bookie list refresh failed: %s", exc)
+                    return
+                callback(bookies)
 
-            loop.create_task(deliver())
+            task = loop.create_task(deliver())
+            refreshing.add(task)
+            task.add_done_callback(refreshing.discard)
 
         def children_changed(names: list[str]) -> None:
             for name in set(node_watches) - set(names):
@@ -150,6 +160,8 @@ class ZooKeeperMetadataStore:
             for stop in node_watches.values():
                 stop()
             node_watches.clear()
+            for task in list(refreshing):
+                task.cancel()
 
         return unwatch
 
