@@ -12,8 +12,8 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import IO
 
 from bookkeeper.errors import DlogError
-from bookkeeper.meta.zkserver import EmbeddedZooKeeper
+from bookkeeper.meta.zkserver import EmbeddedZooKeeper, pick_free_port
 
 READY_PREFIX = "bookie ready "
+PORT_RETRIES = 3
 _PR_SET_PDEATHSIG = 1
 
 
@@ -37,9 +38,7 @@ def _die_with_parent() -> None:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return pick_free_port("127.0.0.1")
 
 
 @dataclass
@@ -83,6 +82,7 @@ class LocalCluster:
         ports = state.get("bookie_ports", [])
         self.bookies = [BookieProcess(index, ports[index] if index < len(ports) else free_port(),
                                       self.directory / f"bookie-{index}") for index in range(bookies)]
+        self._new_ports = {index for index in range(len(ports), bookies)}  # never served: may move
         self._save_state()
 
     # ------------------------------------------------------------------ state file
@@ -113,7 +113,28 @@ class LocalCluster:
         for bookie in self.bookies:
             self.launch_bookie(bookie.index)
         for bookie in self.bookies:
-            self.wait_bookie_ready(bookie.index, timeout_s)
+            self._wait_first_start(bookie.index, timeout_s)
+
+    def _wait_first_start(self, index: int, timeout_s: float) -> None:
+        """Wait for a bookie; one that lost its new port to another process moves to another port.
+
+        A port is only ever moved before the bookie first served, so no identity is changed: its data
+        directory (holding the cookie for the lost port) is still empty of entries and is recreated.
+        """
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                self.wait_bookie_ready(index, timeout_s)
+                self._new_ports.discard(index)
+                return
+            except DlogError as error:
+                bookie = self.bookies[index]
+                lost_port = "address already in use" in str(error) and not bookie.running
+                if not lost_port or index not in self._new_ports or attempt == PORT_RETRIES:
+                    raise
+                shutil.rmtree(bookie.data_dir, ignore_errors=True)
+                bookie.port = free_port()
+                self._save_state()
+                self.launch_bookie(index)
 
     def launch_bookie(self, index: int, extra_args: list[str] | None = None) -> BookieProcess:
         bookie = self.bookies[index]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -45,6 +46,8 @@ LOG_TAIL_LINES = 20
 READY_POLL_INTERVAL_S = 0.05
 PROBE_TIMEOUT_S = 1.0
 PR_SET_PDEATHSIG = 1
+PRIVATE_PORTS_FROM = 20000  # ports we pick for servers: [20000, start of the ephemeral range)
+PORT_PICK_ATTEMPTS = 50
 
 
 # ---------------------------------------------------------------------------------- discovery
@@ -101,10 +104,38 @@ def _debian_classpath() -> str | None:
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (another process may still take it before we bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    """A port that was free a moment ago, chosen below the kernel's ephemeral range.
+
+    Another process can still take it before our server binds. Outgoing connections and servers bound
+    to port 0 are the usual thieves, and both draw from the ephemeral range, so a port picked outside
+    it is far less likely to be stolen than one the kernel hands out from it.
+    """
+    low, _high = _ephemeral_range()
+    first = min(PRIVATE_PORTS_FROM, max(1024, low - 1))
+    for _ in range(PORT_PICK_ATTEMPTS):
+        port = random.randrange(first, low)
+        if _bindable(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # crowded: let the kernel choose
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def four_letter_word(host: str, port: int, word: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:

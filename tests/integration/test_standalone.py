@@ -7,13 +7,14 @@ import asyncio
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from bookkeeper.client.connection import BookieConnection
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from tools.cluster import LineReader, free_port
+from tools.cluster import LineReader, LocalCluster, free_port
 
 READY = re.compile(r"^dlog standalone ready zk=(\S+) bookies=(\S+)")
 
@@ -85,3 +86,23 @@ def test_standalone_with_no_bookies_runs_zookeeper_alone(tmp_path):
         assert addresses == [] and list_bookies(zk) == []
     finally:
         assert stop_standalone(process) == 0
+
+
+def test_a_new_bookie_whose_port_was_taken_moves_to_another(cluster_factory):
+    cluster = cluster_factory(bookies=2, start=False)
+    taken = cluster.bookies[1].port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as thief:
+        thief.bind(("127.0.0.1", taken))
+        thief.listen()
+        cluster.start()
+        moved = cluster.bookies[1]
+        assert moved.running and moved.port != taken
+        restarted = LocalCluster(cluster.directory, bookies=2, zk_root=cluster.zk_root, zk_server=cluster.zk)
+        assert [bookie.port for bookie in restarted.bookies] == [b.port for b in cluster.bookies]
+
+
+def test_pick_free_port_stays_out_of_the_ephemeral_range():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(port < low for port in ports)
+    assert len(ports) > 1  # random, so parallel test processes do not all race for one port
