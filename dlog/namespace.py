@@ -186,6 +186,10 @@ class Namespace:
             handle.advance_lac(segment.last_entry)
         return handle
 
+    def forget_segment_ledger(self, ledger_id: int) -> None:
+        """Drop a cached read handle (its ledger is gone)."""
+        self._handles.pop(ledger_id, None)
+
     # ------------------------------------------------------------------ truncation and retention
 
     async def truncate(self, name: str, before: Offset | str) -> list[Segment]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bookkeeper.errors import ConfigError, DlogError
+from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
 from dlog.offsets import Offset
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment, StreamConfig
@@ -208,7 +208,11 @@ class StreamReader:
                 if segment.is_truncated:
                     position = _Position(segment.sequence + 1, 0, 0)
                     continue
-                position = await self._read_segment(segment, position)
+                try:
+                    position = await self._read_segment(segment, position)
+                except NoSuchLedgerError:
+                    position = await self._ledger_gone(segment, position)
+                    continue
                 if position is None:
                     break
             await self._queue.put(_END)
@@ -232,6 +236,24 @@ class StreamReader:
             log.warning("stream %s: skipped truncated records up to segment %d entry %d", self.name,
                         moved.sequence, moved.entry_id)
         return moved
+
+    async def _ledger_gone(self, segment: Segment, position: _Position) -> _Position:
+        """The segment's ledger was deleted. A truncation that raced this read has already marked it
+        in the list (the next turn handles that); otherwise its records were removed without a
+        truncation, which is data loss (L5): refuse, or skip the segment when asked to."""
+        self.namespace.forget_segment_ledger(segment.ledger_id)
+        listing = await self.namespace.store.segments(self.name)
+        listed = listing.by_ledger(segment.ledger_id)
+        if listed is None or listed.is_truncated or self._below_truncation(listed, position):
+            return position
+        if not self.skip_truncated:
+            raise TruncatedError(
+                f"stream {self.name!r}: the ledger {segment.ledger_id} of segment {segment.sequence} was "
+                f"deleted, so its records from entry {position.entry_id} on are gone; reopen with "
+                "skip_truncated=True to skip them, or truncate the stream past the segment")
+        log.warning("stream %s: skipped segment %d, whose ledger %d was deleted", self.name,
+                    segment.sequence, segment.ledger_id)
+        return _Position(segment.sequence + 1, 0, 0)
 
     async def _read_segment(self, segment: Segment, position: _Position) -> _Position | None:
         handle = await self.namespace.open_segment_ledger(self.config, segment)

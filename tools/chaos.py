@@ -43,9 +43,12 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from tests.faults.faults import (CapabilityMissing, Nemesis, NetnsCluster, NetnsLab, TmpfsDisk,  # noqa: E402
-                                 damage_journal_tail, flip_entry_log_bytes)
+from tests.faults.faults import (CapabilityMissing, Nemesis, TmpfsDisk, damage_journal_tail,  # noqa: E402
+                                 flip_entry_log_bytes)
+from tests.faults.clients import STUCK_ERRORS_MAX  # noqa: E402
+from tests.faults.network import NetnsCluster, NetnsLab  # noqa: E402
 from tests.faults.workload import Settings, Workload, WriterProcess  # noqa: E402
+from bookkeeper.errors import DlogError  # noqa: E402
 from tools.cluster import LocalCluster  # noqa: E402
 from tools.history import History, Report  # noqa: E402
 
@@ -98,7 +101,7 @@ async def ensemble_bookie(run: Run, position: int) -> int:
     try:
         ensemble = await asyncio.wait_for(run.workload.current_ensemble(), 10)
         return run.nemesis.index_of(ensemble[position % len(ensemble)])
-    except (AssertionError, asyncio.TimeoutError, Exception):  # no segment right now: any bookie
+    except (AssertionError, asyncio.TimeoutError, DlogError, KeyError):  # no segment now: any bookie
         return run.rng.randrange(len(run.cluster.bookies))
 
 
@@ -240,13 +243,14 @@ async def fault_truncate_and_retain(run: Run) -> str:
         return "nothing to truncate yet"
     cut = run.rng.choice(offsets)
     run.nemesis.note("truncate", before=[cut.ledger_id, cut.entry_id, cut.slot])
+    # recorded before: a truncation that fails after its commit still removed the records below
+    run.history.record("chaos", "truncated", before=[cut.ledger_id, cut.entry_id, cut.slot])
     try:
         await namespace.truncate(workload.settings.stream, before=cut)
-        run.history.record("chaos", "truncated", before=[cut.ledger_id, cut.entry_id, cut.slot])
         await namespace.set_retention(workload.settings.stream, size_bytes=run.rng.randrange(1, 200_000))
         removed = await namespace.apply_retention(workload.settings.stream)
         run.history.record("chaos", "removed", ledgers=[s.ledger_id for s in removed], why="retention")
-    except Exception as exc:  # noqa: BLE001 - a refused truncation is an outcome, recorded
+    except DlogError as exc:  # a refused truncation (the stream moved meanwhile) is an outcome
         run.history.record("chaos", "truncate_failed", error=f"{type(exc).__name__}: {exc}")
         return f"truncation refused: {exc}"
     return f"truncated before {cut}, retention removed {len(removed)} segments"
@@ -369,6 +373,8 @@ def figures(report: Report, nemesis: Nemesis) -> str:
             f"{stats['unknown']}), {stats['reads']} records read by {stats['readers']} reader sessions, "
             f"{stats['writers']} writer sessions, {stats['segments']} segments, final read {stats['final']}\n"
             f"faults injected: {sum(faults.values())} ({listed})\n"
+            f"readers that reopened their namespace after {STUCK_ERRORS_MAX} errors at one position: "
+            f"{stats.get('renewed_readers', 0)}\n"
             f"anomalies: {len(report.anomalies)}")
 
 
@@ -469,7 +475,26 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("kazoo", "bookkeeper", "dlog", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     arguments = parser().parse_args(argv)
-    return asyncio.run(main_async(arguments))
+    return asyncio.run(run_until_signalled(main_async(arguments)))
+
+
+async def run_until_signalled(main: Any) -> int:
+    """SIGTERM or SIGINT cancel the run, so its teardown (bookies, namespaces, mounts) still runs."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+
+    def interrupted() -> None:
+        task.cancel()
+        for signum in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the teardown
+            loop.add_signal_handler(signum, lambda: None)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, interrupted)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        print("chaos: interrupted; the cluster was stopped and cleaned up", flush=True)
+        return 130
 
 
 if __name__ == "__main__":

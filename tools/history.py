@@ -252,7 +252,7 @@ class _Checker:
         self.truncations: list[OffsetKey] = []
         self.heals: list[float] = []
         self.liveness_failures: list[str] = []
-        self.known_bugs: Counter[str] = Counter()  # hit a bug pinned elsewhere (reported, no anomaly)
+        self.renewed: Counter[str] = Counter()  # readers that reopened their namespace (reported)
         self.sequence_of: dict[int, int] = {}
         self._parse()
 
@@ -298,8 +298,8 @@ class _Checker:
                 self.heals.append(event["t"])
             elif kind == "liveness" and type_ == "fail":
                 self.liveness_failures.append(event.get("what", "?"))
-            elif kind == "known_bug":
-                self.known_bugs[event.get("what", "?")] += 1
+            elif kind == "renewed":
+                self.renewed[event.get("what", "?")] += 1
         for snapshot in self.snapshots:
             for segment in snapshot.get("segments", []):
                 ledger_id, sequence = segment.get("ledger_id"), segment.get("sequence")
@@ -518,7 +518,7 @@ class _Checker:
                 "readers": len(self.reads), "final": len(self.final or []),
                 "writers": len({op.process for op in self.ops.values() if op.f == "open_writer"}),
                 "segments": len(self.sequence_of), "heals": len(self.heals),
-                "known_bug_hits": sum(self.known_bugs.values())}
+                "renewed_readers": sum(self.renewed.values())}
 
 
 def _snapshot_problems(snapshot: dict[str, Any], acked_max: dict[int, int],

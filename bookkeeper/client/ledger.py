@@ -307,8 +307,27 @@ class ReadHandle:
         return [entry async for entry in self._read_range(first_entry_id, last_entry_id)]
 
     async def _read_range(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
-        async for entry in _RangeRead(self, first, last).entries():
-            yield entry
+        """Entries first..last. A handle of an open ledger may hold metadata from before later
+        ensemble changes, and would then ask bookies that never had the newer entries: when a read
+        fails, re-read the metadata once and, if it moved, read the rest with the new ensembles."""
+        next_entry_id = first
+        refreshed = False
+        while True:
+            try:
+                async for entry in _RangeRead(self, next_entry_id, last).entries():
+                    yield entry
+                    next_entry_id = entry.entry_id + 1
+                return
+            except DlogError:
+                if refreshed or self.metadata.is_closed:
+                    raise
+                version = self.version
+                await self.refresh_metadata()
+                refreshed = True
+                if self.version == version:
+                    raise
+                log.info("ledger %d: metadata moved to version %d during a read; reading entries %d..%d "
+                         "again with its ensembles", self.ledger_id, self.version, next_entry_id, last)
 
     async def read_lac(self) -> int:
         """Ask every bookie of the last fragment; any bookie's LAC is a confirmed one, take the max."""

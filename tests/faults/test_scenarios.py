@@ -15,8 +15,9 @@ import pytest
 from bookkeeper.protocol.metadata import LedgerState
 from dlog import Offset, WriterFencedError
 
-from .faults import (CapabilityMissing, NetnsCluster, NetnsLab, Nemesis, TmpfsDisk, damage_journal_tail,
-                     entry_log_records, flip_entry_log_bytes, netem_missing)
+from .faults import (CapabilityMissing, Nemesis, TmpfsDisk, damage_journal_tail, entry_log_records,
+                     flip_entry_log_bytes)
+from .network import NetnsCluster, NetnsLab, netem_missing
 from .workload import Settings, Workload, WriterProcess
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]

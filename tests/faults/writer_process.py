@@ -15,7 +15,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from tests.faults.workload import Settings, WriterLoop  # noqa: E402
+from tests.faults.clients import Settings, WriterLoop  # noqa: E402
 from tools.history import History  # noqa: E402
 
 ACK_REPORT_EVERY = 25
