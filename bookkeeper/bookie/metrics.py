@@ -7,7 +7,9 @@ the metrics library. Journal commits (one per group, not per entry) feed real hi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+import gc
+import time
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 
 FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+PAUSE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class BookieMetrics:
@@ -33,7 +36,27 @@ class BookieMetrics:
         self.checkpoints_total = 0
         self.gc_ledgers_deleted_total = 0
         self.gc_reclaimed_bytes_total = 0
+        self.gc_pause_seconds = Histogram(
+            "dlog_bookie_python_gc_pause_seconds", "Pauses of Python's cycle collector, by generation",
+            ["generation"], buckets=PAUSE_BUCKETS_S, registry=self.registry)
+        self._gc_started = 0.0
         self.registry.register(_ServiceCollector(service, self))
+
+    def time_gc_pauses(self) -> None:
+        """Observe every cycle collection (it stops the whole bookie: adds, fsync callbacks, reads)."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def stop_timing_gc_pauses(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started:
+            self.gc_pause_seconds.labels(str(info["generation"])).observe(
+                time.perf_counter() - self._gc_started)
 
     def on_journal_commit(self, records: int, size_bytes: int, seconds: float) -> None:
         self.journal_fsync_seconds.observe(seconds)

@@ -89,6 +89,7 @@ class BookieService:
             await self._check_identity()
         await asyncio.to_thread(self._recover_storage)
         self._storage_open = True
+        self.metrics.time_gc_pauses()
         await self.journal.open_for_append()
         await self.checkpoint()
         self.port = await self.server.start(self.config.host, self.config.port)
@@ -163,6 +164,7 @@ class BookieService:
         try:
             await self._shutdown()
         finally:
+            self.metrics.stop_timing_gc_pauses()
             self._stopped.set()  # only now: serve() returns, and asyncio.run cancels what is left
 
     async def _shutdown(self) -> None:

@@ -176,3 +176,20 @@ async def test_long_poll_answers_when_the_lac_moves(bookie_address):
     await connection.write_lac(200, KEY, 1)
     assert (await connection.read_lac(200, previous_lac=0, timeout_ms=5000)).lac == 1
     await connection.close()
+
+
+async def test_a_long_poll_for_an_entry_this_bookie_lacks_answers_with_the_lac(bookie_address):
+    """With E > Qw an entry is on some bookies only: a long poll that lands elsewhere must still
+    hand over the LAC (the reader then reads the entry from its write set), not NO_ENTRY."""
+    connection = await BookieConnection.open(bookie_address)
+    await connection.add(201, 0, KEY, entry(201, 0))
+    await connection.write_lac(201, KEY, 3)  # entries 1..3 went to the other bookies of their sets
+    answer = await connection.read(201, 2, previous_lac=0, timeout_ms=5000)  # the LAC already moved
+    assert answer.lac == 3 and answer.entry == b""
+    parked = asyncio.ensure_future(connection.read(201, 5, previous_lac=3, timeout_ms=10_000))
+    await asyncio.sleep(0)
+    assert not parked.done()
+    await connection.write_lac(201, KEY, 5)
+    answer = await asyncio.wait_for(parked, 5)
+    assert answer.lac == 5 and answer.entry == b""
+    await connection.close()
