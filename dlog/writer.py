@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from time import time as _time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 COMMIT_RETRIES_MAX = 5
+RECORD_OVERHEAD_BYTES = 16  # what a buffered record costs beyond its key and value
 
 
 class WriterFencedError(DlogError):
@@ -230,16 +232,20 @@ class StreamWriter:
                      timestamp_ms: int | None = None) -> asyncio.Future[Offset]:
         """Buffer one record without waiting; the future resolves to its offset once durable.
         The caller bounds memory with `wait_writable()`."""
-        self._check_open()
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed streams "
-                              "take write_batch()")
+        # the hot path of per-record writes: no call that is not needed
+        if self.error is not None or self._closed:
+            self._check_open()
+        if type(value) is not bytes:
+            if not isinstance(value, (bytearray, memoryview)):
+                raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed "
+                                  "streams take write_batch()")
+            value = bytes(value)
         future: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
-        self._values.append(bytes(value))
+        self._values.append(value)
         self._keys.append(key)
-        self._timestamps.append(_now_ms() if timestamp_ms is None else timestamp_ms)
+        self._timestamps.append(int(_time() * 1000) if timestamp_ms is None else timestamp_ms)
         self._futures.append(future)
-        self._buffered_bytes += len(value) + (len(key) if key else 0) + 16
+        self._buffered_bytes += len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES
         if self._buffered_bytes >= self.flush_bytes or len(self._values) >= self.flush_records:
             self._flush_buffer()
         elif self._linger is None:
@@ -276,7 +282,11 @@ class StreamWriter:
             values, keys, timestamps = self._values[:count], self._keys[:count], self._timestamps[:count]
             futures = self._futures[:count]
             del self._values[:count], self._keys[:count], self._timestamps[:count], self._futures[:count]
-            self._buffered_bytes -= sum(len(v) + (len(k) if k else 0) + 16 for v, k in zip(values, keys))
+            if self._values:
+                self._buffered_bytes -= sum(len(v) + (len(k) if k else 0) + RECORD_OVERHEAD_BYTES
+                                            for v, k in zip(values, keys))
+            else:
+                self._buffered_bytes = 0
             batch = records_to_batch(values, keys, timestamps, self.codec.schema)
             for piece_start, piece in _pieces(split_batch(batch, self.entry_bytes_max)):
                 piece_futures = futures[piece_start: piece_start + piece.num_rows]

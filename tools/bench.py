@@ -19,6 +19,7 @@ tools/bench_commands.py.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import multiprocessing
 import os
@@ -344,12 +345,16 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
     await ns.create_stream(stream)
     async with ns.open_writer(stream) as writer:
         started = time.perf_counter()
-        futures = []
+        pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         for value in values:
             if not writer.writable:
                 await writer.wait_writable()
-            futures.append(writer.write_nowait(value))
-        await asyncio.gather(*futures)
+            pending.append(writer.write_nowait(value))
+            while pending and pending[0].done():  # outcomes are taken as they come, as a producer would
+                pending.popleft().result()
+        await writer.flush()
+        for future in pending:
+            future.result()
         elapsed_s = time.perf_counter() - started
     raw_bytes = sum(map(len, values))
     stored = await _stored(ns, stream)

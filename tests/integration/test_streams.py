@@ -226,6 +226,24 @@ async def test_typed_streams_check_every_batch(stream_cluster):
         assert batch.schema.equals(schema) and batch.column("id").to_pylist() == [1, 2]
 
 
+async def test_record_values_may_be_any_bytes_like_and_nothing_else(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("bytes-like")
+        async with ns.open_writer("bytes-like") as writer:
+            source = bytearray(b"from a bytearray")
+            written = writer.write_nowait(source)
+            source[:4] = b"XXXX"  # the writer copied it: a later change must not reach the stream
+            await writer.write(memoryview(b"from a memoryview"))
+            for wrong in ("text", 7, None):
+                with pytest.raises(ConfigError, match="must be bytes"):
+                    writer.write_nowait(wrong)  # type: ignore[arg-type]
+            await writer.write(b"plain bytes")
+            await written
+        async with ns.open_reader("bytes-like", follow=False) as reader:
+            values = [record.value async for record in reader]
+        assert values == [b"from a bytearray", b"from a memoryview", b"plain bytes"]
+
+
 @pytest.mark.parametrize("name", ["", "/", "a//b", "../x", ".hidden", "a\x00b", "x" * 300, "a/./b"])
 async def test_bad_stream_names_are_refused(stream_cluster, name):
     async with namespace(stream_cluster) as ns:
