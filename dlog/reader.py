@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 READ_BATCH_ENTRIES = 64
+READ_AHEAD_BYTES = 64 * 2**20  # decoded Arrow bytes a reader holds ahead of its consumer
 
 
 class TruncatedError(DlogError):
@@ -75,7 +76,12 @@ _END = object()
 class StreamReader:
     def __init__(self, namespace: Namespace, config: StreamConfig, start: str | Offset | int = "earliest",
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
-                 poll_timeout_ms: int = 1000, follow: bool = True) -> None:
+                 read_ahead_bytes: int = READ_AHEAD_BYTES, poll_timeout_ms: int = 1000,
+                 follow: bool = True) -> None:
+        for option, value in (("read_ahead_entries", read_ahead_entries),
+                              ("read_ahead_bytes", read_ahead_bytes), ("poll_timeout_ms", poll_timeout_ms)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"bad {option} {value!r}: use a whole number >= 1")
         self.namespace = namespace
         self.config = config
         self.name = config.name
@@ -85,6 +91,11 @@ class StreamReader:
         self.poll_timeout_ms = poll_timeout_ms
         self.follow = follow
         self._queue: asyncio.Queue[Any] = asyncio.Queue(read_ahead_entries)
+        # read-ahead is bounded in entries and in decoded bytes (an entry may hold 10 MiB of Arrow
+        # data); one entry is always let through, however large, so a reader never stalls on it
+        self.read_ahead_bytes = read_ahead_bytes
+        self._queued_bytes = 0
+        self._dequeued = asyncio.Event()
         self._producer: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._unwatch: Any = None
@@ -322,6 +333,11 @@ class StreamReader:
         if first_slot:
             batch = batch.slice(first_slot)
         if batch.num_rows:
+            size = batch.nbytes
+            while self._queued_bytes and self._queued_bytes + size > self.read_ahead_bytes:
+                self._dequeued.clear()
+                await self._dequeued.wait()
+            self._queued_bytes += size
             await self._queue.put(EntryBatch(segment.ledger_id, entry_id, first_slot, batch))
 
     # ------------------------------------------------------------------ consumer
@@ -345,6 +361,8 @@ class StreamReader:
         if isinstance(item, BaseException):
             self._done = True
             raise item
+        self._queued_bytes -= item.batch.nbytes
+        self._dequeued.set()
         return self._skip_early(item)
 
     def _skip_early(self, item: EntryBatch) -> EntryBatch | None:

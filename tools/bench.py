@@ -489,7 +489,8 @@ def bench_tail(rate_per_s: int = 10_000, seconds: float = 5.0, fsync: bool = Tru
 # concurrent creates from this one process, some lost 100 races in a row and failed.
 OPEN_CONCURRENCY = 4
 PRODUCER_YIELD_RECORDS = 1000  # records a `scale` producer hands out before the loop runs timers
-READ_AHEAD_ENTRIES = 256  # StreamReader's default read-ahead
+READ_AHEAD_ENTRIES = 256  # StreamReader's default read-ahead, in entries ...
+READ_AHEAD_BYTES = 64 * 2**20  # ... and in decoded bytes
 
 
 async def _bounded(concurrency: int, coroutines: list[Any]) -> list[Any]:
@@ -607,7 +608,7 @@ async def _backlog_run(ns: Any, cluster: LocalCluster, records: int, batch_recor
     return {"run": "backlog", "records": records, "entry_records": batch_records,
             "entries": stored["entries"], "backlog_mb": round(raw_bytes / 1e6, 1),
             "stored_mb": round(stored["bytes"] / 1e6, 1), "read_ahead_entries": READ_AHEAD_ENTRIES,
-            **before, **after}
+            "read_ahead_mb": round(READ_AHEAD_BYTES / 2**20), **before, **after}
 
 
 def _backlog_reader_main(zk: str, stream: str, records: int, connection: Any) -> None:
@@ -624,7 +625,8 @@ async def _backlog_reader(zk: str, stream: str, records: int, connection: Any) -
 
     loop = asyncio.get_running_loop()
     async with Namespace(zk, NAMESPACE) as ns:
-        reader = await ns.open_reader(stream, "earliest", read_ahead_entries=READ_AHEAD_ENTRIES)
+        reader = await ns.open_reader(stream, "earliest", read_ahead_entries=READ_AHEAD_ENTRIES,
+                                      read_ahead_bytes=READ_AHEAD_BYTES)
         reset = reset_peak_rss()
         connection.send({"rss_before_mb": rss_mb(), "peak_since": "reader opened" if reset else "process start"})
         await loop.run_in_executor(None, connection.recv)  # every record is written now

@@ -145,8 +145,9 @@ def plot_scale(result: dict[str, Any], path: Path) -> Path:
                      [f"{run['records']:,} records\n({run['backlog_mb']:,} MB of values)" for run in memory])
     right.set_xlabel("backlog the reader fell behind by")
     right.set_ylabel("reader process RSS (MB)")
-    right.set_title(f"lagging reader memory (read-ahead {memory[0]['read_ahead_entries'] if memory else '-'} "
-                    "entries)", fontsize=10)
+    bound = (f"{memory[0]['read_ahead_entries']} entries / {memory[0].get('read_ahead_mb', '-')} MiB"
+             if memory else "-")
+    right.set_title(f"lagging reader memory (read-ahead {bound})", fontsize=10)
     right.set_ylim(0, max([run["rss_peak_mb"] for run in memory] + [1]) * 1.3)
     right.legend(fontsize=8, ncol=len(phases), loc="upper center")
     right.grid(True, axis="y", alpha=0.4)

@@ -19,6 +19,7 @@ from bookkeeper.errors import ConfigError, NoSuchLedgerError
 from dlog import (Namespace, Offset, OffsetOutOfRangeError, TruncatedError, WriterFencedError,
                   WriterLockedError)
 from dlog.segments.metadata import SegmentState
+from tests.helpers import eventually
 from tools.cluster import LineReader
 
 
@@ -242,6 +243,32 @@ async def test_record_values_may_be_any_bytes_like_and_nothing_else(stream_clust
         async with ns.open_reader("bytes-like", follow=False) as reader:
             values = [record.value async for record in reader]
         assert values == [b"from a bytearray", b"from a memoryview", b"plain bytes"]
+
+
+async def test_a_reader_reads_ahead_within_its_byte_bound(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("ahead")
+        values = [b"%06d" % index + b"x" * 994 for index in range(2000)]  # 1 KB records
+        async with ns.open_writer("ahead") as writer:
+            for start in range(0, len(values), 100):  # 20 entries of about 100 KB decoded
+                await writer.write_batch(values[start:start + 100])
+        with pytest.raises(ConfigError, match="read_ahead_bytes"):
+            await ns.open_reader("ahead", read_ahead_bytes=0)
+        async with ns.open_reader("ahead", follow=False, read_ahead_bytes=250_000) as reader:
+            first = await reader.next_entry(timeout_s=10)
+            assert first is not None
+            one_entry = first.batch.nbytes
+
+            def held_back() -> bool:  # the producer waits for room, with the queue as it is
+                return not reader._dequeued.is_set()
+
+            await eventually(held_back, timeout_s=10)
+            assert reader._queue.qsize() == 250_000 // one_entry  # two entries fit, a third would not
+            assert reader._queued_bytes <= 250_000
+            read = [value for value in first.batch.column("value").to_pylist()]
+            while (entry := await reader.next_entry(timeout_s=10)) is not None:
+                read += entry.batch.column("value").to_pylist()
+        assert read == values
 
 
 @pytest.mark.parametrize("name", ["", "/", "a//b", "../x", ".hidden", "a\x00b", "x" * 300, "a/./b"])
