@@ -111,6 +111,9 @@ def bookie() -> None:
               help="journal group commit flushes once this much is buffered")
 @click.option("--entry-log-size", default="256MiB", show_default=True, type=SIZE,
               help="entry log file size before rolling")
+@click.option("--entry-log-flush-size", default="2MiB", show_default=True, type=SIZE,
+              help="fdatasync entry logs every this many bytes written, so a checkpoint never "
+                   "holds the journal's fsync behind one big sync (0: only at checkpoints)")
 @click.option("--write-cache-size", default="64MiB", show_default=True, type=SIZE,
               help="write cache size that triggers a checkpoint")
 @click.option("--max-entry-size", default="4MiB", show_default=True, type=SIZE)
@@ -141,7 +144,8 @@ def bookie_start(ctx: click.Context, **_: Any) -> None:
 
 def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str | None, zk_root: str,
                   bookie_id: str | None, rack: str | None, no_fsync: bool, group_wait_us: int,
-                  group_bytes: int, entry_log_size: int, write_cache_size: int, max_entry_size: int,
+                  group_bytes: int, entry_log_size: int, entry_log_flush_size: int,
+                  write_cache_size: int, max_entry_size: int,
                   max_in_flight: int, idle_timeout: float, disk_threshold: float,
                   disk_lwm: float | None, disk_check_interval: float, gc_interval: float,
                   checkpoint_interval: float, config: str | None = None) -> Any:
@@ -161,7 +165,8 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
         data_dir=data_dir, host=host, port=port, http_port=None if http_port < 0 else http_port,
         zk=zk or None, zk_root=zk_root, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
         journal_group_wait_us=group_wait_us, journal_group_bytes_max=group_bytes,
-        entry_log_bytes_max=entry_log_size, write_cache_bytes_max=write_cache_size,
+        entry_log_bytes_max=entry_log_size, entry_log_flush_bytes=entry_log_flush_size,
+        write_cache_bytes_max=write_cache_size,
         disk_usage_threshold=disk_threshold,
         disk_usage_lwm=disk_lwm if disk_lwm is not None else max(0.001, disk_threshold - 0.05),
         disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval,

@@ -31,6 +31,7 @@ class BookieConfig:
     # ledger storage
     entry_log_bytes_max: int = 256 * 2**20
     write_cache_bytes_max: int = 64 * 2**20
+    entry_log_flush_bytes: int = 2 * 2**20  # fdatasync entry logs every this many bytes (0: at checkpoints)
     checkpoint_interval_s: float = 10.0
     # disk and read-only mode
     disk_usage_threshold: float = 0.95

@@ -34,6 +34,7 @@ LOG_MAGIC = b"DLEL"
 LOG_FORMAT_VERSION = 1
 _LOG_HEADER = struct.Struct("<4sIQ")
 LOG_HEADER_BYTES = _LOG_HEADER.size
+DEFAULT_FLUSH_BYTES = 2 * 2**20
 _RECORD_HEAD = struct.Struct("<IIQQ")  # size, crc, ledger_id, entry_id
 _SIZE_CRC = struct.Struct("<II")
 _IDS = struct.Struct("<QQ")
@@ -92,12 +93,20 @@ class _LogInfo:
 class EntryLogger:
     """The set of entry log files of one storage directory; see the module docstring."""
 
-    def __init__(self, directory: Path, *, log_bytes_max: int, write_buffer_bytes: int = 2**20) -> None:
+    def __init__(self, directory: Path, *, log_bytes_max: int, write_buffer_bytes: int = 2**20,
+                 flush_bytes: int = DEFAULT_FLUSH_BYTES) -> None:
         if not LOG_HEADER_BYTES < log_bytes_max <= 2**31:
             raise ConfigError(f"entry_log_bytes_max={log_bytes_max} must be in ({LOG_HEADER_BYTES}, 2**31]")
+        if flush_bytes < 0:
+            raise ConfigError(f"entry_log_flush_bytes={flush_bytes} must be >= 0 (0: only at checkpoints)")
         self._directory = Path(directory)
         self._log_bytes_max = log_bytes_max
         self._write_buffer_bytes = write_buffer_bytes
+        # fdatasync every this many bytes written (0: only in flush()), as BookKeeper's
+        # flushEntrylogBytes: the journal shares the disk, and one checkpoint's sync of tens of MB
+        # would hold the journal's next fdatasync (and every add waiting on it) behind it
+        self._flush_bytes = flush_bytes
+        self._unsynced_bytes = 0
         self._logs: dict[int, _LogInfo] = {}
         self._read_fds: dict[int, int] = {}
         self.next_log_id = 1
@@ -215,6 +224,17 @@ class EntryLogger:
             view.release()
         self._buffer = bytearray()
         self._logs[self._log_id].file_bytes = self._position
+        self._unsynced_bytes += written
+        if self._flush_bytes and self._unsynced_bytes >= self._flush_bytes:
+            self._sync()
+
+    def _sync(self) -> None:
+        try:
+            os.fdatasync(self._fd)  # type: ignore[arg-type]
+        except OSError as error:
+            self._broken = error
+            raise BookieIOError(f"cannot fdatasync entry log {self._log_id:016x}: {error!r}") from error
+        self._unsynced_bytes = 0
 
     def flush(self) -> None:
         """Write what is buffered and fdatasync the current log."""
@@ -223,11 +243,7 @@ class EntryLogger:
         if self._broken is not None:
             raise BookieIOError(f"entry logger broken by an earlier error: {self._broken!r}")
         self._write_buffer()
-        try:
-            os.fdatasync(self._fd)
-        except OSError as error:
-            self._broken = error
-            raise BookieIOError(f"cannot fdatasync entry log {self._log_id:016x}: {error!r}") from error
+        self._sync()
         self._logs[self._log_id].synced_bytes = self._position
         self._dirty.add(self._log_id)
 

@@ -52,7 +52,8 @@ class BookieService:
         self.fatal_error: BaseException | None = None
         self.metrics = BookieMetrics(self)
         self.storage = LedgerStorage(config.ledgers_dir, entry_log_bytes_max=config.entry_log_bytes_max,
-                                     write_cache_bytes_max=config.write_cache_bytes_max)
+                                     write_cache_bytes_max=config.write_cache_bytes_max,
+                                     entry_log_flush_bytes=config.entry_log_flush_bytes)
         self.journal = Journal(config.journal_dir, file_bytes_max=config.journal_file_bytes_max,
                                prealloc_bytes=config.journal_prealloc_bytes,
                                group_bytes_max=config.journal_group_bytes_max,

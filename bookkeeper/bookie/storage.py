@@ -41,7 +41,7 @@ from pathlib import Path
 from crc32c import crc32c
 from rocksdict import Options, Rdict, WriteBatch
 
-from bookkeeper.bookie.entrylog import RECORD_HEADER_BYTES, EntryLogger, ScannedEntry
+from bookkeeper.bookie.entrylog import DEFAULT_FLUSH_BYTES, RECORD_HEADER_BYTES, EntryLogger, ScannedEntry
 from bookkeeper.bookie.journal import JournalMark, fsync_directory
 from bookkeeper.errors import BookieIOError, invariant
 
@@ -103,10 +103,12 @@ class LedgerStorage:
     """Entries and ledger states of one bookie directory; see the module docstring."""
 
     def __init__(
-        self, directory: Path, *, entry_log_bytes_max: int = 256 * 2**20, write_cache_bytes_max: int = 64 * 2**20
+        self, directory: Path, *, entry_log_bytes_max: int = 256 * 2**20, write_cache_bytes_max: int = 64 * 2**20,
+        entry_log_flush_bytes: int = DEFAULT_FLUSH_BYTES,
     ) -> None:
         self._directory = Path(directory)
         self._entry_log_bytes_max = entry_log_bytes_max
+        self._entry_log_flush_bytes = entry_log_flush_bytes
         self.write_cache_bytes_max = write_cache_bytes_max
         self._db: Rdict | None = None
         self._log: EntryLogger | None = None
@@ -133,7 +135,8 @@ class LedgerStorage:
         stored_next = self._db.get(_NEXT_LOG_ID_KEY)
         next_log_id = struct.unpack("<Q", stored_next)[0] if stored_next is not None else 1
         self._last_entry = self._load_last_entries()
-        self._log = EntryLogger(self._directory / "entrylogs", log_bytes_max=self._entry_log_bytes_max)
+        self._log = EntryLogger(self._directory / "entrylogs", log_bytes_max=self._entry_log_bytes_max,
+                                flush_bytes=self._entry_log_flush_bytes)
         self._log.open(ledger_maps, next_log_id)
         for log_id in ledger_maps.keys() - set(self._log.log_ids()):
             self._db.delete(_LEDGER_KEY.pack(_LEDGER_MAP, log_id))  # a crash between unlink and this delete

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from bookkeeper.bookie.entrylog import LOG_HEADER_BYTES, RECORD_HEADER_BYTES
 from bookkeeper.bookie.journal import JournalMark
 from bookkeeper.bookie.storage import LedgerState, LedgerStorage
-from bookkeeper.errors import BookieIOError
+from bookkeeper.errors import BookieIOError, ConfigError
 
 
 def payload(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
@@ -287,3 +287,28 @@ def test_random_operations_agree_with_a_dict_model(steps: list[tuple]) -> None:
     finally:
         store.close()
         shutil.rmtree(directory)
+
+
+@pytest.mark.parametrize("flush_bytes, least, most", [(2 * 2**20, 4, 6), (0, 1, 1)])
+def test_a_checkpoint_syncs_its_entry_log_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    flush_bytes: int, least: int, most: int) -> None:
+    """8 MiB of entries with a 2 MiB flush size: the checkpoint syncs as it writes (about every
+    2 MiB, as its 1 MiB write buffers go out), not once at the end."""
+    store = LedgerStorage(tmp_path, entry_log_flush_bytes=flush_bytes)
+    store.open()
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr("bookkeeper.bookie.entrylog.os.fdatasync",
+                        lambda fd: (synced.append(fd), real_fdatasync(fd))[1])
+    for entry_id in range(8192):
+        store.add_entry(3, entry_id, payload(3, entry_id, 1024))
+    checkpoint(store)
+    assert least <= len(synced) <= most
+    assert all(store.get_entry(3, e) == payload(3, e, 1024) for e in (0, 4096, 8191))
+    store.close()
+
+
+def test_a_negative_entry_log_flush_size_is_refused(tmp_path: Path) -> None:
+    store = LedgerStorage(tmp_path, entry_log_flush_bytes=-1)
+    with pytest.raises(ConfigError, match="entry_log_flush_bytes"):
+        store.open()
