@@ -229,7 +229,7 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
 def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail_seconds: float,
                           no_fsync: bool, as_json: bool) -> None:
     """The write, read and tail modes in one run, on one cluster (E3/Qw2/Qa2)."""
-    from tools.bench import bench_streams
+    from tools.bench_streams import bench_streams
 
     print_bench(bench_streams(records, batch_records, tail_rate, tail_seconds, fsync=not no_fsync), as_json)
 
@@ -246,7 +246,7 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
 def bench_write_command(records: int, batch_records: int, write_records: int, no_fsync: bool,
                         as_json: bool) -> None:
     """Stream writes: write_batch() of Arrow batches and per-record write(), records/s and MB/s."""
-    from tools.bench import bench_write
+    from tools.bench_streams import bench_write
 
     print_bench(bench_write(records, batch_records, write_records, fsync=not no_fsync), as_json)
 
@@ -260,7 +260,7 @@ def bench_write_command(records: int, batch_records: int, write_records: int, no
 @fails_cleanly
 def bench_read_command(records: int, batch_records: int, no_fsync: bool, as_json: bool) -> None:
     """Catch-up read of a closed segment as Arrow batches."""
-    from tools.bench import bench_read
+    from tools.bench_streams import bench_read
 
     print_bench(bench_read(records, batch_records, fsync=not no_fsync), as_json)
 
@@ -278,7 +278,7 @@ def bench_read_command(records: int, batch_records: int, no_fsync: bool, as_json
 def bench_tail_command(rate: int, seconds: float, sweep_rates: tuple[int, ...], plot_dir: Path | None,
                        no_fsync: bool, as_json: bool) -> None:
     """Write-to-tailing-reader latency p50/p99/p99.9 at a fixed rate."""
-    from tools.bench import bench_tail
+    from tools.bench_streams import bench_tail
 
     plot_dir = _plot_dir(plot_dir)
     if plot_dir is not None and not sweep_rates:
@@ -307,7 +307,7 @@ def bench_scale_command(records: int, stream_counts: tuple[int, ...], backlog_re
                         backlog_batch_records: int, plot_dir: Path | None, no_fsync: bool,
                         as_json: bool) -> None:
     """The same write load over 1..1,000 streams; a lagging reader's memory behind a backlog."""
-    from tools.bench import bench_scale
+    from tools.bench_scale import bench_scale
 
     plot_dir = _plot_dir(plot_dir)
     result = bench_scale(records, stream_counts or (1, 10, 100, 1000),
@@ -328,7 +328,7 @@ def bench_scale_command(records: int, stream_counts: tuple[int, ...], backlog_re
 def bench_limits_command(directory: Path | None, journal_writes: int, sequential_size: int,
                          round_trips: int, as_json: bool) -> None:
     """This machine without dlog: 4 KiB write+fdatasync/s, synced MB/s, loopback TCP round trip."""
-    from tools.bench import bench_limits
+    from tools.bench_limits import bench_limits
 
     print_bench(bench_limits(directory, journal_writes, sequential_size, round_trips), as_json)
 
@@ -345,6 +345,6 @@ def bench_limits_command(directory: Path | None, journal_writes: int, sequential
 def bench_compare_command(records: int, batch_records: int, in_flight: int, no_fsync: bool,
                           as_json: bool) -> None:
     """The same writes and catch-up reads on dlog and on Redis Streams (needs scripts/ensure-redis.sh)."""
-    from tools.bench import bench_compare
+    from tools.bench_compare import bench_compare
 
     print_bench(bench_compare(records, batch_records, in_flight, fsync=not no_fsync), as_json)

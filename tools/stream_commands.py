@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import click
 
-from bookkeeper.errors import ConfigError, DlogError
+from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
 from tools.cli import DURATION, SIZE, _print_table, fails_cleanly, json_option, main
 from tools.config import client_options, zk_timeout_s

@@ -1,0 +1,227 @@
+"""`dlog bench compare`: the same writes and catch-up reads on dlog and on Redis Streams (Debian's
+redis-server, `appendonly yes`, `appendfsync always`), as ratios dlog / Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from bookkeeper.errors import DlogError
+from tools.bench import DLOG_DURABILITY, DLOG_NO_FSYNC, _mb_per_s, _ratio, _run_streams, _stored, event_values
+from tools.bench_streams import _read_run
+from tools.cluster import LocalCluster, _die_with_parent, free_port
+
+
+ENSURE_REDIS = "scripts/ensure-redis.sh"
+REDIS_READ_COUNT = 10_000  # entries per XREAD, as dlog reads ranges of entries
+
+
+def _check_redis() -> str:
+    """The redis-server path; refuses clearly when the server or the client package is missing."""
+    server = shutil.which("redis-server")
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise DlogError(f"dlog bench compare needs the Python package redis in this environment: "
+                        f"run {ENSURE_REDIS} (it installs redis-server and the redis package)") from None
+    if server is None:
+        raise DlogError(f"dlog bench compare needs Debian's redis-server on PATH: run {ENSURE_REDIS}")
+    return server
+
+
+@contextmanager
+def redis_server(server: str, directory: Path, fsync: bool) -> Iterator[int]:
+    """Our own redis-server on a free loopback port, AOF with fsync on every write (or never);
+    stopped by its pid at the end. Yields the port."""
+    import redis
+
+    port = free_port()
+    log_path = directory / "redis.log"
+    process = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
+         "--appendfsync", "always" if fsync else "no", "--save", "", "--dir", str(directory),
+         "--daemonize", "no", "--logfile", str(log_path)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent)
+    try:
+        deadline = time.monotonic() + 15
+        client = redis.Redis(host="127.0.0.1", port=port)
+        while True:
+            if process.poll() is not None:
+                log = log_path.read_text()[-2000:] if log_path.exists() else ""
+                raise DlogError(f"redis-server exited with status {process.returncode}: {log}")
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise DlogError(f"redis-server did not answer on port {port} within 15 s") from None
+                time.sleep(0.05)
+        client.close()
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _redis_py_label() -> str:
+    import redis
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return f"redis-py {redis.__version__}" + (" + hiredis" if HIREDIS_AVAILABLE else " (no hiredis)")
+
+
+async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_records: int,
+                      in_flight: int) -> list[dict[str, Any]]:
+    """XADD pipelines of `batch_records`, `in_flight` at once over as many connections, then
+    XREAD catch-up from the start, with the ordinary Python client."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis(host="127.0.0.1", port=port, max_connections=in_flight + 1)
+    semaphore = asyncio.Semaphore(in_flight)
+
+    async def pipeline(chunk: list[bytes]) -> None:
+        async with semaphore:
+            pipe = client.pipeline(transaction=False)
+            for value in chunk:
+                pipe.xadd("events", {b"v": value})
+            await pipe.execute()
+
+    raw_bytes = sum(map(len, values))
+    started = time.perf_counter()
+    await asyncio.gather(*(pipeline(values[start: start + batch_records])
+                           for start in range(0, len(values), batch_records)))
+    write_s = time.perf_counter() - started
+    stored_records = await client.xlen("events")
+    memory_bytes = await client.memory_usage("events", samples=0)
+    # Redis 7 keeps a multi-part AOF: a base file (RDB after an automatic rewrite) plus increments
+    aof_bytes = sum(path.stat().st_size for path in directory.rglob("*") if path.is_file()
+                    and path.name != "redis.log")
+
+    started = time.perf_counter()
+    last_id, read, read_bytes, first, last = b"0-0", 0, 0, None, None
+    while read < stored_records:
+        answer = await client.xread({"events": last_id}, count=REDIS_READ_COUNT)
+        if not answer:
+            raise DlogError(f"redis XREAD returned nothing after {read} of {stored_records} entries")
+        entries = answer[0][1]
+        read += len(entries)
+        read_bytes += sum(len(fields[b"v"]) for _, fields in entries)
+        first = first if first is not None else entries[0][1][b"v"]
+        last_id, last = entries[-1][0], entries[-1][1][b"v"]
+    read_s = time.perf_counter() - started
+    await client.aclose()
+    if (first, last) != (values[0], values[-1]):
+        raise DlogError("redis read back other values than were written")
+    client_label = _redis_py_label()
+    return [{"system": "redis", "client": client_label, "run": "write", "records": len(values),
+             "stored_records": stored_records, "records_per_s": round(len(values) / write_s),
+             "mb_per_s": _mb_per_s(raw_bytes, write_s), "stored_as": "AOF files on disk",
+             "stored_mb": round(aof_bytes / 1e6, 1), "compression_ratio": _ratio(raw_bytes, aof_bytes),
+             "memory_mb": round(memory_bytes / 1e6, 1)},
+            {"system": "redis", "client": client_label, "run": "read", "records": read,
+             "records_per_s": round(read / read_s), "mb_per_s": _mb_per_s(read_bytes, read_s),
+             "as": f"XREAD COUNT {REDIS_READ_COUNT}"}]
+
+
+def _redis_benchmark(tool: str, port: int, arguments: list[str]) -> float:
+    """Requests per second that redis-benchmark reports (its --csv line for the one test)."""
+    result = subprocess.run([tool, "-h", "127.0.0.1", "-p", str(port), "--csv", *arguments],
+                            capture_output=True, text=True, timeout=600)
+    lines = [line for line in result.stdout.splitlines() if line and not line.startswith('"test"')]
+    if result.returncode != 0 or not lines:
+        raise DlogError(f"redis-benchmark failed ({result.returncode}): {result.stderr[-500:]}")
+    # the test name echoes the command, quotes and commas included: count the 7 figures from the end
+    return float(lines[-1].rstrip('"').split('","')[-7])
+
+
+def _redis_c_client_runs(port: int, value: bytes, records: int, batch_records: int,
+                         in_flight: int) -> list[dict[str, Any]]:
+    """The server's ceiling with Redis's own C client: the same pipeline depth and concurrency,
+    one value repeated (Redis stores values as they are, so their content does not matter to it);
+    reads repeat XRANGE of the first REDIS_READ_COUNT entries."""
+    tool = shutil.which("redis-benchmark")
+    if tool is None:
+        return []
+    write_per_s = _redis_benchmark(tool, port, ["-P", str(batch_records), "-c", str(in_flight),
+                                                "-n", str(records), "XADD", "events-c", "*", "v", value.decode()])
+    requests = max(1, records // REDIS_READ_COUNT)
+    per_request = min(records, REDIS_READ_COUNT)
+    read_per_s = _redis_benchmark(tool, port, ["-P", "1", "-c", "1", "-n", str(requests),
+                                               "XRANGE", "events-c", "-", "+", "COUNT", str(REDIS_READ_COUNT)])
+    client = "redis-benchmark (C)"
+    return [{"system": "redis", "client": client, "run": "write", "records": records,
+             "records_per_s": round(write_per_s), "mb_per_s": round(write_per_s * len(value) / 1e6, 1)},
+            {"system": "redis", "client": client, "run": "read", "records": requests * per_request,
+             "records_per_s": round(read_per_s * per_request),
+             "mb_per_s": round(read_per_s * per_request * len(value) / 1e6, 1),
+             "as": f"XRANGE - + COUNT {REDIS_READ_COUNT}, repeated"}]
+
+
+async def _dlog_compare_runs(ns: Any, values: list[bytes], batch_records: int,
+                             in_flight: int) -> list[dict[str, Any]]:
+    """write_batch of the same values in the same chunks (a list of values per call, so building
+    the Arrow batch is timed as Redis's command encoding is), then a catch-up read."""
+    await ns.create_stream("compare")
+    async with ns.open_writer("compare") as writer:
+        started = time.perf_counter()
+        pending: list[asyncio.Future[Any]] = []
+        for start in range(0, len(values), batch_records):
+            pending.append(asyncio.ensure_future(writer.write_batch(values[start: start + batch_records])))
+            if len(pending) >= in_flight:
+                await pending.pop(0)
+        await asyncio.gather(*pending)
+        write_s = time.perf_counter() - started
+    raw_bytes = sum(map(len, values))
+    stored = await _stored(ns, "compare")
+    read = await _read_run(ns, "compare")
+    client = "dlog (Python)"
+    return [{"system": "dlog", "client": client, "run": "write", "records": len(values),
+             "stored_records": stored["records"], "records_per_s": round(len(values) / write_s),
+             "mb_per_s": _mb_per_s(raw_bytes, write_s), "stored_as": "zstd Arrow entries (each copy)",
+             "stored_mb": round(stored["bytes"] / 1e6, 1), "compression_ratio": _ratio(raw_bytes, stored["bytes"])},
+            {"system": "dlog", "client": client, "run": "read", "records": read["records"],
+             "records_per_s": read["records_per_s"], "mb_per_s": read["mb_per_s"], "as": "arrow batches"}]
+
+
+def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """dlog/redis records per second for each run, against each Redis client measured."""
+    dlog = {run["run"]: run for run in runs if run["system"] == "dlog"}
+    return [{"run": run["run"], "redis_client": run["client"],
+             "dlog_records_per_s": dlog[run["run"]]["records_per_s"],
+             "redis_records_per_s": run["records_per_s"],
+             "dlog_over_redis": round(dlog[run["run"]]["records_per_s"] / max(run["records_per_s"], 1), 2)}
+            for run in runs if run["system"] == "redis"]
+
+
+def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight: int = 8,
+                  fsync: bool = True) -> dict[str, Any]:
+    """The same write and catch-up read workload on dlog and on Redis Streams, one after the other
+    on this machine; figures side by side and as ratios dlog/redis."""
+    server = _check_redis()
+    values = event_values(records)
+
+    async def dlog_side(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
+        return await _dlog_compare_runs(ns, values, batch_records, in_flight)
+
+    runs = _run_streams(fsync, dlog_side)
+    with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch:
+        with redis_server(server, Path(scratch), fsync) as port:
+            runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
+            runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
+    return {"mode": "compare", "fsync": fsync, "record_bytes": 100, "batch_records": batch_records,
+            "in_flight": in_flight,
+            "dlog": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC,
+            "redis": ("redis-server, appendonly yes, appendfsync " + ("always" if fsync else "no (NOT durable)")
+                      + ", single node, no replication; XADD pipelines, XREAD catch-up"),
+            "runs": runs, "ratios": _ratios(runs)}

@@ -1,0 +1,170 @@
+"""`dlog bench write`, `read`, `tail` and `streams`: stream writes (`write_batch()` and per-record
+`write()`), catch-up reads as Arrow batches, and write-to-tailing-reader latency."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any, Sequence
+
+import pyarrow.compute as pc
+
+from bookkeeper.errors import DlogError
+from dlog.segments.codec import records_to_batch
+from tools.bench import (_mb_per_s, _ratio, _run_streams, _stored, _stream_header, event_values,
+                         percentiles)
+from tools.cluster import LocalCluster
+
+
+async def _write_batch_run(ns: Any, stream: str, values: list[bytes], batch_records: int,
+                           in_flight: int = 8) -> dict[str, Any]:
+    """write_batch of pre-built Arrow batches, `in_flight` batches outstanding."""
+    await ns.create_stream(stream)
+    batches = [records_to_batch(values[start: start + batch_records])
+               for start in range(0, len(values), batch_records)]
+    async with ns.open_writer(stream) as writer:
+        started = time.perf_counter()
+        pending: list[asyncio.Future[Any]] = []
+        for batch in batches:
+            pending.append(asyncio.ensure_future(writer.write_batch(batch)))
+            if len(pending) >= in_flight:
+                await pending.pop(0)
+        await asyncio.gather(*pending)
+        elapsed_s = time.perf_counter() - started
+    raw_bytes = sum(map(len, values))
+    stored = await _stored(ns, stream)
+    return {"run": "write_batch", "records": len(values), "batch_records": batch_records,
+            "in_flight": in_flight, "records_per_s": round(len(values) / elapsed_s),
+            "mb_per_s": _mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
+            "stored_records": stored["records"], "compression_ratio": _ratio(raw_bytes, stored["bytes"])}
+
+
+async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
+    """Per-record write, pipelined: write_nowait, waiting only when the writer's buffer is full."""
+    await ns.create_stream(stream)
+    async with ns.open_writer(stream) as writer:
+        started = time.perf_counter()
+        pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+        for value in values:
+            if not writer.writable:
+                await writer.wait_writable()
+            pending.append(writer.write_nowait(value))
+            while pending and pending[0].done():  # outcomes are taken as they come, as a producer would
+                pending.popleft().result()
+        await writer.flush()
+        for future in pending:
+            future.result()
+        elapsed_s = time.perf_counter() - started
+    raw_bytes = sum(map(len, values))
+    stored = await _stored(ns, stream)
+    return {"run": "write", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
+            "mb_per_s": _mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
+            "stored_records": stored["records"], "compression_ratio": _ratio(raw_bytes, stored["bytes"])}
+
+
+async def _read_run(ns: Any, stream: str) -> dict[str, Any]:
+    """Catch-up read of a stream whose segments are all completed, entry by entry as Arrow
+    batches (`next_entry`), without following the tail."""
+    stored = await _stored(ns, stream)
+    reader = await ns.open_reader(stream, follow=False)
+    started = time.perf_counter()
+    records = entries = raw_bytes = 0
+    while (entry := await reader.next_entry()) is not None:
+        records += entry.batch.num_rows
+        raw_bytes += pc.sum(pc.binary_length(entry.batch.column("value"))).as_py() or 0
+        entries += 1
+    elapsed_s = time.perf_counter() - started
+    await reader.close()
+    return {"run": "read", "records": records, "entries": entries, "segments": stored["segments"],
+            "as": "arrow batches", "records_per_s": round(records / elapsed_s),
+            "mb_per_s": _mb_per_s(raw_bytes, elapsed_s), "compression_ratio": _ratio(raw_bytes, stored["bytes"])}
+
+
+async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) -> dict[str, Any]:
+    """Write realistic values at a fixed rate; a tailing reader records each record's
+    write-to-read latency (the value's last 8 bytes say which write it was)."""
+    await ns.create_stream(stream)
+    writer = await ns.open_writer(stream, linger_ms=1)
+    reader = await ns.open_reader(stream, "latest")
+    count = max(1, int(rate_per_s * seconds))
+    values = event_values(count)
+    sent_at: list[float] = [0.0] * count
+    latencies: list[float] = []
+
+    async def follow() -> None:
+        while len(latencies) < count:
+            entry = await reader.next_entry(timeout_s=30)
+            if entry is None:
+                raise DlogError(f"the tailing reader of stream {stream!r} stalled for 30 s")
+            now = time.perf_counter()
+            for value in entry.batch.column("value").to_pylist():
+                latencies.append(now - sent_at[int(value[-8:])])
+
+    task = asyncio.create_task(follow())
+    started = time.perf_counter()
+    written = 0
+    while written < count:
+        due = min(count, int((time.perf_counter() - started) * rate_per_s) + 1)
+        while written < due:
+            sent_at[written] = time.perf_counter()
+            writer.write_nowait(values[written])
+            written += 1
+        await asyncio.sleep(0.001)
+    offered_s = time.perf_counter() - started
+    await asyncio.wait_for(task, 60)
+    await reader.close()
+    await writer.close()
+    stored = await _stored(ns, stream)
+    return {"run": "tail", "records": count, "rate_per_s": rate_per_s,
+            "achieved_per_s": round(count / max(offered_s, 1 / rate_per_s)), **percentiles(latencies),
+            "records_per_entry": round(count / max(stored["entries"], 1), 1),
+            "compression_ratio": _ratio(sum(map(len, values)), stored["bytes"])}
+
+
+def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_rate: int = 10_000,
+                  tail_seconds: float = 5.0, fsync: bool = True) -> dict[str, Any]:
+    """Stream writes (write_batch and per-record write), catch-up read, and tail latency."""
+
+    async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
+        values = event_values(records)
+        return [await _write_batch_run(ns, "batches", values, batch_records),
+                await _write_records_run(ns, "records", values[:min(records, 300_000)]),
+                await _read_run(ns, "batches"),
+                await _stream_tail(ns, "tail", tail_rate, tail_seconds)]
+
+    return {**_stream_header("streams", fsync), "record_bytes": 100, "runs": _run_streams(fsync, runs)}
+
+
+def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
+                write_records: int = 300_000, fsync: bool = True) -> dict[str, Any]:
+    """Stream writes: write_batch of Arrow batches, and per-record write() of `write_records`."""
+
+    async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
+        values = event_values(records)
+        return [await _write_batch_run(ns, "batches", values, batch_records),
+                await _write_records_run(ns, "records", values[:min(records, write_records)])]
+
+    return {**_stream_header("write", fsync), "record_bytes": 100, "runs": _run_streams(fsync, runs)}
+
+
+def bench_read(records: int = 1_000_000, batch_records: int = 10_000, fsync: bool = True) -> dict[str, Any]:
+    """Catch-up read of a closed segment as Arrow batches (written first with write_batch, untimed)."""
+
+    async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
+        written = await _write_batch_run(ns, "read", event_values(records), batch_records)
+        return [{**written, "run": "write_batch (setup)"}, await _read_run(ns, "read")]
+
+    return {**_stream_header("read", fsync), "record_bytes": 100, "runs": _run_streams(fsync, runs)}
+
+
+def bench_tail(rate_per_s: int = 10_000, seconds: float = 5.0, fsync: bool = True,
+               sweep_rates_per_s: Sequence[int] = ()) -> dict[str, Any]:
+    """Write-to-tailing-reader latency at `rate_per_s` (and at each sweep rate), one stream each."""
+    rates = sorted({rate_per_s, *sweep_rates_per_s})
+
+    async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
+        return [await _stream_tail(ns, f"tail-{rate}", rate, seconds) for rate in rates]
+
+    return {**_stream_header("tail", fsync), "record_bytes": 100, "seconds_per_rate": seconds,
+            "runs": _run_streams(fsync, runs)}
