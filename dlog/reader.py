@@ -212,7 +212,7 @@ class StreamReader:
                 if segment is None:
                     if not self.follow:
                         break
-                    await self._wait_change(None)
+                    await self._wait_change()
                     continue
                 if segment.sequence > position.sequence or self._below_truncation(segment, position):
                     position = self._moved_to(segment, position)
@@ -319,7 +319,7 @@ class StreamReader:
         listing = await self.namespace.store.segments(self.name)
         return listing.by_ledger(segment.ledger_id), False
 
-    async def _wait_change(self, segment: Segment | None) -> None:
+    async def _wait_change(self) -> None:
         self._changed.clear()
         try:
             await asyncio.wait_for(self._changed.wait(), self.poll_timeout_ms / 1000 * 5)

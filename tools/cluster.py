@@ -143,17 +143,20 @@ class LocalCluster:
         bookie.data_dir.mkdir(parents=True, exist_ok=True)
         if extra_args is not None:
             bookie.extra_args = list(extra_args)
-        command = [sys.executable, "-m", "tools.cli", "bookie", "start", "--dir", str(bookie.data_dir),
-                   "--port", str(bookie.port), "--http-port", "0", "--zk", self.zk_address,
-                   "--zk-root", self.zk_root, *self.bookie_args, *bookie.extra_args]
         log_file: IO[str] = open(bookie.data_dir / "bookie.log", "a")
-        bookie.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True,
+        bookie.process = subprocess.Popen(self.bookie_command(bookie), stdout=subprocess.PIPE,
+                                          stderr=log_file, text=True,
                                           preexec_fn=_die_with_parent, cwd=_project_root(),
                                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
         log_file.close()
         bookie.http = None
         bookie.exit_reported = False
         return bookie
+
+    def bookie_command(self, bookie: BookieProcess) -> list[str]:
+        return [sys.executable, "-m", "tools.cli", "bookie", "start", "--dir", str(bookie.data_dir),
+                "--port", str(bookie.port), "--http-port", "0", "--zk", self.zk_address,
+                "--zk-root", self.zk_root, *self.bookie_args, *bookie.extra_args]
 
     def wait_bookie_ready(self, index: int, timeout_s: float = 60.0) -> BookieProcess:
         """Read the bookie's stdout until its ready line; fail with its log if it exits first."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from bookkeeper.errors import (DlogError, LedgerClosedError, MetadataError, MetadataVersionError,
                                NoSuchEntryError, NoSuchLedgerError)
 from bookkeeper.protocol.effects import (CompleteAdds, CompleteRead, Effect, FailAdds, FailRead,
-                                         Finished, ReadMetadata, SendAdd, SendRead, SendWriteLac,
+                                         Finished, SendAdd, SendRead, SendWriteLac,
                                          WriteMetadata)
 from bookkeeper.protocol.entry import Digest, DigestMismatchError, unpack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata
@@ -83,8 +83,6 @@ class _Driver:
                 task = self.loop.create_task(self._write_metadata(effect))  # type: ignore[arg-type]
                 self._metadata_tasks.add(task)
                 task.add_done_callback(self._metadata_tasks.discard)
-            elif kind is ReadMetadata:
-                raise DlogError("ReadMetadata is answered inside _write_metadata")
             else:
                 self.on_outcome(effect)
 

@@ -56,11 +56,6 @@ class WriteMetadata:
 
 
 @dataclass(frozen=True, slots=True)
-class ReadMetadata:
-    """Fetch the current metadata (after a compare-and-set conflict)."""
-
-
-@dataclass(frozen=True, slots=True)
 class CompleteRead:
     entry_id: int
     lac: int
@@ -84,4 +79,4 @@ class Finished:
 
 
 Effect = (SendAdd | SendWriteLac | SendRead | CompleteAdds | FailAdds | WriteMetadata
-          | ReadMetadata | CompleteRead | FailRead | Finished)
+          | CompleteRead | FailRead | Finished)

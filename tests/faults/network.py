@@ -16,14 +16,12 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper
-from tools.cluster import BookieProcess, LocalCluster, _die_with_parent, _project_root
+from tools.cluster import BookieProcess, LocalCluster
 
 from .faults import CapabilityMissing, run
 
@@ -261,23 +259,9 @@ class NetnsCluster(LocalCluster):
         super().stop()
         self.zk.stop()
 
-    def launch_bookie(self, index: int, extra_args: list[str] | None = None) -> BookieProcess:
-        bookie = self.bookies[index]
+    def bookie_command(self, bookie: BookieProcess) -> list[str]:
         assert isinstance(bookie, NetnsBookie)
-        if bookie.running:
-            raise RuntimeError(f"bookie {index} is already running (pid {bookie.pid})")
-        bookie.data_dir.mkdir(parents=True, exist_ok=True)
-        if extra_args is not None:
-            bookie.extra_args = list(extra_args)
-        command = ["ip", "netns", "exec", bookie.netns, sys.executable, "-m", "tools.cli", "bookie", "start",
-                   "--dir", str(bookie.data_dir), "--host", bookie.host, "--port", str(bookie.port),
-                   "--http-port", "0", "--zk", self.zk_address, "--zk-root", self.zk_root,
-                   *self.bookie_args, *bookie.extra_args]
-        log_file: IO[str] = open(bookie.data_dir / "bookie.log", "a")
-        bookie.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True,
-                                          preexec_fn=_die_with_parent, cwd=_project_root(),
-                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log_file.close()
-        bookie.http = None
-        bookie.exit_reported = False
-        return bookie
+        return ["ip", "netns", "exec", bookie.netns, sys.executable, "-m", "tools.cli", "bookie", "start",
+                "--dir", str(bookie.data_dir), "--host", bookie.host, "--port", str(bookie.port),
+                "--http-port", "0", "--zk", self.zk_address, "--zk-root", self.zk_root,
+                *self.bookie_args, *bookie.extra_args]

@@ -14,7 +14,7 @@ from bookkeeper.client.connection import BookieConnection
 from bookkeeper.errors import (BadRequestError, EntryExistsError, EntryTooLargeError,
                                LedgerFencedError, NoSuchLedgerError, UnauthorizedError)
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import (AddRequest, BookieInfoRequest, ErrorResponse,
+from bookkeeper.protocol.wire import (BookieInfoRequest, ErrorResponse,
                                       ResponseDecoder, Status, encode_request)
 
 KEY = master_key(b"pw")
