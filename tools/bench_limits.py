@@ -9,13 +9,25 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tools.bench import _mb_per_s, percentiles
 
 
 JOURNAL_WRITE_BYTES = 4096
 SEQUENTIAL_CHUNK_BYTES = 1 << 20
+
+
+def _synced_writes(fd: int, count: int, write: Callable[[int], object]) -> tuple[float, list[float]]:
+    """`count` times `write(index)` then fdatasync: total seconds and each write's latency."""
+    latencies = []
+    started = time.perf_counter()
+    for index in range(count):
+        sent = time.perf_counter()
+        write(index)
+        os.fdatasync(fd)
+        latencies.append(time.perf_counter() - sent)
+    return time.perf_counter() - started, latencies
 
 
 def _journal_writes(path: Path, count: int, zero_filled: bool) -> dict[str, Any]:
@@ -32,14 +44,8 @@ def _journal_writes(path: Path, count: int, zero_filled: bool) -> dict[str, Any]
         else:
             os.posix_fallocate(fd, 0, size)
         os.fsync(fd)
-        latencies = []
-        started = time.perf_counter()
-        for index in range(count):
-            sent = time.perf_counter()
-            os.pwrite(fd, block, index * JOURNAL_WRITE_BYTES)
-            os.fdatasync(fd)
-            latencies.append(time.perf_counter() - sent)
-        elapsed_s = time.perf_counter() - started
+        elapsed_s, latencies = _synced_writes(fd, count, lambda index: os.pwrite(
+            fd, block, index * JOURNAL_WRITE_BYTES))
     finally:
         os.close(fd)
         path.unlink()
@@ -54,14 +60,7 @@ def _sequential_writes(path: Path, size: int) -> dict[str, Any]:
     count = max(1, size // SEQUENTIAL_CHUNK_BYTES)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     try:
-        latencies = []
-        started = time.perf_counter()
-        for _ in range(count):
-            sent = time.perf_counter()
-            os.write(fd, chunk)
-            os.fdatasync(fd)
-            latencies.append(time.perf_counter() - sent)
-        elapsed_s = time.perf_counter() - started
+        elapsed_s, latencies = _synced_writes(fd, count, lambda _: os.write(fd, chunk))
     finally:
         os.close(fd)
         path.unlink()
