@@ -3,13 +3,12 @@ a ZooKeeper of their own when the test pauses or restarts it) and the history fi
 
 from __future__ import annotations
 
-import signal
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
+from tests.helpers import local_clusters
 from tools.cluster import LocalCluster
 from tools.history import History
 
@@ -23,25 +22,6 @@ def history(tmp_path: Path) -> Iterator[History]:
 
 @pytest.fixture
 def local_cluster(zk_server, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
-    """Start a LocalCluster of bookie processes under a unique root of the session's ZooKeeper;
-    with own_zk=True it runs its own ZooKeeper (for tests that pause or restart it)."""
-    clusters: list[LocalCluster] = []
-
-    def make(bookies: int = 3, bookie_args: list[str] | None = None, own_zk: bool = False,
-             start: bool = True) -> LocalCluster:
-        root = f"/f-{uuid.uuid4().hex[:8]}"
-        cluster = LocalCluster(tmp_path / f"cluster-{len(clusters)}", bookies=bookies, zk_root=root,
-                               bookie_args=bookie_args, zk_server=None if own_zk else zk_server)
-        clusters.append(cluster)
-        if start:
-            cluster.start()
-        return cluster
-
-    yield make
-    for cluster in clusters:
-        if cluster.zk.running and cluster.zk.paused:
-            cluster.zk.resume()
-        for bookie in cluster.bookies:  # a SIGSTOPped bookie would ignore the SIGTERM of stop()
-            if bookie.running:
-                cluster.kill_bookie(bookie.index, signal.SIGCONT)
-        cluster.stop()
+    """LocalClusters of 3 bookies by default; `own_zk=True` for a ZooKeeper of their own."""
+    with local_clusters(zk_server, tmp_path, "f", default_bookies=3) as make:
+        yield make

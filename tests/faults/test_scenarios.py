@@ -14,6 +14,7 @@ import pytest
 
 from bookkeeper.protocol.metadata import LedgerState
 from dlog import Offset, WriterFencedError
+from tests.helpers import eventually
 
 from .faults import (CapabilityMissing, Nemesis, TmpfsDisk, damage_journal_tail, entry_log_records,
                      flip_entry_log_bytes)
@@ -51,19 +52,6 @@ async def bookie_state(cluster, index: int) -> str:
                 return (await response.json())["state"]
     except aiohttp.ClientError:
         return "down"
-
-
-async def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.02):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(interval_s)
 
 
 # ---------------------------------------------------------------------------------- bookies
@@ -114,7 +102,7 @@ async def test_paused_bookie_during_recovery(local_cluster, history):
         writer.kill()
         started = time.monotonic()
         second = workload.add_writer("w1")
-        await wait_until(second.opened.is_set, 40, "the new writer recovered the stream")
+        await eventually(second.opened.is_set, 40, message="the new writer recovered the stream")
         recovery_s = time.monotonic() - started
         await workload.wait_acked(300)
         nemesis.resume_bookie(paused)
@@ -144,12 +132,12 @@ async def test_bookie_killed_during_recovery_write_back(local_cluster, history):
             metadata, _ = await client.ledger_metadata(ledger_id)
             return metadata.state is not LedgerState.OPEN
 
-        await wait_until(in_recovery, 30, f"recovery of ledger {ledger_id} began", interval_s=0.002)
+        await eventually(in_recovery, 30, interval_s=0.002, message=f"recovery of ledger {ledger_id} began")
         metadata, _ = await client.ledger_metadata(ledger_id)
         victim = ensemble_index(nemesis, metadata.last_ensemble[1], 0)
         nemesis.kill_bookie(victim)
         history.record("tester", "note", ledger_state_at_kill=metadata.state.value)
-        await wait_until(second.opened.is_set, 60, "the new writer recovered the stream")
+        await eventually(second.opened.is_set, 60, message="the new writer recovered the stream")
         await workload.wait_acked(300)
         nemesis.restart_bookie(victim)
         await workload.heal("bookie restarted")
@@ -192,9 +180,9 @@ async def test_sigstop_of_a_writer_past_its_zookeeper_session_then_sigcont(local
         async def lock_free() -> bool:
             return not await workload.control.zk.children(lock_path)
 
-        await wait_until(lock_free, 30, "the stopped writer's session expired and its lock went")
+        await eventually(lock_free, 30, message="the stopped writer's session expired and its lock went")
         second = workload.add_writer("w1", takeover=False)
-        await wait_until(second.opened.is_set, 30, "a new writer took the free lock")
+        await eventually(second.opened.is_set, 30, message="a new writer took the free lock")
         await workload.wait_acked(300)
         writer.signal(signal.SIGCONT)
         history.record("nemesis", "resume", what="writer")
@@ -211,9 +199,9 @@ async def test_a_second_writer_steals_a_live_stream(local_cluster, history):
     first = workload.add_writer("w1", reopen_on_fence=False)
     await workload.wait_acked(400)
     second = workload.add_writer("w2", reopen_on_fence=False)
-    await wait_until(second.opened.is_set, 30, "the second writer took over")
-    await wait_until(lambda: first.writer is not None and first.writer.error is not None, 30,
-                     "the first writer learned it was fenced")
+    await eventually(second.opened.is_set, 30, message="the second writer took over")
+    await eventually(lambda: first.writer is not None and first.writer.error is not None, 30,
+                     message="the first writer learned it was fenced")
     assert isinstance(first.writer.error, WriterFencedError)
     await workload.wait_acked(300)
     await workload.heal("stream stolen")
@@ -231,7 +219,8 @@ async def test_two_concurrent_recoveries(local_cluster, history):
         writer.kill()
         first = workload.add_writer("w1", reopen_on_fence=False)
         second = workload.add_writer("w2", reopen_on_fence=False)
-        await wait_until(lambda: first.opened.is_set() or second.opened.is_set(), 30, "a writer opened")
+        await eventually(lambda: first.opened.is_set() or second.opened.is_set(), 30,
+                         message="a writer opened")
         await workload.wait_acked(300)
         await workload.heal("recoveries done")
         await check(workload)
@@ -276,8 +265,8 @@ async def test_zookeeper_restart_and_session_expiry(local_cluster, history):
     await nemesis.expire_session(reader.namespace.zk, "reader r1")
     await workload.wait_acked(300)
     assert workload.control is not None
-    await wait_until(lambda: len(workload.control.client.writable_bookies()) == 3, 30,
-                     "every bookie registered again after the restart")
+    await eventually(lambda: len(workload.control.client.writable_bookies()) == 3, 30,
+                     message="every bookie registered again after the restart")
     await workload.heal("zookeeper back, sessions renewed")
     await check(workload)
 
@@ -322,7 +311,8 @@ async def test_full_disk(local_cluster, history):
         async def noticed() -> bool:
             return await bookie_state(cluster, 0) in ("read_only", "down")
 
-        await wait_until(noticed, 20, "the bookie noticed its full disk (read-only, or stopped by a failed journal)")
+        await eventually(noticed, 20,
+                         message="the bookie noticed its full disk (read-only, or stopped by a failed journal)")
         await workload.wait_acked(500)  # the other bookies carry the writes
         disk.unfill()
         history.record("nemesis", "resume", what="disk freed")
@@ -331,7 +321,7 @@ async def test_full_disk(local_cluster, history):
         async def writable() -> bool:
             return await bookie_state(cluster, 0) == "writable"
 
-        await wait_until(writable, 30, "the bookie is writable again once the disk has room")
+        await eventually(writable, 30, message="the bookie is writable again once the disk has room")
         await workload.heal("disk freed")
         await check(workload)
     finally:
@@ -349,8 +339,8 @@ async def test_flipped_bytes_in_one_replica(local_cluster, history):
     await workload.wait_acked(1000)
     victim = ensemble_index(nemesis, await workload.current_ensemble(), 0)
     logs = cluster.bookies[victim].data_dir / "ledgers" / "entrylogs"
-    await wait_until(lambda: any(entry_log_records(path) for path in logs.glob("*.log")), 30,
-                     "a checkpoint moved entries into the victim's entry logs")
+    await eventually(lambda: any(entry_log_records(path) for path in logs.glob("*.log")), 30,
+                     message="a checkpoint moved entries into the victim's entry logs")
     nemesis.kill_bookie(victim)
     damaged = flip_entry_log_bytes(cluster.bookies[victim].data_dir, random.Random(12))
     nemesis.note("flipped_bytes", bookie=victim, records=damaged)

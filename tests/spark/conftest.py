@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Iterator
 
 import pytest
 
@@ -16,8 +15,6 @@ import dlog
 from dlog.blocking import BlockingNamespace
 from dlog.segments.codec import records_to_batch
 from tools.cluster import LocalCluster
-
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +92,6 @@ def dlog_ns(cluster: LocalCluster) -> Iterator[Dlog]:
 
 def values(count: int, start: int = 0, prefix: str = "event") -> list[bytes]:
     return [f"{prefix}-{index:07d}".encode() for index in range(start, start + count)]
-
-
-def wait_until(predicate: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.2,
-               message: str = "") -> T:
-    """Poll `predicate` until it returns something truthy (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s: {message} (last value {result!r})")
-        time.sleep(interval_s)
 
 
 def run_available_now(reader: Any, writer_format: str, checkpoint: Path, **writer_options: str) -> Any:

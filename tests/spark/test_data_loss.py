@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from dlog.offsets import Offset
-from tests.spark.conftest import Dlog, input_rows, run_available_now, values, wait_until
+from tests.helpers import eventually_blocking
+from tests.spark.conftest import Dlog, input_rows, run_available_now, values
 
 pytestmark = pytest.mark.spark
 
@@ -31,12 +32,12 @@ def test_rolls_and_truncation_of_read_records_do_not_stop_a_running_query(spark,
     seen = lambda: spark.sql("select count(*) as n from rolling_seen").collect()[0].n
     try:
         dlog_ns.write("rolling", values(900))  # three segments, rolled while the query runs
-        wait_until(lambda: seen() >= 900, message="the first 900 records")
+        eventually_blocking(lambda: seen() >= 900, message="the first 900 records")
         last = segments(dlog_ns, "rolling")[-1]
         ns.truncate("rolling", Offset(last["ledger"], last["last_entry"] + 1))  # everything read so far
         assert [s["state"] for s in segments(dlog_ns, "rolling")][:2] == ["truncated", "truncated"]
         dlog_ns.write("rolling", values(600, start=900))
-        wait_until(lambda: seen() >= 1500, message="records written after the truncation")
+        eventually_blocking(lambda: seen() >= 1500, message="records written after the truncation")
         assert query.exception() is None and query.isActive
         assert sorted(row.value for row in spark.sql("select value from rolling_seen").collect()) == values(1500)
     finally:
@@ -52,11 +53,11 @@ def test_truncating_unread_records_fails_a_running_query_by_default(spark, dlog_
              .option("minRecordsPerTrigger", "300").option("maxTriggerDelay", "10m").load()
              .writeStream.format("noop").trigger(processingTime="300 milliseconds").start())
     try:
-        wait_until(lambda: sum(input_rows(query)) == 300, message="the first 300 records")
+        eventually_blocking(lambda: sum(input_rows(query)) == 300, message="the first 300 records")
         dlog_ns.write("held", values(200, start=300))  # held back: fewer than minRecordsPerTrigger
         second = segments(dlog_ns, "held")[1]
         ns.truncate("held", Offset(second["ledger"], 1))  # 100 records nobody read
-        wait_until(lambda: not query.isActive, message="the query to fail")
+        eventually_blocking(lambda: not query.isActive, message="the query to fail")
         message = str(query.exception())
         assert "data loss" in message and "failOnDataLoss=false" in message
     finally:

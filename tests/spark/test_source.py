@@ -10,7 +10,8 @@ import time
 import pytest
 
 from dlog.offsets import Offset
-from tests.spark.conftest import Dlog, input_rows, run_available_now, values, wait_until
+from tests.helpers import eventually_blocking
+from tests.spark.conftest import Dlog, input_rows, run_available_now, values
 
 pytestmark = pytest.mark.spark
 
@@ -74,7 +75,7 @@ def test_min_records_per_trigger_waits_until_max_trigger_delay(spark, dlog_ns):
                            minRecordsPerTrigger="1000", maxTriggerDelay="3s")
              .writeStream.format("noop").trigger(processingTime="200 milliseconds").start())
     try:
-        wait_until(lambda: sum(input_rows(query)) == 300, message="the held-back records")
+        eventually_blocking(lambda: sum(input_rows(query)) == 300, message="the held-back records")
         assert time.monotonic() - started >= 3.0  # held until the delay, then all 300 at once
         assert input_rows(query) == [300]
     finally:
@@ -90,14 +91,14 @@ def test_a_processing_time_query_tails_records_written_while_it_runs(spark, dlog
              .writeStream.format("memory").queryName("tail_live").trigger(processingTime="300 milliseconds")
              .start())
     try:
-        wait_until(lambda: query.lastProgress is not None, message="the first trigger")
+        eventually_blocking(lambda: query.lastProgress is not None, message="the first trigger")
         with ns.open_writer("live", linger_ms=1) as writer:  # an in-progress segment, rolling every 300
             for index in range(1000):
                 writer.write(b"new-%04d" % index)
                 if index % 100 == 99:
                     writer.flush()
             seen = lambda: spark.sql("select count(*) as n from tail_live").collect()[0].n
-            wait_until(lambda: seen() >= 1000, timeout_s=90, message="records written while the query runs")
+            eventually_blocking(lambda: seen() >= 1000, timeout_s=90, message="records written while the query runs")
         values_seen = [row.value for row in spark.sql("select value from tail_live").collect()]
         assert sorted(values_seen) == [f"new-{i:04d}" for i in range(1000)]
     finally:
