@@ -29,7 +29,7 @@ PORT_RETRIES = 3
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: the kernel sends SIGKILL when our parent dies."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -146,7 +146,7 @@ class LocalCluster:
         log_file: IO[str] = open(bookie.data_dir / "bookie.log", "a")
         bookie.process = subprocess.Popen(self.bookie_command(bookie), stdout=subprocess.PIPE,
                                           stderr=log_file, text=True,
-                                          preexec_fn=_die_with_parent, cwd=_project_root(),
+                                          preexec_fn=die_with_parent, cwd=project_root(),
                                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
         log_file.close()
         bookie.http = None
@@ -260,5 +260,5 @@ class LineReader:
         return None
 
 
-def _project_root() -> str:
+def project_root() -> str:
     return str(Path(__file__).resolve().parent.parent)

@@ -22,7 +22,13 @@ from typing import Any, Awaitable, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from bookkeeper.errors import DlogError

@@ -8,7 +8,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from bookkeeper.errors import ConfigError
 from dlog.offsets import Offset

@@ -19,7 +19,7 @@ payload that starts right after it keeps the 8-byte alignment Arrow IPC buffers 
 
 The payload holds no schema: readers know the stream's schema from the stream config and pass it
 to `pyarrow.ipc.read_record_batch`, so decoding is a handful of C++ calls whatever the record
-count. `tools/bench_codec.py` on ~120-byte JSON-like values: one frame over the whole message
+count. `dlog bench codec` (tools/bench/codec.py) on ~120-byte JSON-like values: one frame over the whole message
 decodes up to 2x faster than Arrow's own per-buffer IPC compression at 1,000-record batches and
 encodes as fast, but Arrow's per-buffer frames are 4-12% smaller; levels 1 and 3 compress alike
 and level 1 encodes 1.4-1.7x faster.

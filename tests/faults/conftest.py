@@ -8,9 +8,9 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tests.harness.history import History
 from tests.helpers import local_clusters
 from tools.cluster import LocalCluster
-from tools.history import History
 
 
 @pytest.fixture

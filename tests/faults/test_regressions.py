@@ -17,10 +17,9 @@ from bookkeeper.client import BookKeeper
 from bookkeeper.errors import DlogError
 from bookkeeper.protocol.wire import ReadRequest
 from dlog import Namespace, TruncatedError, WriterFencedError
+from tests.harness.faults.clients import awaiting_frames
+from tests.harness.faults.faults import entry_log_records, flip_entry_log_bytes
 from tests.helpers import eventually
-
-from .faults import entry_log_records, flip_entry_log_bytes
-from .clients import awaiting_frames
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 

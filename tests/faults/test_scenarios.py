@@ -1,5 +1,5 @@
 """Each fault of RELIABILITY.md's list, on real processes: write under load, inject the fault, heal,
-read everything back with a fresh reader, and check the whole history (tools/history.py)."""
+read everything back with a fresh reader, and check the whole history (tests/harness/history.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,17 @@ import pytest
 
 from bookkeeper.protocol.metadata import LedgerState
 from dlog import Offset, WriterFencedError
+from tests.harness.faults.faults import (
+    CapabilityMissing,
+    Nemesis,
+    TmpfsDisk,
+    damage_journal_tail,
+    entry_log_records,
+    flip_entry_log_bytes,
+)
+from tests.harness.faults.network import NetnsCluster, NetnsLab, netem_missing
+from tests.harness.faults.workload import Settings, Workload, WriterProcess
 from tests.helpers import eventually
-
-from .faults import (CapabilityMissing, Nemesis, TmpfsDisk, damage_journal_tail, entry_log_records,
-                     flip_entry_log_bytes)
-from .network import NetnsCluster, NetnsLab, netem_missing
-from .workload import Settings, Workload, WriterProcess
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 

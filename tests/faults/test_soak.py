@@ -1,4 +1,4 @@
-"""A short soak as a user runs it: `python -m tools.chaos` with a fixed seed mixes every fault this
+"""A short soak as a user runs it: `python -m tests.harness.chaos` with a fixed seed mixes every fault this
 machine can inject for about a minute, then heals, reads back and checks the history (exit 0)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_one_minute_soak_with_a_fixed_seed_finds_no_anomaly(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "tools.chaos", "--seed", str(SEED), "--minutes", "1", "--rate", "200",
+    command = [sys.executable, "-m", "tests.harness.chaos", "--seed", str(SEED), "--minutes", "1", "--rate", "200",
                "--dir", str(tmp_path / "chaos")]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200)
     output = result.stdout + result.stderr
@@ -27,6 +27,6 @@ def test_a_one_minute_soak_with_a_fixed_seed_finds_no_anomaly(tmp_path: Path) ->
 
 def test_bad_arguments_are_refused_with_a_clear_message() -> None:
     for arguments in (["--minutes", "1"], ["--seed", "x", "--minutes", "1"], ["--seed", "1", "--minutes", "0"]):
-        result = subprocess.run([sys.executable, "-m", "tools.chaos", *arguments], cwd=ROOT,
+        result = subprocess.run([sys.executable, "-m", "tests.harness.chaos", *arguments], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and "error:" in result.stderr, (arguments, result.stderr)

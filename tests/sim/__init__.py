@@ -1,1 +1,1 @@
-"""A deterministic simulation of bookies, the metadata store and clients running the real protocol core."""
+"""Tests of the seeded simulators (the simulators themselves live in tests/harness)."""

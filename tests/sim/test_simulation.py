@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-
-from .bookie import Request, SimBookie
-from .history import History
-from .plants import planted
-from .simulation import FAULT_KINDS, RunResult, Simulation, run
-from .world import Network, NetworkConfig, World
+from tests.harness.sim.bookie import Request, SimBookie
+from tests.harness.sim.history import History
+from tests.harness.sim.plants import planted
+from tests.harness.sim.simulation import FAULT_KINDS, RunResult, Simulation, run
+from tests.harness.sim.world import Network, NetworkConfig, World
 
 FIXED_SEEDS = range(0, 1200)  # ~9 s; together they inject every fault kind (checked below)
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,14 +67,14 @@ def test_the_replay_command_does_not_depend_on_the_hash_seed():
     outputs = []
     for hash_seed in ("1", "2"):
         environment = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        done = subprocess.run([sys.executable, "-m", "tools.sim", "--seed", "5", "--steps", "5000"],
+        done = subprocess.run([sys.executable, "-m", "tests.harness.sim", "--seed", "5", "--steps", "5000"],
                               cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         outputs.append(done.stdout)
     assert "fingerprint" in outputs[0] and outputs[0] == outputs[1]
 
 
-# Seeds where each planted bug breaks a promise (found with `python -m tools.sim --seeds 2000
+# Seeds where each planted bug breaks a promise (found with `python -m tests.harness.sim --seeds 2000
 # --plant NAME`; if the simulator changes how it draws, find new ones the same way).
 PLANTED = [
     ("ack-quorum-minus-one", 3, "A2"),
@@ -94,7 +93,7 @@ def test_the_checker_catches_a_planted_bug(plant, seed, promise):
         with pytest.raises(AssertionError) as failure:
             run(seed, **options)
     report = str(failure.value)
-    assert f"seed {seed}" in report and f"python -m tools.sim --seed {seed}" in report
+    assert f"seed {seed}" in report and f"python -m tests.harness.sim --seed {seed}" in report
     assert "last 40 events:" in report and report.count("\n  t=") >= 10
     assert run(seed).violations == []  # the same seed without the plant is fine
 

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from bookkeeper.errors import ConfigError
-from tools.cli import SIZE, bookie_config, bookie_start
+from tools.cli.bookie import bookie_config, bookie_start
+from tools.cli.common import SIZE
 from tools.config import client_options, layered_params
 
 

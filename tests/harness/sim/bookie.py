@@ -29,9 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.errors import (BadRequestError, BookieUnavailableError, DlogError, EntryExistsError,
-                               LedgerFencedError, NoSuchEntryError, NoSuchLedgerError,
-                               UnauthorizedError)
+from bookkeeper.errors import (
+    BadRequestError,
+    BookieUnavailableError,
+    DlogError,
+    EntryExistsError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
 from bookkeeper.protocol.entry import ENTRY_HEADER, ENTRY_HEADER_BYTES
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
-"""`dlog bench MODE`: each mode measures (tools/bench.py) and this module presents the result: one
-table per list of runs, or with `--json` one JSON object, and with `--plot DIR` PNG charts.
+"""`dlog bench MODE`, the one front end of the benchmarks: each mode measures (tools/bench/) and
+this module presents the result: one table per list of runs, or with `--json` one JSON object,
+and with `--plot DIR` PNG charts.
 
 Every mode takes `--no-fsync` (figures without fdatasync, NOT durable; every result says which)
 and `--json`. `--plot` needs matplotlib, which the project does not depend on; without it the
@@ -15,13 +16,11 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from bookkeeper.errors import DlogError
-from tools.cli import SIZE, fails_cleanly, json_option, main
+from tools.bench.plots import plot_dir_checked, plot_latency, plot_scale
+from tools.cli.common import SIZE, fails_cleanly, json_option
 
 LEDGER_SWEEP_RATES = (500, 1000, 2000, 5000)
 TAIL_SWEEP_RATES = (500, 1000, 2000, 5000, 10_000)
-MATPLOTLIB_MISSING = ("--plot needs matplotlib, which is not installed in this environment: "
-                      "install it with `.venv/bin/pip install matplotlib`, or run without --plot")
 
 
 def print_bench(result: dict[str, Any], as_json: bool) -> None:
@@ -68,106 +67,7 @@ def rates_option(default: Sequence[int]) -> Callable[..., Any]:
                         help=f"offered rates for the latency chart (repeatable; with --plot, default {shown})")
 
 
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend, or a clear refusal."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise DlogError(MATPLOTLIB_MISSING) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-
-    return pyplot
-
-
-def _fsync_label(result: dict[str, Any]) -> str:
-    return "fsync on" if result["fsync"] else "fsync OFF (not durable)"
-
-
-def plot_latency(result: dict[str, Any], path: Path, title: str, rate_unit: str) -> Path:
-    """Tail latency percentiles against the offered rate, one point per tail run."""
-    pyplot = _pyplot()
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
-    runs = sorted((run for run in result["runs"] if run["run"] == "tail"), key=lambda run: run["rate_per_s"])
-    rates = [run["rate_per_s"] for run in runs]
-    figure, axes = pyplot.subplots(figsize=(8, 5), dpi=110)
-    for key, label, style in (("p50_ms", "p50", "o-"), ("p99_ms", "p99", "s-"), ("p999_ms", "p99.9", "^-")):
-        axes.plot(rates, [run[key] for run in runs], style, label=label)
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xticks(rates, [f"{rate:,}" for rate in rates])
-    axes.minorticks_off()
-    axes.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axes.set_xlabel(f"offered throughput ({rate_unit} per second, log scale)")
-    axes.set_ylabel("latency (ms, log scale)")
-    axes.set_title(f"{title}\n{result.get('quorum', '')}, {_fsync_label(result)}", fontsize=10)
-    axes.grid(True, which="major", alpha=0.4)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    pyplot.close(figure)
-    return path
-
-
-def plot_scale(result: dict[str, Any], path: Path) -> Path:
-    """Records/s against stream count; beside it the lagging reader's RSS for each backlog."""
-    pyplot = _pyplot()
-    from matplotlib.ticker import FuncFormatter
-
-    figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 4.8), dpi=110)
-    runs = result["runs"]
-    counts = [run["streams"] for run in runs]
-    left.plot(counts, [run["records_per_s"] for run in runs], "o-")
-    for run in runs:
-        left.annotate(f"{run['records_per_s']:,}", (run["streams"], run["records_per_s"]),
-                      textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-    left.set_xscale("log")
-    left.set_xticks(counts, [f"{count:,}" for count in counts])
-    left.minorticks_off()
-    left.set_xlim(min(counts) / 2, max(counts) * 2)
-    left.set_ylim(bottom=0, top=max(run["records_per_s"] for run in runs) * 1.15)
-    left.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
-    left.set_xlabel("streams, each with its own writer (log scale)")
-    left.set_ylabel("records per second (all streams)")
-    left.set_title(f"{runs[0]['records']:,} records of {result['record_bytes']} B spread over N streams",
-                   fontsize=10)
-    left.grid(True, alpha=0.4)
-    memory = result.get("memory", [])
-    phases = (("rss_before_mb", "before"), ("rss_behind_mb", "behind"), ("rss_after_mb", "caught up"),
-              ("rss_peak_mb", "peak after open"))
-    width = 0.8 / len(phases)
-    for offset, (key, label) in enumerate(phases):
-        right.bar([index + offset * width for index in range(len(memory))], [run[key] for run in memory],
-                  width, label=label)
-    right.set_xticks([index + width * (len(phases) - 1) / 2 for index in range(len(memory))],
-                     [f"{run['records']:,} records\n({run['backlog_mb']:,} MB of values)" for run in memory])
-    right.set_xlabel("backlog the reader fell behind by")
-    right.set_ylabel("reader process RSS (MB)")
-    bound = (f"{memory[0]['read_ahead_entries']} entries / {memory[0].get('read_ahead_mb', '-')} MiB"
-             if memory else "-")
-    right.set_title(f"lagging reader memory (read-ahead {bound})", fontsize=10)
-    right.set_ylim(0, max([run["rss_peak_mb"] for run in memory] + [1]) * 1.3)
-    right.legend(fontsize=8, ncol=len(phases), loc="upper center")
-    right.grid(True, axis="y", alpha=0.4)
-    figure.suptitle(f"dlog scale, {result['quorum']}, {_fsync_label(result)}", fontsize=11)
-    figure.tight_layout()
-    figure.savefig(path)
-    pyplot.close(figure)
-    return path
-
-
-def _plot_dir(plot_dir: Path | None) -> Path | None:
-    """Check --plot before measuring: matplotlib importable, directory creatable."""
-    if plot_dir is None:
-        return None
-    _pyplot()
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    return plot_dir
-
-
-@main.group()
+@click.group()
 def bench() -> None:
     """Measure throughput and latency on a local cluster of real processes (fsync on)."""
 
@@ -183,7 +83,7 @@ def bench() -> None:
 def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple[int, ...],
                          no_fsync: bool, as_json: bool) -> None:
     """Raw adds against one bookie process."""
-    from tools.bench import bench_bookie
+    from tools.bench.ledger import bench_bookie
 
     result = bench_bookie(entries, sizes or (100, 1024), in_flights or (1, 64), fsync=not no_fsync)
     print_bench(result, as_json)
@@ -204,9 +104,9 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
                          sweep_rates: tuple[int, ...], plot_dir: Path | None, no_fsync: bool,
                          as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
-    from tools.bench import bench_ledger
+    from tools.bench.ledger import bench_ledger
 
-    plot_dir = _plot_dir(plot_dir)
+    plot_dir = plot_dir_checked(plot_dir)
     if plot_dir is not None and not sweep_rates:
         sweep_rates = LEDGER_SWEEP_RATES
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
@@ -229,7 +129,7 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
 def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail_seconds: float,
                           no_fsync: bool, as_json: bool) -> None:
     """The write, read and tail modes in one run, on one cluster (E3/Qw2/Qa2)."""
-    from tools.bench_streams import bench_streams
+    from tools.bench.streams import bench_streams
 
     print_bench(bench_streams(records, batch_records, tail_rate, tail_seconds, fsync=not no_fsync), as_json)
 
@@ -246,7 +146,7 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
 def bench_write_command(records: int, batch_records: int, write_records: int, no_fsync: bool,
                         as_json: bool) -> None:
     """Stream writes: write_batch() of Arrow batches and per-record write(), records/s and MB/s."""
-    from tools.bench_streams import bench_write
+    from tools.bench.streams import bench_write
 
     print_bench(bench_write(records, batch_records, write_records, fsync=not no_fsync), as_json)
 
@@ -260,7 +160,7 @@ def bench_write_command(records: int, batch_records: int, write_records: int, no
 @fails_cleanly
 def bench_read_command(records: int, batch_records: int, no_fsync: bool, as_json: bool) -> None:
     """Catch-up read of a closed segment as Arrow batches."""
-    from tools.bench_streams import bench_read
+    from tools.bench.streams import bench_read
 
     print_bench(bench_read(records, batch_records, fsync=not no_fsync), as_json)
 
@@ -278,9 +178,9 @@ def bench_read_command(records: int, batch_records: int, no_fsync: bool, as_json
 def bench_tail_command(rate: int, seconds: float, sweep_rates: tuple[int, ...], plot_dir: Path | None,
                        no_fsync: bool, as_json: bool) -> None:
     """Write-to-tailing-reader latency p50/p99/p99.9 at a fixed rate."""
-    from tools.bench_streams import bench_tail
+    from tools.bench.streams import bench_tail
 
-    plot_dir = _plot_dir(plot_dir)
+    plot_dir = plot_dir_checked(plot_dir)
     if plot_dir is not None and not sweep_rates:
         sweep_rates = TAIL_SWEEP_RATES
     result = bench_tail(rate, seconds, fsync=not no_fsync, sweep_rates_per_s=sweep_rates)
@@ -307,9 +207,9 @@ def bench_scale_command(records: int, stream_counts: tuple[int, ...], backlog_re
                         backlog_batch_records: int, plot_dir: Path | None, no_fsync: bool,
                         as_json: bool) -> None:
     """The same write load over 1..1,000 streams; a lagging reader's memory behind a backlog."""
-    from tools.bench_scale import bench_scale
+    from tools.bench.scale import bench_scale
 
-    plot_dir = _plot_dir(plot_dir)
+    plot_dir = plot_dir_checked(plot_dir)
     result = bench_scale(records, stream_counts or (1, 10, 100, 1000),
                          backlog_records or (200_000, 2_000_000), backlog_batch_records, fsync=not no_fsync)
     if plot_dir is not None:
@@ -328,7 +228,7 @@ def bench_scale_command(records: int, stream_counts: tuple[int, ...], backlog_re
 def bench_limits_command(directory: Path | None, journal_writes: int, sequential_size: int,
                          round_trips: int, as_json: bool) -> None:
     """This machine without dlog: 4 KiB write+fdatasync/s, synced MB/s, loopback TCP round trip."""
-    from tools.bench_limits import bench_limits
+    from tools.bench.limits import bench_limits
 
     print_bench(bench_limits(directory, journal_writes, sequential_size, round_trips), as_json)
 
@@ -345,6 +245,55 @@ def bench_limits_command(directory: Path | None, journal_writes: int, sequential
 def bench_compare_command(records: int, batch_records: int, in_flight: int, no_fsync: bool,
                           as_json: bool) -> None:
     """The same writes and catch-up reads on dlog and on Redis Streams (needs scripts/ensure-redis.sh)."""
-    from tools.bench_compare import bench_compare
+    from tools.bench.compare import bench_compare
 
     print_bench(bench_compare(records, batch_records, in_flight, fsync=not no_fsync), as_json)
+
+
+@bench.command("codec")
+@click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
+@click.option("--batch-records", "batch_sizes", multiple=True, type=click.IntRange(1),
+              help="records per batch (repeatable; default 1000, 5000 and 20000)")
+@click.option("--repeat", default=3, show_default=True, type=click.IntRange(1, 100),
+              help="runs per figure; the best is reported")
+@json_option
+@fails_cleanly
+def bench_codec_command(records: int, batch_sizes: tuple[int, ...], repeat: int, as_json: bool) -> None:
+    """The record-set codec alone: encode/decode records/s and compression, per batch size."""
+    from tools.bench.codec import run_codec
+
+    print_bench(run_codec(records, batch_sizes or (1000, 5000, 20_000), repeat), as_json)
+
+
+@bench.command("journal")
+@click.option("--records", default=200_000, show_default=True, type=click.IntRange(1))
+@click.option("--in-flight", "in_flights", multiple=True, type=click.IntRange(1, 100_000),
+              help="appends kept outstanding (repeatable; default 1 and 64)")
+@click.option("--record-size", default=100, show_default=True, type=SIZE)
+@click.option("--prealloc", default="16MiB", show_default=True, type=SIZE,
+              help="journal preallocation step (0: none)")
+@no_fsync_option
+@json_option
+@fails_cleanly
+def bench_journal_command(records: int, in_flights: tuple[int, ...], record_size: int, prealloc: int,
+                          no_fsync: bool, as_json: bool) -> None:
+    """The bookie journal alone: group-committed appends/s and fsyncs/s, closed loop."""
+    from tools.bench.journal import bench_journal
+
+    print_bench(bench_journal(records, in_flights or (1, 64), record_size, prealloc, not no_fsync),
+                as_json)
+
+
+@bench.command("spark")
+@click.option("--records", default=10_000_000, show_default=True, type=click.IntRange(100))
+@click.option("--cores", default=2, show_default=True, type=click.IntRange(1, 256), help="Spark local[N]")
+@click.option("--partitions", default=8, show_default=True, type=click.IntRange(1, 10_000),
+              help="minPartitions of reads, partitions of the sink")
+@no_fsync_option
+@json_option
+@fails_cleanly
+def bench_spark_command(records: int, cores: int, partitions: int, no_fsync: bool, as_json: bool) -> None:
+    """The Spark source and sink: streaming read, sink and read-to-sink pipeline rows/s."""
+    from tools.bench.spark import bench_spark
+
+    print_bench(bench_spark(records, cores=cores, partitions=partitions, fsync=not no_fsync), as_json)

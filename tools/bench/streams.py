@@ -12,8 +12,15 @@ import pyarrow.compute as pc
 
 from bookkeeper.errors import DlogError
 from dlog.segments.codec import records_to_batch
-from tools.bench import (_mb_per_s, _ratio, _run_streams, _stored, _stream_header, event_values,
-                         percentiles)
+from tools.bench.common import (
+    event_values,
+    mb_per_s,
+    percentiles,
+    ratio,
+    run_streams,
+    stored_totals,
+    stream_header,
+)
 from tools.cluster import LocalCluster
 
 
@@ -33,11 +40,11 @@ async def _write_batch_run(ns: Any, stream: str, values: list[bytes], batch_reco
         await asyncio.gather(*pending)
         elapsed_s = time.perf_counter() - started
     raw_bytes = sum(map(len, values))
-    stored = await _stored(ns, stream)
+    stored = await stored_totals(ns, stream)
     return {"run": "write_batch", "records": len(values), "batch_records": batch_records,
             "in_flight": in_flight, "records_per_s": round(len(values) / elapsed_s),
-            "mb_per_s": _mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
-            "stored_records": stored["records"], "compression_ratio": _ratio(raw_bytes, stored["bytes"])}
+            "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
+            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"])}
 
 
 async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
@@ -57,16 +64,16 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
             future.result()
         elapsed_s = time.perf_counter() - started
     raw_bytes = sum(map(len, values))
-    stored = await _stored(ns, stream)
+    stored = await stored_totals(ns, stream)
     return {"run": "write", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
-            "mb_per_s": _mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
-            "stored_records": stored["records"], "compression_ratio": _ratio(raw_bytes, stored["bytes"])}
+            "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
+            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"])}
 
 
-async def _read_run(ns: Any, stream: str) -> dict[str, Any]:
+async def read_run(ns: Any, stream: str) -> dict[str, Any]:
     """Catch-up read of a stream whose segments are all completed, entry by entry as Arrow
     batches (`next_entry`), without following the tail."""
-    stored = await _stored(ns, stream)
+    stored = await stored_totals(ns, stream)
     reader = await ns.open_reader(stream, follow=False)
     started = time.perf_counter()
     records = entries = raw_bytes = 0
@@ -78,7 +85,7 @@ async def _read_run(ns: Any, stream: str) -> dict[str, Any]:
     await reader.close()
     return {"run": "read", "records": records, "entries": entries, "segments": stored["segments"],
             "as": "arrow batches", "records_per_s": round(records / elapsed_s),
-            "mb_per_s": _mb_per_s(raw_bytes, elapsed_s), "compression_ratio": _ratio(raw_bytes, stored["bytes"])}
+            "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "compression_ratio": ratio(raw_bytes, stored["bytes"])}
 
 
 async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) -> dict[str, Any]:
@@ -115,11 +122,11 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
     await asyncio.wait_for(task, 60)
     await reader.close()
     await writer.close()
-    stored = await _stored(ns, stream)
+    stored = await stored_totals(ns, stream)
     return {"run": "tail", "records": count, "rate_per_s": rate_per_s,
             "achieved_per_s": round(count / max(offered_s, 1 / rate_per_s)), **percentiles(latencies),
             "records_per_entry": round(count / max(stored["entries"], 1), 1),
-            "compression_ratio": _ratio(sum(map(len, values)), stored["bytes"])}
+            "compression_ratio": ratio(sum(map(len, values)), stored["bytes"])}
 
 
 def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_rate: int = 10_000,
@@ -130,10 +137,10 @@ def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_ra
         values = event_values(records)
         return [await _write_batch_run(ns, "batches", values, batch_records),
                 await _write_records_run(ns, "records", values[:min(records, 300_000)]),
-                await _read_run(ns, "batches"),
+                await read_run(ns, "batches"),
                 await _stream_tail(ns, "tail", tail_rate, tail_seconds)]
 
-    return {**_stream_header("streams", fsync), "record_bytes": 100, "runs": _run_streams(fsync, runs)}
+    return {**stream_header("streams", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs)}
 
 
 def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
@@ -145,7 +152,7 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
         return [await _write_batch_run(ns, "batches", values, batch_records),
                 await _write_records_run(ns, "records", values[:min(records, write_records)])]
 
-    return {**_stream_header("write", fsync), "record_bytes": 100, "runs": _run_streams(fsync, runs)}
+    return {**stream_header("write", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs)}
 
 
 def bench_read(records: int = 1_000_000, batch_records: int = 10_000, fsync: bool = True) -> dict[str, Any]:
@@ -153,9 +160,9 @@ def bench_read(records: int = 1_000_000, batch_records: int = 10_000, fsync: boo
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         written = await _write_batch_run(ns, "read", event_values(records), batch_records)
-        return [{**written, "run": "write_batch (setup)"}, await _read_run(ns, "read")]
+        return [{**written, "run": "write_batch (setup)"}, await read_run(ns, "read")]
 
-    return {**_stream_header("read", fsync), "record_bytes": 100, "runs": _run_streams(fsync, runs)}
+    return {**stream_header("read", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs)}
 
 
 def bench_tail(rate_per_s: int = 10_000, seconds: float = 5.0, fsync: bool = True,
@@ -166,5 +173,5 @@ def bench_tail(rate_per_s: int = 10_000, seconds: float = 5.0, fsync: bool = Tru
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         return [await _stream_tail(ns, f"tail-{rate}", rate, seconds) for rate in rates]
 
-    return {**_stream_header("tail", fsync), "record_bytes": 100, "seconds_per_rate": seconds,
-            "runs": _run_streams(fsync, runs)}
+    return {**stream_header("tail", fsync), "record_bytes": 100, "seconds_per_rate": seconds,
+            "runs": run_streams(fsync, runs)}

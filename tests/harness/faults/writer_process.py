@@ -7,16 +7,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from tests.faults.clients import Settings, WriterLoop  # noqa: E402
-from tools.history import History  # noqa: E402
+from tests.harness.faults.clients import Settings, WriterLoop
+from tests.harness.history import History
 
 ACK_REPORT_EVERY = 25
 

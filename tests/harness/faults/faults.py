@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.harness.history import History
 from tools.cluster import LocalCluster
-from tools.history import History
 
 COMMAND_TIMEOUT_S = 20.0
 

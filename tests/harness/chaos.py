@@ -1,9 +1,9 @@
 """A seeded soak: writers and tailing readers on one stream while faults, drawn at random from the
 seed, come and go; then everything heals, the stream is sealed and read back, and the history is
-checked (tools/history.py).
+checked (tests/harness/history.py).
 
-    python -m tools.chaos --seed 1 --minutes 30          # the long soak
-    python -m tools.chaos --seed 7 --minutes 1 --rate 200  # what tests/faults/test_soak.py runs
+    python -m tests.harness.chaos --seed 1 --minutes 30          # the long soak
+    python -m tests.harness.chaos --seed 7 --minutes 1 --rate 200  # what tests/faults/test_soak.py runs
 
 The fault schedule (which fault, on which bookie, for how long, and the gaps) is a function of the
 seed; the processes' timing is not, so a replay reproduces the schedule, not every interleaving.
@@ -37,20 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-# the workload and the injectors are test code, in tests/faults; make them importable however
-# this module was started (as tools/sim.py does for tests/sim)
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from tests.faults.faults import (CapabilityMissing, Nemesis, TmpfsDisk, damage_journal_tail,  # noqa: E402
-                                 flip_entry_log_bytes)
-from tests.faults.clients import STUCK_ERRORS_MAX  # noqa: E402
-from tests.faults.network import NetnsCluster, NetnsLab  # noqa: E402
-from tests.faults.workload import Settings, Workload, WriterProcess  # noqa: E402
-from bookkeeper.errors import DlogError  # noqa: E402
-from tools.cluster import LocalCluster  # noqa: E402
-from tools.history import History, Report  # noqa: E402
+from bookkeeper.errors import DlogError
+from tests.harness.faults.clients import STUCK_ERRORS_MAX
+from tests.harness.faults.faults import (
+    CapabilityMissing,
+    Nemesis,
+    TmpfsDisk,
+    damage_journal_tail,
+    flip_entry_log_bytes,
+)
+from tests.harness.faults.network import NetnsCluster, NetnsLab
+from tests.harness.faults.workload import Settings, Workload, WriterProcess
+from tests.harness.history import History, Report
+from tools.cluster import LocalCluster
 
 BOOKIES = 5
 DAMAGEABLE = 0  # the one bookie whose disk faults may hit (one damaged replica at most)
@@ -424,7 +423,7 @@ async def main_async(arguments: argparse.Namespace) -> int:
         return 0
     print(report.summary(), flush=True)
     print(f"chaos: seed {seed} FAILED with {len(report.anomalies)} anomalies; history kept at "
-          f"{history.path}\nreplay the schedule: python -m tools.chaos --seed {seed} --minutes {minutes}",
+          f"{history.path}\nreplay the schedule: python -m tests.harness.chaos --seed {seed} --minutes {minutes}",
           flush=True)
     return 1
 
@@ -456,7 +455,7 @@ def _fault_kinds(text: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    result = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__.split("\n\n")[0],
+    result = argparse.ArgumentParser(prog="python -m tests.harness.chaos", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     result.add_argument("--seed", type=_seed, required=True, help="draws the fault schedule")
     result.add_argument("--minutes", type=_positive_float, required=True, help="how long faults are injected")

@@ -12,23 +12,28 @@ records/s for encode and decode and the compression ratio (Arrow IPC bytes / ent
 Decode includes `validate(full=True)`, which this codec always runs; its share is printed apart.
 Single process, single thread; a number is the best of --repeat runs.
 
-    .venv/bin/python tools/bench_codec.py
-    .venv/bin/python tools/bench_codec.py --records 200000 --batch-sizes 1000,5000
+    dlog bench codec
+    dlog bench codec --records 200000 --batch-records 1000 --batch-records 5000
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from dlog.segments.codec import HEADER_BYTES, RecordSetCodec, default_schema, records_to_batch
+from dlog.segments.codec import (
+    HEADER_BYTES,
+    RecordSetCodec,
+    default_schema,
+    records_to_batch,
+)
 
 EVENTS = ("page_view", "add_to_cart", "checkout", "search", "login", "logout", "purchase", "review")
 COUNTRIES = ("DE", "FR", "US", "GB", "NL", "SE", "PL", "ES", "IT", "JP", "BR", "IN", "CA", "AU")
@@ -43,12 +48,6 @@ class Result:
     ipc_bytes: int
     entry_bytes: int
 
-    def line(self, records: int) -> str:
-        return (
-            f"{self.mode:<13} batch={self.batch_records:<6d} encode={records / self.encode_seconds:>12,.0f} rec/s "
-            f"decode={records / self.decode_seconds:>12,.0f} rec/s  ratio={self.ipc_bytes / self.entry_bytes:5.2f}  "
-            f"bytes/record={self.entry_bytes / records:6.1f}"
-        )
 
 
 def make_records(count: int, seed: int) -> tuple[list[bytes], list[bytes], list[int]]:
@@ -123,42 +122,35 @@ def bench_arrow(mode: str, level: int, schema: pa.Schema, batches: list[pa.Recor
     return Result(mode, batches[0].num_rows, encode_seconds, decode_seconds, ipc_bytes, entry_bytes)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--batch-sizes", default="1000,5000,20000")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=7)
-    arguments = parser.parse_args()
-    records = arguments.records
-
+def run_codec(records: int = 1_000_000, batch_sizes: tuple[int, ...] = (1000, 5000, 20_000),
+              repeat: int = 3, seed: int = 7) -> dict[str, Any]:
+    """Encode/decode records/s and compression ratio per batch size and codec variant."""
     started = time.perf_counter()
-    values, keys, timestamps_ms = make_records(records, arguments.seed)
-    generate_seconds = time.perf_counter() - started
+    values, keys, timestamps_ms = make_records(records, seed)
+    generate_s = time.perf_counter() - started
     started = time.perf_counter()
     whole = records_to_batch(values, keys, timestamps_ms)
-    build_seconds = time.perf_counter() - started
+    build_s = time.perf_counter() - started
     value_bytes = sum(map(len, values))
-    print(f"{records:,} records, mean value {value_bytes / records:.1f} bytes, e.g. {values[0].decode()}")
-    print(f"(generating them in Python: {generate_seconds:.1f}s; records_to_batch on the lists: "
-          f"{records / build_seconds:,.0f} rec/s)")
     schema = default_schema()
-    for batch_records in (int(size) for size in arguments.batch_sizes.split(",")):
+    runs: list[dict[str, Any]] = []
+    for batch_records in batch_sizes:
         batches = [whole.slice(start, batch_records) for start in range(0, records, batch_records)]
         results = [
-            bench_codec("zstd-1", RecordSetCodec(schema, compression_level=1), batches, arguments.repeat),
-            bench_codec("zstd-3", RecordSetCodec(schema, compression_level=3), batches, arguments.repeat),
-            bench_codec("none", RecordSetCodec(schema, compress=False), batches, arguments.repeat),
-            bench_arrow("arrow-zstd-1", 1, schema, batches, arguments.repeat),
-            bench_arrow("arrow-zstd-3", 3, schema, batches, arguments.repeat),
+            bench_codec("zstd-1", RecordSetCodec(schema, compression_level=1), batches, repeat),
+            bench_codec("zstd-3", RecordSetCodec(schema, compression_level=3), batches, repeat),
+            bench_codec("none", RecordSetCodec(schema, compress=False), batches, repeat),
+            bench_arrow("arrow-zstd-1", 1, schema, batches, repeat),
+            bench_arrow("arrow-zstd-3", 3, schema, batches, repeat),
         ]
-        for result in results:
-            print(result.line(records))
         decoded = [RecordSetCodec(schema).decode(RecordSetCodec(schema).encode(batch, 0))[1] for batch in batches]
-        validate_seconds = best_seconds(lambda: [batch.validate(full=True) for batch in decoded], arguments.repeat)
-        print(f"{'':13} of which validate(full=True): {1e3 * validate_seconds:.1f} ms for all {records:,} records")
-        print()
-
-
-if __name__ == "__main__":
-    main()
+        validate_s = best_seconds(lambda: [batch.validate(full=True) for batch in decoded], repeat)
+        runs += [{"codec": result.mode, "batch_records": result.batch_records,
+                  "encode_records_per_s": round(records / result.encode_seconds),
+                  "decode_records_per_s": round(records / result.decode_seconds),
+                  "compression_ratio": round(result.ipc_bytes / result.entry_bytes, 2),
+                  "bytes_per_record": round(result.entry_bytes / records, 1),
+                  "validate_ms": round(1e3 * validate_s, 1)} for result in results]
+    return {"mode": "codec", "records": records, "mean_value_bytes": round(value_bytes / records, 1),
+            "generate_s": round(generate_s, 2), "records_to_batch_per_s": round(records / build_s),
+            "runs": runs}

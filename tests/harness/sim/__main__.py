@@ -1,11 +1,11 @@
 """Run the seeded protocol simulator: replay one seed, or explore many.
 
-    python -m tools.sim --seed 42 --steps 30000      # replay one run (add --trace for its events)
-    python -m tools.sim --seeds 1000 --start 0       # explore seeds 0..999 and print a summary
-    python -m tools.sim --seeds 2000 --plant ack-quorum-minus-one   # show the checker catching a bug
+    python -m tests.harness.sim --seed 42 --steps 30000      # replay one run (add --trace for its events)
+    python -m tests.harness.sim --seeds 1000 --start 0       # explore seeds 0..999 and print a summary
+    python -m tests.harness.sim --seeds 2000 --plant ack-quorum-minus-one   # show the checker catching a bug
 
 Exit status 1 when any run broke a promise; every failing seed is printed with the command that
-replays it. The simulator itself lives in tests/sim (see tests/sim/simulation.py).
+replays it. The simulator itself lives in tests/sim (see tests/harness/sim/simulation.py).
 """
 
 from __future__ import annotations
@@ -14,15 +14,9 @@ import argparse
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-# the simulator is test code, in tests/sim; make it importable however this module was started
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from tests.sim import plants  # noqa: E402
-from tests.sim.simulation import DEFAULT_STEPS, RunResult, Simulation  # noqa: E402
+from tests.harness.sim import plants
+from tests.harness.sim.simulation import DEFAULT_STEPS, RunResult, Simulation
 
 FAILING_SEEDS_SHOWN_MAX = 20
 
@@ -38,7 +32,7 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools.sim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.harness.sim", description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--seed", type=_positive, help="replay this one seed")
     mode.add_argument("--seeds", type=_positive, help="explore this many seeds")
@@ -97,7 +91,7 @@ def explore(start: int, count: int, steps: int, options: dict[str, bool]) -> int
     print(f"violations: {len(failing)}")
     for result in failing[:FAILING_SEEDS_SHOWN_MAX]:
         print(f"  seed {result.seed}: {result.violations[0]}")
-        print(f"    replay: python -m tools.sim --seed {result.seed} --steps {result.steps}")
+        print(f"    replay: python -m tests.harness.sim --seed {result.seed} --steps {result.steps}")
     if len(failing) > FAILING_SEEDS_SHOWN_MAX:
         print(f"  ... and {len(failing) - FAILING_SEEDS_SHOWN_MAX} more")
     if failing:

@@ -166,7 +166,7 @@ async def snapshot_stream_metadata(zk: Any, segments_path: str, client: Any = No
 
 
 async def _ledger_states(client: Any, segments: list[dict[str, Any]]) -> dict[str, Any]:
-    from bookkeeper.errors import NoSuchLedgerError, MetadataNotFoundError
+    from bookkeeper.errors import MetadataNotFoundError, NoSuchLedgerError
 
     states: dict[str, Any] = {}
     for segment in segments:

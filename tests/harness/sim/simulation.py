@@ -3,7 +3,7 @@
 Everything is drawn from ONE `random.Random(seed)`: the scenario (cluster size, quorum shape,
 workload, which faults are on), every latency, every fault, and the state machines' own choices.
 So `run(seed, steps)` is a pure function of its arguments and any failure replays with
-`python -m tools.sim --seed S --steps N`.
+`python -m tests.harness.sim --seed S --steps N`.
 
 A run has three phases:
   1. faults: the writer appends; recoveries (maybe two at once) and readers start at random times;
@@ -190,7 +190,7 @@ class Simulation:
                 f"final metadata: {final.state.value} last entry {final.last_entry_id}, "
                 f"fragments {[(first, list(bookies)) for first, bookies in final.ensembles]}",
                 f"faults: {dict(sorted(self.world.faults.items()))}",
-                f"replay: python -m tools.sim --seed {self.seed} --steps {self.steps}",
+                f"replay: python -m tests.harness.sim --seed {self.seed} --steps {self.steps}",
                 "last 40 events:", self.world.format_trace(40)])
         return result
 

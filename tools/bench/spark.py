@@ -1,6 +1,6 @@
 """Spark benchmarks of the dlog data source, on a local cluster of real bookie processes.
 
-    python -m tools.bench_spark --records 10000000
+    dlog bench spark --records 10000000
 
 Measured, never asserted. Three runs after the input stream is written (100-byte JSON-like
 values, 1,024 distinct keys):
@@ -14,9 +14,7 @@ committed; the SparkSession is started (and its Python workers warmed) beforehan
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -165,18 +163,3 @@ def bench_spark(records: int = 10_000_000, *, cores: int = 2, partitions: int = 
             cluster.stop()
     return {"mode": "spark", "records": records, "value_bytes": 100, "cores": cores, "read_partitions": partitions,
             "bookies": 3, "quorum": "E3/Qw2/Qa2", "fsync": fsync, "runs": runs, "stored_records": stored}
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=10_000_000)
-    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="Spark local[N]")
-    parser.add_argument("--partitions", type=int, default=8, help="minPartitions of reads, partitions of the sink")
-    parser.add_argument("--no-fsync", action="store_true", help="bookies skip fsync (not the default)")
-    args = parser.parse_args(argv)
-    result = bench_spark(args.records, cores=args.cores, partitions=args.partitions, fsync=not args.no_fsync)
-    print(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
 """The workload of the fault scenarios and the soak: writers and tailing readers on one stream, every
-operation recorded in a `tools.history.History`; then heal, seal, read everything back, check.
+operation recorded in a `tests.harness.history.History`; then heal, seal, read everything back, check.
 
     workload = Workload(cluster, history, Settings())
     await workload.start()                 # stream, metadata monitor, writer w1, readers r1 r2
@@ -24,10 +24,28 @@ from typing import Any
 
 from bookkeeper.errors import DlogError
 from dlog import Namespace
-from tools.history import History, Report, check, load, offset_list, snapshot_stream_metadata
+from tests.harness.history import (
+    History,
+    Report,
+    check,
+    load,
+    offset_list,
+    snapshot_stream_metadata,
+)
 
-from .clients import (POLL_S, STOP_TIMEOUT_S, ORPHAN_WAIT_S, ClusterLike, ReaderLoop, Settings,  # noqa: F401
-                      WriterLoop, WriterProcess, awaiting_frames, error_text, start_namespace)
+from .clients import (  # noqa: F401
+    ORPHAN_WAIT_S,
+    POLL_S,
+    STOP_TIMEOUT_S,
+    ClusterLike,
+    ReaderLoop,
+    Settings,
+    WriterLoop,
+    WriterProcess,
+    awaiting_frames,
+    error_text,
+    start_namespace,
+)
 
 log = logging.getLogger(__name__)
 

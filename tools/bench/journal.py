@@ -4,19 +4,19 @@ Each of the K "clients" appends its next record only when the journal has called
 previous one, like a bookie with K outstanding adds. Prints appends/s, fsyncs/s and the mean
 group size. Runs in a fresh temp dir under /tmp, removed afterwards.
 
-    .venv/bin/python tools/bench_journal.py --records 200000 --in-flight 64
-    .venv/bin/python tools/bench_journal.py --records 5000 --in-flight 1 --prealloc-bytes 0
+    dlog bench journal --records 200000 --in-flight 64
+    dlog bench journal --records 5000 --in-flight 1 --prealloc 0
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bookkeeper.bookie.journal import Journal
 
@@ -29,12 +29,6 @@ class BenchResult:
     groups: int
     write_and_sync_seconds: float
 
-    def line(self) -> str:
-        return (
-            f"K={self.in_flight:<4d} records={self.records:<8d} appends/s={self.records / self.seconds:>10,.0f} "
-            f"fsyncs/s={self.groups / self.seconds:>8,.0f} records/group={self.records / max(self.groups, 1):>7.1f} "
-            f"mean write+fsync={1e6 * self.write_and_sync_seconds / max(self.groups, 1):>6.0f}us"
-        )
 
 
 async def run(records: int, in_flight: int, record_bytes: int, prealloc_bytes: int, sync: bool) -> BenchResult:
@@ -75,25 +69,18 @@ async def run(records: int, in_flight: int, record_bytes: int, prealloc_bytes: i
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--record-bytes", type=int, default=100)
-    parser.add_argument("--prealloc-bytes", type=int, default=16 * 2**20, help="0 disables preallocation")
-    parser.add_argument("--no-sync", action="store_true", help="skip fdatasync (not a durability benchmark)")
-    parser.add_argument("--uvloop", action="store_true", help="run on uvloop instead of asyncio's loop")
-    options = parser.parse_args()
-    if options.uvloop:
-        import uvloop
-
-        uvloop.install()
-    for in_flight in options.in_flight:
-        # K=1 makes one fsync per record: cap its count so the run stays short.
-        records = options.records if in_flight > 1 else min(options.records, 5_000)
-        result = asyncio.run(run(records, in_flight, options.record_bytes, options.prealloc_bytes, not options.no_sync))
-        print(f"prealloc={options.prealloc_bytes:<9d} {result.line()}", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+def bench_journal(records: int = 200_000, in_flights: tuple[int, ...] = (1, 64), record_bytes: int = 100,
+                  prealloc_bytes: int = 16 * 2**20, sync: bool = True) -> dict[str, Any]:
+    """Closed-loop journal appends at each in-flight count (K=1 is capped at 5,000 records: one
+    fsync per record)."""
+    runs = []
+    for in_flight in in_flights:
+        count = records if in_flight > 1 else min(records, 5_000)
+        result = asyncio.run(run(count, in_flight, record_bytes, prealloc_bytes, sync))
+        runs.append({"in_flight": in_flight, "records": count,
+                     "appends_per_s": round(count / result.seconds),
+                     "fsyncs_per_s": round(result.groups / result.seconds),
+                     "records_per_group": round(count / max(result.groups, 1), 1),
+                     "write_and_sync_us": round(1e6 * result.write_and_sync_seconds / max(result.groups, 1))})
+    return {"mode": "journal", "fsync": sync, "record_bytes": record_bytes,
+            "prealloc_bytes": prealloc_bytes, "runs": runs}

@@ -12,9 +12,24 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.errors import BookieUnavailableError, DlogError, MetadataError, NoSuchLedgerError
-from bookkeeper.protocol.effects import (CompleteAdds, CompleteRead, Effect, FailAdds, FailRead,
-                                         Finished, SendAdd, SendRead, SendWriteLac, WriteMetadata)
+from bookkeeper.errors import (
+    BookieUnavailableError,
+    DlogError,
+    MetadataError,
+    NoSuchLedgerError,
+)
+from bookkeeper.protocol.effects import (
+    CompleteAdds,
+    CompleteRead,
+    Effect,
+    FailAdds,
+    FailRead,
+    Finished,
+    SendAdd,
+    SendRead,
+    SendWriteLac,
+    WriteMetadata,
+)
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.reader import ReadOp
 from bookkeeper.protocol.recovery import Phase, RecoveryOp

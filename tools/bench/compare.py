@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bookkeeper.errors import DlogError
-from tools.bench import DLOG_DURABILITY, DLOG_NO_FSYNC, _mb_per_s, _ratio, _run_streams, _stored, event_values
-from tools.bench_streams import _read_run
-from tools.cluster import LocalCluster, _die_with_parent, free_port
-
+from tools.bench.common import (
+    DLOG_DURABILITY,
+    DLOG_NO_FSYNC,
+    event_values,
+    mb_per_s,
+    ratio,
+    run_streams,
+    stored_totals,
+)
+from tools.bench.streams import read_run
+from tools.cluster import LocalCluster, die_with_parent, free_port
 
 ENSURE_REDIS = "scripts/ensure-redis.sh"
 REDIS_READ_COUNT = 10_000  # entries per XREAD, as dlog reads ranges of entries
@@ -48,7 +55,7 @@ def redis_server(server: str, directory: Path, fsync: bool) -> Iterator[int]:
          "--appendfsync", "always" if fsync else "no", "--save", "", "--dir", str(directory),
          "--daemonize", "no", "--logfile", str(log_path)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent)
+        preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + 15
         client = redis.Redis(host="127.0.0.1", port=port)
@@ -130,11 +137,11 @@ async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_rec
     client_label = _redis_py_label()
     return [{"system": "redis", "client": client_label, "run": "write", "records": len(values),
              "stored_records": stored_records, "records_per_s": round(len(values) / write_s),
-             "mb_per_s": _mb_per_s(raw_bytes, write_s), "stored_as": "AOF files on disk",
-             "stored_mb": round(aof_bytes / 1e6, 1), "compression_ratio": _ratio(raw_bytes, aof_bytes),
+             "mb_per_s": mb_per_s(raw_bytes, write_s), "stored_as": "AOF files on disk",
+             "stored_mb": round(aof_bytes / 1e6, 1), "compression_ratio": ratio(raw_bytes, aof_bytes),
              "memory_mb": round(memory_bytes / 1e6, 1)},
             {"system": "redis", "client": client_label, "run": "read", "records": read,
-             "records_per_s": round(read / read_s), "mb_per_s": _mb_per_s(read_bytes, read_s),
+             "records_per_s": round(read / read_s), "mb_per_s": mb_per_s(read_bytes, read_s),
              "as": f"XREAD COUNT {REDIS_READ_COUNT}"}]
 
 
@@ -187,13 +194,13 @@ async def _dlog_compare_runs(ns: Any, values: list[bytes], batch_records: int,
         await asyncio.gather(*pending)
         write_s = time.perf_counter() - started
     raw_bytes = sum(map(len, values))
-    stored = await _stored(ns, "compare")
-    read = await _read_run(ns, "compare")
+    stored = await stored_totals(ns, "compare")
+    read = await read_run(ns, "compare")
     client = "dlog (Python)"
     return [{"system": "dlog", "client": client, "run": "write", "records": len(values),
              "stored_records": stored["records"], "records_per_s": round(len(values) / write_s),
-             "mb_per_s": _mb_per_s(raw_bytes, write_s), "stored_as": "zstd Arrow entries (each copy)",
-             "stored_mb": round(stored["bytes"] / 1e6, 1), "compression_ratio": _ratio(raw_bytes, stored["bytes"])},
+             "mb_per_s": mb_per_s(raw_bytes, write_s), "stored_as": "zstd Arrow entries (each copy)",
+             "stored_mb": round(stored["bytes"] / 1e6, 1), "compression_ratio": ratio(raw_bytes, stored["bytes"])},
             {"system": "dlog", "client": client, "run": "read", "records": read["records"],
              "records_per_s": read["records_per_s"], "mb_per_s": read["mb_per_s"], "as": "arrow batches"}]
 
@@ -218,7 +225,7 @@ def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight
     async def dlog_side(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         return await _dlog_compare_runs(ns, values, batch_records, in_flight)
 
-    runs = _run_streams(fsync, dlog_side)
+    runs = run_streams(fsync, dlog_side)
     with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch:
         with redis_server(server, Path(scratch), fsync) as port:
             runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))

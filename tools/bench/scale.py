@@ -9,10 +9,19 @@ import time
 from typing import Any, Sequence
 
 from bookkeeper.errors import DlogError
-from tools.bench import (NAMESPACE, _mb_per_s, _ratio, _run_streams, _stored, _stream_header, event_values,
-                         peak_rss_mb, reset_peak_rss, rss_mb)
+from tools.bench.common import (
+    NAMESPACE,
+    event_values,
+    mb_per_s,
+    peak_rss_mb,
+    ratio,
+    reset_peak_rss,
+    rss_mb,
+    run_streams,
+    stored_totals,
+    stream_header,
+)
 from tools.cluster import LocalCluster
-
 
 # Streams created and writers opened at once in `scale`. Kept low because ledger ids come from a
 # compare-and-set on one counter without backoff (bookkeeper.meta.zkstore._allocate_id): at 32
@@ -83,14 +92,14 @@ async def _scale_run(ns: Any, stream_count: int, values: list[bytes]) -> dict[st
     finally:
         closed = await _bounded(OPEN_CONCURRENCY, [writer.close() for writer in writers])
     _raise_first(closed)
-    stored = _raise_first(await _bounded(OPEN_CONCURRENCY, [_stored(ns, name) for name in names]))
+    stored = _raise_first(await _bounded(OPEN_CONCURRENCY, [stored_totals(ns, name) for name in names]))
     raw_bytes = sum(map(len, values))
     entries = sum(item["entries"] for item in stored)
     return {"run": "spread", "streams": stream_count, "records": len(values),
-            "records_per_s": round(len(values) / elapsed_s), "mb_per_s": _mb_per_s(raw_bytes, elapsed_s),
+            "records_per_s": round(len(values) / elapsed_s), "mb_per_s": mb_per_s(raw_bytes, elapsed_s),
             "entries": entries, "records_per_entry": round(len(values) / max(entries, 1), 1),
             "stored_records": sum(item["records"] for item in stored),
-            "compression_ratio": _ratio(raw_bytes, sum(item["bytes"] for item in stored)),
+            "compression_ratio": ratio(raw_bytes, sum(item["bytes"] for item in stored)),
             "open_s": round(open_s, 2)}
 
 
@@ -134,7 +143,7 @@ async def _backlog_run(ns: Any, cluster: LocalCluster, records: int, batch_recor
             process.kill()
             process.join()
     raw_bytes = sum(map(len, values))
-    stored = await _stored(ns, stream)
+    stored = await stored_totals(ns, stream)
     return {"run": "backlog", "records": records, "entry_records": batch_records,
             "entries": stored["entries"], "backlog_mb": round(raw_bytes / 1e6, 1),
             "stored_mb": round(stored["bytes"] / 1e6, 1), "read_ahead_entries": READ_AHEAD_ENTRIES,
@@ -191,7 +200,7 @@ def bench_scale(records: int = 200_000, stream_counts: Sequence[int] = (1, 10, 1
         memory = [await _backlog_run(ns, cluster, count, backlog_batch_records) for count in backlog_records]
         return spread, memory
 
-    spread, memory = _run_streams(fsync, runs)
-    return {**_stream_header("scale", fsync), "record_bytes": 100,
+    spread, memory = run_streams(fsync, runs)
+    return {**stream_header("scale", fsync), "record_bytes": 100,
             "writes": f"per-record write_nowait, round-robin, loop yields every {PRODUCER_YIELD_RECORDS}",
             "runs": spread, "memory": memory}

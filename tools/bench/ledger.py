@@ -1,145 +1,27 @@
-"""`dlog bench`: measured, never asserted. Each mode starts what it needs (a local cluster of real
-processes in a temporary directory, fsync on) unless told otherwise, and returns one dict of
-figures; `tools.bench_commands` prints it as tables or as JSON, and draws charts.
-
-Modes: `bookie` (raw adds against one bookie process), `ledger` (appends through the client at
-E3/Qw2/Qa2 on three bookie processes), `write`, `read` and `tail` (streams; `streams` runs all
-three), `scale` (1 to 1,000 streams, and a reader's memory behind a large backlog), `limits` (what
-this machine's disk and loopback can do at all) and `compare` (the same workload on Redis Streams).
-
-Every result says whether fsync was on (`fsync`), and every run that stores records says how well
-they compressed where they are stored (`compression_ratio`: value bytes / stored bytes). Record
-values are realistic events (`event_values`), never zeros.
-
-This module holds the shared helpers (clusters, values, percentiles, memory) and the `bookie` and
-`ledger` modes; the stream modes, `scale`, `limits` and `compare` live in tools/bench_streams.py,
-tools/bench_scale.py, tools/bench_limits.py and tools/bench_compare.py, and the CLI and the charts
-in tools/bench_commands.py.
-"""
+"""`dlog bench bookie` (raw adds against one bookie process) and `dlog bench ledger` (appends
+through the ledger client at E3/Qw2/Qa2 on three bookie processes)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import random
-import statistics
-import tempfile
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
-from bookkeeper.errors import DlogError
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import (AddRequest, ErrorResponse, ResponseDecoder, encode_request)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    ErrorResponse,
+    ResponseDecoder,
+    encode_request,
+)
+from tools.bench.common import (
+    PASSWORD,
+    bookie_args,
+    event_payload,
+    local_cluster,
+    percentiles,
+)
 from tools.cluster import LocalCluster
-
-PASSWORD = b"bench"
-NAMESPACE = "bench"
-DLOG_DURABILITY = "E3/Qw2/Qa2 on 3 bookie processes, fdatasync on each bookie, one disk"
-DLOG_NO_FSYNC = "E3/Qw2/Qa2 on 3 bookie processes, NO fsync (not durable), one disk"
-
-
-def event_payload(index: int, size: int) -> bytes:
-    """A realistic record: a JSON-like event, padded or cut to `size` bytes (not all zeros)."""
-    rng = random.Random(index)
-    text = json.dumps({"ts": 1700000000000 + index, "user": f"u{rng.randrange(100000)}",
-                       "action": rng.choice(["view", "click", "buy", "share"]),
-                       "item": rng.randrange(10**6), "session": f"{rng.getrandbits(48):012x}"})
-    while len(text) < size:
-        text += " " + text
-    return text[:size].encode()
-
-
-def event_values(count: int, size: int = 100) -> list[bytes]:
-    """`count` distinct realistic values: JSON-like events with random users, actions, items and
-    session ids (what compresses is what real events share: field names, not whole records).
-    The last 8 bytes are the value's index, so a reader can tell which write a value came from."""
-    rng = random.Random(7)
-    actions = [b"view", b"click", b"buy", b"share", b"search", b"scroll"]
-    values = []
-    for index in range(count):
-        value = (b'{"ts":%d,"user":"u%06d","action":"%s","item":%d,"session":"%012x"}'
-                 % (1700000000000 + index, rng.randrange(10**6), rng.choice(actions),
-                    rng.randrange(10**7), rng.getrandbits(48)))
-        values.append((value + b" " * size)[: size - 8] + b"%08d" % index)
-    return values
-
-
-def percentiles(samples_s: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_s)
-
-    def at(fraction: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 3)
-
-    return {"p50_ms": at(0.50), "p99_ms": at(0.99), "p999_ms": at(0.999),
-            "mean_ms": round(statistics.fmean(ordered) * 1000, 3)}
-
-
-@contextmanager
-def local_cluster(bookies: int, bookie_args: list[str] | None = None) -> Iterator[LocalCluster]:
-    with tempfile.TemporaryDirectory(prefix="dlog-bench-") as directory:
-        cluster = LocalCluster(directory, bookies=bookies, bookie_args=bookie_args)
-        cluster.start()
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
-
-
-def _bookie_args(fsync: bool) -> list[str]:
-    return [] if fsync else ["--no-fsync"]
-
-
-def _stream_header(mode: str, fsync: bool) -> dict[str, Any]:
-    return {"mode": mode, "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2",
-            "durability": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC}
-
-
-def _ratio(numerator: float, denominator: float) -> float:
-    return round(numerator / max(denominator, 1), 2)
-
-
-def _mb_per_s(byte_count: int, elapsed_s: float) -> float:
-    return round(byte_count / elapsed_s / 1e6, 1)
-
-
-async def _stored(ns: Any, stream: str) -> dict[str, int]:
-    """Records, entries and bytes of a stream's completed segments (close its writer first)."""
-    listing = await ns.store.segments(stream)
-    segments = [s for s in listing.segments if not s.is_in_progress]
-    return {"records": sum(s.records for s in segments),
-            "entries": sum(s.last_entry - s.first_entry + 1 for s in segments),
-            "bytes": sum(s.bytes for s in segments), "segments": len(segments)}
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return round(int(line.split()[1]) * 1024 / 1e6, 1)
-    raise DlogError(f"/proc/self/status has no {field} line: the memory figures need Linux")
-
-
-def rss_mb() -> float:
-    """This process's resident set now (VmRSS), in MB."""
-    return _status_mb("VmRSS")
-
-
-def peak_rss_mb() -> float:
-    """This process's largest resident set (VmHWM) since start or since `reset_peak_rss()`."""
-    return _status_mb("VmHWM")
-
-
-def reset_peak_rss() -> bool:
-    """Start VmHWM afresh (Linux >= 4.0), so a peak says what came after, not imports at start;
-    False where the kernel refuses (the peak then covers the whole process)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
 
 # ---------------------------------------------------------------------------- bookie
 
@@ -299,18 +181,7 @@ def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: 
     """Throughput, sequential latency, and tail latency at `rate_per_s` (and at each sweep rate,
     for a chart of latency against offered throughput)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
-    with local_cluster(3, _bookie_args(fsync)) as cluster:
+    with local_cluster(3, bookie_args(fsync)) as cluster:
         runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries, rates))
     return {"mode": "ledger", "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2", "runs": runs}
 
-
-def _run_streams(fsync: bool, action: Any) -> Any:
-    """Start a 3-bookie cluster, open the bench namespace, and run `action(ns)` in it."""
-    from dlog import Namespace
-
-    async def go(cluster: LocalCluster) -> Any:
-        async with Namespace(cluster.zk_address, NAMESPACE) as ns:
-            return await action(ns, cluster)
-
-    with local_cluster(3, _bookie_args(fsync)) as cluster:
-        return asyncio.run(go(cluster))

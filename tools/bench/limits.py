@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tools.bench import _mb_per_s, percentiles
-
+from tools.bench.common import mb_per_s, percentiles
 
 JOURNAL_WRITE_BYTES = 4096
 SEQUENTIAL_CHUNK_BYTES = 1 << 20
@@ -51,7 +50,7 @@ def _journal_writes(path: Path, count: int, zero_filled: bool) -> dict[str, Any]
         path.unlink()
     how = "zero-filled" if zero_filled else "fallocated"
     return {"run": f"4KiB+fdatasync, {how}", "operations": count,
-            "per_s": round(count / elapsed_s), "mb_per_s": _mb_per_s(size, elapsed_s), **percentiles(latencies)}
+            "per_s": round(count / elapsed_s), "mb_per_s": mb_per_s(size, elapsed_s), **percentiles(latencies)}
 
 
 def _sequential_writes(path: Path, size: int) -> dict[str, Any]:
@@ -65,7 +64,7 @@ def _sequential_writes(path: Path, size: int) -> dict[str, Any]:
         os.close(fd)
         path.unlink()
     return {"run": "1MiB append+fdatasync", "operations": count, "per_s": round(count / elapsed_s),
-            "mb_per_s": _mb_per_s(count * SEQUENTIAL_CHUNK_BYTES, elapsed_s), **percentiles(latencies)}
+            "mb_per_s": mb_per_s(count * SEQUENTIAL_CHUNK_BYTES, elapsed_s), **percentiles(latencies)}
 
 
 def _loopback_round_trips(count: int, message_bytes: int = 64) -> dict[str, Any]:

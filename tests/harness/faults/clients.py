@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from bookkeeper.errors import DlogError
 from dlog import Namespace, TruncatedError, WriterFencedError
 from dlog.writer import StreamWriter
-from tools.history import History, offset_list
+from tests.harness.history import History, offset_list
 
 POLL_S = 0.02
 STOP_TIMEOUT_S = 20.0
@@ -370,7 +370,7 @@ def awaiting_frames(task: asyncio.Task[Any], depth_max: int = 40) -> list[Any]:
 
 
 class WriterProcess:
-    """tests/faults/writer_process.py as a child process sharing the history file."""
+    """tests/harness/faults/writer_process.py as a child process sharing the history file."""
 
     def __init__(self, cluster: ClusterLike, history: History, family: str = "p1", *, settings: Settings,
                  takeover: bool = False, session_timeout_s: float = 0.0, interval_s: float | None = None,
@@ -378,10 +378,10 @@ class WriterProcess:
         import subprocess
         import sys
 
-        from tools.cluster import LineReader, _die_with_parent, _project_root
+        from tools.cluster import LineReader, die_with_parent, project_root
 
         assert history.path is not None, "a writer process needs a history file"
-        command = [sys.executable, "-m", "tests.faults.writer_process", "--zk", cluster.zk_address,
+        command = [sys.executable, "-m", "tests.harness.faults.writer_process", "--zk", cluster.zk_address,
                    "--root", cluster.zk_root, "--namespace", settings.namespace, "--stream", settings.stream,
                    "--history", str(history.path), "--family", family, "--writes-max", str(settings.writes_max),
                    "--interval", str(settings.write_interval_s if interval_s is None else interval_s)]
@@ -395,7 +395,7 @@ class WriterProcess:
         self.log_path = Path(history.path).with_name(f"{family}.log")
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True,
-                                            cwd=_project_root(), preexec_fn=_die_with_parent)
+                                            cwd=project_root(), preexec_fn=die_with_parent)
         self.lines = LineReader(self.process)
         self.acked = 0
         self.ledger: int | None = None

@@ -1,0 +1,155 @@
+"""`dlog bookie start|list|info`: run and inspect bookies (storage servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bookkeeper.errors import ConfigError, DlogError
+from bookkeeper.meta.layout import DEFAULT_ROOT
+from tools.cli.common import (
+    SIZE,
+    fails_cleanly,
+    http_get_json,
+    json_option,
+    print_table,
+    with_zk,
+    zk_option,
+)
+
+
+@click.group()
+def bookie() -> None:
+    """Run and inspect bookies (storage servers)."""
+
+
+@bookie.command("start")
+@click.option("--dir", "data_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="data directory: journal, entry logs, index, cookie (required; data_dir in a "
+                   "config file)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=3181, show_default=True, type=click.IntRange(0, 65535),
+              help="bookie protocol port (0: any free port, only without --zk)")
+@click.option("--http-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
+              help="admin HTTP port (0: any free port, -1: no admin server)")
+@click.option("--zk", default=lambda: os.environ.get("DLOG_ZK"), show_default="$DLOG_ZK",
+              help="ZooKeeper address; without it the bookie runs unregistered (tests, benchmarks)")
+@click.option("--zk-root", default=DEFAULT_ROOT, show_default=True)
+@click.option("--bookie-id", default=None, help="identity in ZooKeeper (default host:port)")
+@click.option("--rack", default=None, help="rack or zone name used by placement")
+@click.option("--no-fsync", is_flag=True, help="skip fdatasync: NOT durable, for experiments only")
+@click.option("--group-wait-us", default=0, show_default=True, type=click.IntRange(0, 1_000_000),
+              help="longest time a journal record waits for its group commit")
+@click.option("--group-bytes", default="512KiB", show_default=True, type=SIZE,
+              help="journal group commit flushes once this much is buffered")
+@click.option("--entry-log-size", default="256MiB", show_default=True, type=SIZE,
+              help="entry log file size before rolling")
+@click.option("--entry-log-flush-size", default="2MiB", show_default=True, type=SIZE,
+              help="fdatasync entry logs every this many bytes written, so a checkpoint never "
+                   "holds the journal's fsync behind one big sync (0: only at checkpoints)")
+@click.option("--write-cache-size", default="64MiB", show_default=True, type=SIZE,
+              help="write cache size that triggers a checkpoint")
+@click.option("--max-entry-size", default="4MiB", show_default=True, type=SIZE)
+@click.option("--max-in-flight", default=10_000, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="unanswered requests per connection before the bookie stops reading it")
+@click.option("--idle-timeout", default=30.0, show_default=True, type=click.FloatRange(0.01),
+              help="seconds a partial frame may stall before the connection is closed")
+@click.option("--disk-threshold", default=0.95, show_default=True, type=click.FloatRange(0, 1),
+              help="disk usage fraction that turns the bookie read-only")
+@click.option("--disk-lwm", default=None, type=click.FloatRange(0, 1),
+              help="disk usage fraction below which it turns writable again (default threshold-0.05)")
+@click.option("--disk-check-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
+@click.option("--gc-interval", default=600.0, show_default=True, type=click.FloatRange(0),
+              help="seconds between garbage collections (0: only on POST /api/v1/gc)")
+@click.option("--checkpoint-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
+@click.option("--config", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="TOML file whose [bookie] table sets any of these (flags and DLOG_BOOKIE_* "
+                   "environment variables override it); default $DLOG_CONFIG")
+@click.pass_context
+@fails_cleanly
+def bookie_start(ctx: click.Context, **_: Any) -> None:
+    """Run one bookie in the foreground until SIGINT or SIGTERM."""
+    from bookkeeper.bookie.main import run
+    from tools.config import layered_params
+
+    sys.exit(run(bookie_config(**layered_params(ctx, "bookie", "DLOG_BOOKIE_"))))
+
+
+def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str | None, zk_root: str,
+                  bookie_id: str | None, rack: str | None, no_fsync: bool, group_wait_us: int,
+                  group_bytes: int, entry_log_size: int, entry_log_flush_size: int,
+                  write_cache_size: int, max_entry_size: int,
+                  max_in_flight: int, idle_timeout: float, disk_threshold: float,
+                  disk_lwm: float | None, disk_check_interval: float, gc_interval: float,
+                  checkpoint_interval: float, config: str | None = None) -> Any:
+    """The BookieConfig that `dlog bookie start` settings describe."""
+    from bookkeeper.bookie.config import BookieConfig
+
+    if data_dir is None:
+        raise ConfigError("a bookie needs a data directory: pass --dir DIR (or data_dir in the "
+                          "[bookie] table of --config)")
+    from bookkeeper.bookie.server import ServerLimits
+    from bookkeeper.protocol.wire import HEADER_BYTES
+
+    limits = ServerLimits(frame_bytes_max=max_entry_size + 1024 + HEADER_BYTES,
+                          entry_bytes_max=max_entry_size, in_flight_max=max_in_flight,
+                          idle_timeout_s=idle_timeout)
+    return BookieConfig(
+        data_dir=data_dir, host=host, port=port, http_port=None if http_port < 0 else http_port,
+        zk=zk or None, zk_root=zk_root, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
+        journal_group_wait_us=group_wait_us, journal_group_bytes_max=group_bytes,
+        entry_log_bytes_max=entry_log_size, entry_log_flush_bytes=entry_log_flush_size,
+        write_cache_bytes_max=write_cache_size,
+        disk_usage_threshold=disk_threshold,
+        disk_usage_lwm=disk_lwm if disk_lwm is not None else max(0.001, disk_threshold - 0.05),
+        disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval,
+        checkpoint_interval_s=checkpoint_interval, limits=limits)
+
+
+
+@bookie.command("list")
+@zk_option
+@json_option
+@fails_cleanly
+def bookie_list(zk: str, zk_root: str, as_json: bool) -> None:
+    """List registered bookies with their address, admin URL and state."""
+    from bookkeeper.bookie.registration import list_bookies
+
+    bookies = asyncio.run(with_zk(zk, lambda client: list_bookies(client, zk_root)))
+    if as_json:
+        for item in bookies:
+            click.echo(json.dumps(item, sort_keys=True))
+        return
+    print_table(["id", "address", "state", "http", "rack"], bookies)
+
+
+@bookie.command("info")
+@click.argument("bookie_id")
+@zk_option
+@json_option
+@fails_cleanly
+def bookie_info(bookie_id: str, zk: str, zk_root: str, as_json: bool) -> None:
+    """Show one bookie's details from its admin endpoint."""
+    from bookkeeper.bookie.registration import list_bookies
+
+    bookies = asyncio.run(with_zk(zk, lambda client: list_bookies(client, zk_root)))
+    found = [item for item in bookies if item.get("id") == bookie_id]
+    if not found:
+        known = ", ".join(item.get("id", "?") for item in bookies) or "none registered"
+        raise DlogError(f"no bookie {bookie_id!r} is registered (known: {known})")
+    details = dict(found[0])
+    if details.get("http"):
+        details.update(asyncio.run(http_get_json(details["http"] + "/api/v1/bookie/info")))
+    if as_json:
+        click.echo(json.dumps(details, sort_keys=True))
+    else:
+        for key, value in sorted(details.items()):
+            click.echo(f"{key:22} {value}")
+
+

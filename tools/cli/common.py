@@ -1,0 +1,142 @@
+"""What every `dlog` command shares: cluster options, `--json`, size and duration types, one-line
+errors, tables, and running a coroutine against a cluster. Command modules import from here and
+never from each other or from `tools.cli.app`."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+from bookkeeper.errors import DlogError
+from bookkeeper.meta.layout import DEFAULT_ROOT
+from tools.units import parse_duration_ms, parse_size
+
+DEFAULT_ZK = "127.0.0.1:2181"
+
+
+def zk_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--zk", default=lambda: os.environ.get("DLOG_ZK", DEFAULT_ZK),
+                        show_default="$DLOG_ZK or 127.0.0.1:2181",
+                        help="ZooKeeper address, host:port[,host:port...]")(
+        click.option("--zk-root", default=DEFAULT_ROOT, show_default=True,
+                     help="ZooKeeper node under which the cluster lives")(function))
+
+
+def json_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")(function)
+
+
+def fails_cleanly(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a DlogError into one line on stderr and exit status 1."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DlogError as exc:
+            click.echo(f"dlog: {exc}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+class ParsedType(click.ParamType):
+    """A click type from one of tools.units' parsers, so a bad value gets its one-line message."""
+
+    def __init__(self, name: str, parse: Callable[[str], int]) -> None:
+        self.name = name
+        self.parse = parse
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return self.parse(value)
+        except DlogError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = ParsedType("size", parse_size)
+DURATION = ParsedType("duration", parse_duration_ms)
+
+
+async def with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
+    """Run `action(client)` with a started AsyncZooKeeper client, closed afterwards."""
+    from bookkeeper.meta.zk import AsyncZooKeeper
+    from tools.config import zk_timeout_s
+
+    client = AsyncZooKeeper(zk, timeout_s=zk_timeout_s())
+    await client.start()
+    try:
+        return await action(client)
+    finally:
+        await client.close()
+
+
+async def http_get_json(url: str) -> Any:
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(url) as response:
+                return await response.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise DlogError(f"cannot reach {url}: {exc!r}") from exc
+
+
+def print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*("" if row.get(column) is None else str(row.get(column)) for column in columns))
+    Console().print(table)
+
+
+def run_with_client(zk: str, zk_root: str, action: Callable[[Any], Any]) -> Any:
+    """Run `action(bookkeeper_client)` on a started BookKeeper client."""
+    from bookkeeper.client import BookKeeper
+    from tools.config import client_options, zk_timeout_s
+
+    async def go() -> Any:
+        async with BookKeeper(zk=zk, root=zk_root, zk_timeout_s=zk_timeout_s(),
+                              **client_options()) as client:
+            return await action(client)
+
+    return asyncio.run(go())
+
+
+def cluster_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """--zk, --zk-root (the BookKeeper cluster's root) and --namespace, collected into `cluster`."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, zk: str, zk_root: str, namespace: str, **kwargs: Any) -> Any:
+        return function(*args, cluster=(zk, zk_root, namespace), **kwargs)
+
+    wrapper = click.option("--zk", default=lambda: os.environ.get("DLOG_ZK", DEFAULT_ZK),
+                           show_default="$DLOG_ZK or 127.0.0.1:2181", help="ZooKeeper address")(wrapper)
+    wrapper = click.option("--zk-root", default=DEFAULT_ROOT, show_default=True,
+                           help="ZooKeeper node of the BookKeeper cluster")(wrapper)
+    return click.option("--namespace", default="default", show_default=True,
+                        help="namespace (a ZooKeeper subtree /dlog/<namespace>)")(wrapper)
+
+
+def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -> Any:
+    """Run `action(namespace)` on a started dlog Namespace of `cluster` (zk, zk root, namespace)."""
+    from dlog import Namespace
+    from tools.config import client_options, zk_timeout_s
+
+    zk, zk_root, namespace = cluster
+
+    async def go() -> Any:
+        async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
+                             **client_options()) as ns:
+            return await action(ns)
+
+    return asyncio.run(go())

@@ -1,0 +1,147 @@
+"""`dlog ledger create|list|show|read|recover|delete`: ledgers directly, below streams."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from tools.cli.common import fails_cleanly, json_option, run_with_client, zk_option
+
+
+def _metadata_json(ledger_id: int, metadata: Any, version: int) -> dict[str, Any]:
+    return {"ledger_id": ledger_id, "version": version, "state": metadata.state.value,
+            "ensemble_size": metadata.ensemble_size, "write_quorum": metadata.write_quorum,
+            "ack_quorum": metadata.ack_quorum, "last_entry_id": metadata.last_entry_id,
+            "length": metadata.length, "digest": metadata.digest_type.name,
+            "ensembles": [{"first_entry": first, "bookies": list(bookies)}
+                          for first, bookies in metadata.ensembles],
+            "ctime_ms": metadata.ctime_ms, "custom": dict(metadata.custom)}
+
+
+password_option = click.option("--password", default="", help="ledger password (default empty)")
+
+
+@click.group()
+def ledger() -> None:
+    """Create, inspect, read, recover and delete ledgers."""
+
+
+@ledger.command("create")
+@click.option("--ensemble", default=3, show_default=True, type=click.IntRange(1, 64))
+@click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--ack-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
+@password_option
+@zk_option
+@json_option
+@fails_cleanly
+def ledger_create(ensemble: int, write_quorum: int, ack_quorum: int, password: str, zk: str,
+                  zk_root: str, as_json: bool) -> None:
+    """Create an empty ledger and close it at once (prints its id); for tests and tooling."""
+
+    async def action(client: Any) -> dict[str, Any]:
+        handle = await client.create_ledger(ensemble, write_quorum, ack_quorum,
+                                            password=password.encode())
+        await handle.close()
+        return {"ledger_id": handle.ledger_id, "ensemble": list(handle.metadata.last_ensemble[1])}
+
+    result = run_with_client(zk, zk_root, action)
+    click.echo(json.dumps(result) if as_json else str(result["ledger_id"]))
+
+
+@ledger.command("list")
+@zk_option
+@json_option
+@fails_cleanly
+def ledger_list(zk: str, zk_root: str, as_json: bool) -> None:
+    """List ledger ids."""
+    ids = run_with_client(zk, zk_root, lambda client: client.list_ledgers())
+    if as_json:
+        click.echo(json.dumps({"ledgers": ids}))
+    else:
+        for ledger_id in ids:
+            click.echo(ledger_id)
+
+
+@ledger.command("show")
+@click.argument("ledger_id", type=click.IntRange(0))
+@zk_option
+@json_option
+@fails_cleanly
+def ledger_show(ledger_id: int, zk: str, zk_root: str, as_json: bool) -> None:
+    """Show a ledger's metadata: state, quorums, fragments, last entry."""
+
+    async def action(client: Any) -> dict[str, Any]:
+        metadata, version = await client.ledger_metadata(ledger_id)
+        return _metadata_json(ledger_id, metadata, version)
+
+    result = run_with_client(zk, zk_root, action)
+    if as_json:
+        click.echo(json.dumps(result, sort_keys=True))
+        return
+    for key, value in result.items():
+        click.echo(f"{key:15} {value}")
+
+
+@ledger.command("read")
+@click.argument("ledger_id", type=click.IntRange(0))
+@click.option("--from", "first", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--to", "last", default=None, type=click.IntRange(0),
+              help="last entry id (default: the last add confirmed)")
+@password_option
+@zk_option
+@json_option
+@fails_cleanly
+def ledger_read(ledger_id: int, first: int, last: int | None, password: str, zk: str,
+                zk_root: str, as_json: bool) -> None:
+    """Print entries of a ledger (without recovering it), up to its last add confirmed."""
+    import base64
+
+    async def action(client: Any) -> list[Any]:
+        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        end = handle.last_add_confirmed if last is None else last
+        if end < first:
+            return []
+        return await handle.read(first, end)
+
+    for entry in run_with_client(zk, zk_root, action):
+        if as_json:
+            try:
+                item = {"entry_id": entry.entry_id, "data": entry.data.decode()}
+            except UnicodeDecodeError:
+                item = {"entry_id": entry.entry_id, "data_b64": base64.b64encode(entry.data).decode()}
+            click.echo(json.dumps(item))
+        else:
+            click.echo(f"{entry.entry_id}\t{entry.data.decode(errors='replace')}")
+
+
+@ledger.command("recover")
+@click.argument("ledger_id", type=click.IntRange(0))
+@password_option
+@zk_option
+@json_option
+@fails_cleanly
+def ledger_recover(ledger_id: int, password: str, zk: str, zk_root: str, as_json: bool) -> None:
+    """Fence and close a ledger whose writer is gone; prints where it ends."""
+
+    async def action(client: Any) -> dict[str, Any]:
+        handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=True)
+        return {"ledger_id": ledger_id, "state": handle.metadata.state.value,
+                "last_entry_id": handle.last_add_confirmed, "length": handle.metadata.length}
+
+    result = run_with_client(zk, zk_root, action)
+    click.echo(json.dumps(result) if as_json else
+               f"ledger {ledger_id} {result['state']} at entry {result['last_entry_id']}")
+
+
+@ledger.command("delete")
+@click.argument("ledger_id", type=click.IntRange(0))
+@zk_option
+@json_option
+@fails_cleanly
+def ledger_delete(ledger_id: int, zk: str, zk_root: str, as_json: bool) -> None:
+    """Delete a ledger's metadata; bookies reclaim its space by garbage collection."""
+    run_with_client(zk, zk_root, lambda client: client.delete_ledger(ledger_id))
+    click.echo(json.dumps({"deleted": ledger_id}) if as_json else f"deleted ledger {ledger_id}")
+

@@ -1,0 +1,144 @@
+"""`dlog write`, `dlog read`, `dlog truncate` and `dlog export`: records in and out of a stream.
+
+Bad input (names, offsets, sizes, durations) is refused before anything changes, with one line
+saying what was wrong and what would be right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bookkeeper.errors import ConfigError
+from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
+from tools.units import format_size
+
+
+def _parse_jsonl(line: str, number: int) -> tuple[bytes, bytes | None, int | None]:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise ConfigError(f"line {number} is not JSON ({exc}); with --format jsonl write objects like "
+                          '{"key": "k", "value": "v", "timestamp": 1700000000000}') from exc
+    if not isinstance(item, dict) or "value" not in item:
+        raise ConfigError(f'line {number} needs a "value" field, e.g. {{"value": "hello"}}')
+    key = item.get("key")
+    timestamp = item.get("timestamp")
+    if timestamp is not None and not isinstance(timestamp, int):
+        raise ConfigError(f"line {number}: timestamp must be integer milliseconds, got {timestamp!r}")
+    return (str(item["value"]).encode(), None if key is None else str(key).encode(), timestamp)
+
+
+@click.command("write")
+@click.argument("name")
+@click.option("--format", "input_format", type=click.Choice(["lines", "jsonl"]), default="lines",
+              show_default=True, help="lines: one value per line; jsonl: key/value/timestamp objects")
+@cluster_options
+@json_option
+@fails_cleanly
+def write_command(name: str, input_format: str, cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Write records from standard input, one per line."""
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    records = [(_parse_jsonl(line, number + 1) if input_format == "jsonl" else (line.encode(), None, None))
+               for number, line in enumerate(lines) if line]
+
+    async def action(ns: Any) -> list[Any]:
+        async with ns.open_writer(name) as writer:
+            futures = []
+            for value, key, timestamp in records:
+                await writer.wait_writable()
+                futures.append(writer.write_nowait(value, key, timestamp))
+            return list(await asyncio.gather(*futures))
+
+    offsets = run_namespace(cluster, action) if records else []
+    result = {"count": len(offsets), "first": str(offsets[0]) if offsets else None,
+              "last": str(offsets[-1]) if offsets else None}
+    click.echo(json.dumps(result) if as_json else f"wrote {len(offsets)} records to {name}")
+
+
+def _record_json(record: Any) -> dict[str, Any]:
+    item: dict[str, Any] = {"offset": str(record.offset)}
+    item["key"] = None if record.key is None else record.key.decode(errors="replace")
+    try:
+        item["value"] = record.value.decode()
+    except UnicodeDecodeError:
+        item["value_b64"] = base64.b64encode(record.value).decode()
+    item["timestamp"] = record.timestamp_ms
+    return item
+
+
+@click.command("read")
+@click.argument("name")
+@click.option("--from", "start", default="earliest", show_default=True,
+              help="earliest, latest or an offset L:E[:S]")
+@click.option("--to", "end", default=None, help="stop after this offset L:E[:S]")
+@click.option("--max", "max_records", default=None, type=click.IntRange(1), help="stop after N records")
+@click.option("--follow", is_flag=True, help="keep reading new records until Ctrl-C")
+@click.option("--skip-truncated", is_flag=True, help="start at the earliest record if --from was truncated")
+@cluster_options
+@json_option
+@fails_cleanly
+def read_command(name: str, start: str, end: str | None, max_records: int | None, follow: bool,
+                 skip_truncated: bool, cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Print records: one value per line, or with --json one object per line."""
+    from dlog import Offset
+
+    if start not in ("earliest", "latest"):
+        Offset.parse(start)
+    stop = Offset.parse(end) if end else None
+
+    async def action(ns: Any) -> None:
+        async with ns.open_reader(name, start, follow=follow, skip_truncated=skip_truncated) as reader:
+            count = 0
+            async for record in reader:
+                click.echo(json.dumps(_record_json(record)) if as_json
+                           else record.value.decode(errors="replace"))
+                count += 1
+                if (max_records and count >= max_records) or (stop is not None and record.offset == stop):
+                    return
+
+    run_namespace(cluster, action)
+
+
+@click.command("truncate")
+@click.argument("name")
+@click.option("--before", required=True, help="remove every record strictly below this offset L:E[:S]")
+@cluster_options
+@json_option
+@fails_cleanly
+def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Remove records below an offset (whole segments are deleted)."""
+    from dlog import Offset
+
+    offset = Offset.parse(before)
+    removed = run_namespace(cluster, lambda ns: ns.truncate(name, offset))
+    result = {"stream": name, "before": str(offset), "segments_removed": [s.sequence for s in removed]}
+    click.echo(json.dumps(result) if as_json else
+               f"truncated {name} before {offset}: removed {len(removed)} segments")
+
+
+@click.command("export")
+@click.argument("name")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "output_format", type=click.Choice(["parquet", "arrow"]), default="parquet",
+              show_default=True)
+@click.option("--from", "start", default="earliest", show_default=True, help="earliest or L:E[:S]")
+@click.option("--to", "end", default=None, help="last offset to export L:E[:S]")
+@cluster_options
+@json_option
+@fails_cleanly
+def export_command(name: str, out_path: Path, output_format: str, start: str, end: str | None, cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar."""
+    from tools.export import export_stream
+
+    result = run_namespace(cluster, lambda ns: export_stream(ns, name, out_path, output_format, start, end,
+                                                         progress=not as_json))
+    click.echo(json.dumps(result) if as_json else
+               f"exported {result['records']:,} records to {out_path} ({format_size(result['bytes'])})")
+
