@@ -175,6 +175,13 @@ class CorruptMetadataError(MetadataError):
     retryable = False
 
 
+class LedgerIdsExhaustedError(MetadataError):
+    """Every 63-bit ledger id was allocated."""
+
+    code = 215
+    retryable = False
+
+
 class CookieMismatchError(DlogError):
     """The data directory and ZooKeeper disagree about this bookie's identity."""
 

@@ -73,9 +73,11 @@ def is_retryable(error: BaseException) -> bool:
 async def retry(operation: Callable[[], Awaitable[T]], policy: Backoff, *, what: str,
                 retry_on: Callable[[BaseException], bool] = is_retryable,
                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-                rng: Callable[[], float] = random.random, clock: Clock = SYSTEM_CLOCK) -> T:
+                rng: Callable[[], float] = random.random, clock: Clock = SYSTEM_CLOCK,
+                quiet: bool = False) -> T:
     """Run `operation` until it succeeds, raises what `retry_on` refuses, or the attempts or the
-    deadline run out (then the last error is raised)."""
+    deadline run out (then the last error is raised). Each retry is logged at INFO (DEBUG when
+    `quiet`: for expected contention such as a lost compare-and-set)."""
     started_s = clock.monotonic_s()
     delays = policy.delays_s(rng)
     attempt = 0
@@ -94,6 +96,7 @@ async def retry(operation: Callable[[], Awaitable[T]], policy: Backoff, *, what:
                 if remaining_s <= 0:
                     raise
                 delay_s = min(delay_s, remaining_s)
-            log.info("%s failed (attempt %d of %d, next in %.2f s): %s", what, attempt,
-                     policy.attempts_max, delay_s, exc)
+            log.log(logging.DEBUG if quiet else logging.INFO,
+                    "%s failed (attempt %d of %d, next in %.2f s): %s", what, attempt,
+                    policy.attempts_max, delay_s, exc)
             await sleep(delay_s)

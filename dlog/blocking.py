@@ -8,48 +8,31 @@
         with ns.open_reader("orders", follow=False) as reader:
             for record in reader: ...
 
-One event loop runs in a daemon thread per connection; every call hands a coroutine to it and
-waits for the result (with a timeout, so a hung cluster cannot block a caller forever).
+One event loop runs in a daemon thread per connection (dlog.bridge.LoopThread, the one bridge);
+every call hands a coroutine to it and waits for the result, with a timeout, so a hung cluster
+cannot block a caller forever.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
-from typing import Any, Awaitable, TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from dlog.bridge import LoopThread
 from dlog.namespace import Namespace
 from dlog.offsets import Offset
 from dlog.reader import Record, StreamReader
 from dlog.writer import StreamWriter, WrittenBatch
 
 T = TypeVar("T")
-CALL_TIMEOUT_S = 300.0
-
-
-class _Loop:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="dlog-loop", daemon=True)
-        self.thread.start()
-
-    def call(self, awaitable: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
-        async def run() -> T:
-            return await awaitable
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout_s)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
 
 
 class BlockingNamespace:
     def __init__(self, zk: str = "127.0.0.1:2181", name: str = "default", **options: Any) -> None:
-        self._loop = _Loop()
+        self._loop = LoopThread()
         self.namespace = Namespace(zk, name, **options)
         self._loop.call(self.namespace.start())
 
@@ -83,7 +66,7 @@ class BlockingNamespace:
 
 
 class BlockingWriter:
-    def __init__(self, loop: _Loop, writer: StreamWriter) -> None:
+    def __init__(self, loop: LoopThread, writer: StreamWriter) -> None:
         self._loop = loop
         self.writer = writer
 
@@ -118,7 +101,7 @@ class BlockingWriter:
 
 
 class BlockingReader:
-    def __init__(self, loop: _Loop, reader: StreamReader) -> None:
+    def __init__(self, loop: LoopThread, reader: StreamReader) -> None:
         self._loop = loop
         self.reader = reader
 

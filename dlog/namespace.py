@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
 
 import pyarrow as pa
 
 from bookkeeper.client import BookKeeper
 from bookkeeper.client.ledger import ReadHandle
-from bookkeeper.errors import DlogError, MetadataVersionError, NoSuchLedgerError
+from bookkeeper.clock import wall_ms
+from bookkeeper.errors import (
+    ConfigError,
+    DlogError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from bookkeeper.meta import layout
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
@@ -38,13 +43,16 @@ from dlog.writer import StreamWriter
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CHANGE_RETRIES_MAX = 10
+READ_HANDLES_MAX = 1024
 TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as truncated
 
 
 class Namespace:
     def __init__(self, zk: str = "127.0.0.1:2181", name: str = "default", *, root: str = "/dlog",
                  bookkeeper_root: str = layout.DEFAULT_ROOT, zk_timeout_s: float = 10.0,
-                 **client_options: Any) -> None:
+                 read_handles_max: int = READ_HANDLES_MAX, **client_options: Any) -> None:
+        if read_handles_max < 1:
+            raise ConfigError(f"read_handles_max must be >= 1, got {read_handles_max}")
         self.zk_hosts = zk
         self.name = check_subscription_name(name)
         self.root = f"{root}/{self.name}"
@@ -55,6 +63,8 @@ class Namespace:
         self.client: BookKeeper = None  # type: ignore[assignment]
         self.store: StreamStore = None  # type: ignore[assignment]
         self._schemas: dict[str, pa.Schema] = {}
+        # cached read handles of segment ledgers, at most read_handles_max (oldest dropped first)
+        self.read_handles_max = read_handles_max
         self._handles: dict[int, ReadHandle] = {}
 
     async def start(self) -> Namespace:
@@ -95,7 +105,7 @@ class Namespace:
         config = StreamConfig(name, ensemble, write_quorum, ack_quorum, roll_records=roll_records,
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
                               schema=schema_to_text(schema) if schema is not None else "",
-                              password=secrets.token_hex(16), created_ms=_now_ms(), **options)
+                              password=secrets.token_hex(16), created_ms=wall_ms(), **options)
         await self.store.create_stream(config)
         return config
 
@@ -177,7 +187,7 @@ class Namespace:
         if handle is None:
             handle = await self.client.open_ledger(segment.ledger_id, password=config.password.encode(),
                                                    recovery=False)
-            if len(self._handles) > 1024:
+            if len(self._handles) >= self.read_handles_max:
                 self._handles.pop(next(iter(self._handles)))
             self._handles[segment.ledger_id] = handle
         elif segment.is_in_progress:
@@ -263,7 +273,7 @@ class Namespace:
         completed one, never at or past what a subscriber has not consumed (when so configured)."""
         config = await self.store.config(name)
         listing = await self.store.segments(name)
-        now_ms = _now_ms() if now_ms is None else now_ms
+        now_ms = wall_ms() if now_ms is None else now_ms
         completed = [s for s in listing.segments if s.state is SegmentState.COMPLETED]
         candidates = completed[:-1] if listing.in_progress is None else completed
         if config.retention_keeps_unconsumed:
@@ -347,7 +357,3 @@ def _fields(item: Any) -> dict[str, Any]:
 
 def _truncated(segment: Segment) -> Segment:
     return Segment(**{**_fields(segment), "state": SegmentState.TRUNCATED})
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

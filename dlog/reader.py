@@ -279,7 +279,7 @@ class StreamReader:
             if next_entry <= limit:
                 last = min(limit, next_entry + READ_BATCH_ENTRIES - 1)
                 for entry in await handle.read(next_entry, last):
-                    await self._emit(segment, entry.entry_id, entry.data, first_slot)
+                    await self._emit(segment, entry.entry_id, entry.payload, first_slot)
                     first_slot = 0
                 next_entry = last + 1
                 continue
@@ -299,7 +299,7 @@ class StreamReader:
         """Long-poll for the next entry; a change of the segment list interrupts the wait.
         Returns the segment as now listed (if the list changed) and whether the entry was emitted."""
         self._changed.clear()
-        poll = asyncio.ensure_future(handle._long_poll(entry_id, self.poll_timeout_ms))
+        poll = asyncio.ensure_future(handle.wait_for_entry(entry_id, self.poll_timeout_ms))
         change = asyncio.ensure_future(self._changed.wait())
         try:
             done, _ = await asyncio.wait({poll, change}, return_when=asyncio.FIRST_COMPLETED)
@@ -312,7 +312,7 @@ class StreamReader:
             entry = poll.result()
             if entry is None:
                 return None, False
-            await self._emit(segment, entry.entry_id, entry.data, 0)
+            await self._emit(segment, entry.entry_id, entry.payload, 0)
             return None, True
         poll.cancel()
         await asyncio.gather(poll, return_exceptions=True)
@@ -326,12 +326,9 @@ class StreamReader:
         except asyncio.TimeoutError:
             pass
 
-    async def _emit(self, segment: Segment, entry_id: int, data: bytes, first_slot: int) -> None:
-        if (entry_id, first_slot) < (segment.min_active_entry, segment.min_active_slot):
-            first_slot = segment.min_active_slot if entry_id == segment.min_active_entry else first_slot
-        _, batch = self.codec.decode(data)
-        if first_slot:
-            batch = batch.slice(first_slot)
+    async def _emit(self, segment: Segment, entry_id: int, payload: bytes, first_slot: int) -> None:
+        first_slot = segment.first_readable_slot(entry_id, first_slot)
+        batch = self.codec.records_from(payload, first_slot)
         if batch.num_rows:
             size = batch.nbytes
             while self._queued_bytes and self._queued_bytes + size > self.read_ahead_bytes:

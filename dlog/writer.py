@@ -21,17 +21,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from time import time as _time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from time import time as _time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from bookkeeper.errors import (ConfigError, DlogError, LedgerFencedError, MetadataVersionError,
-                               NoSuchLedgerError)
+from bookkeeper.clock import wall_ms
+from bookkeeper.errors import (
+    ConfigError,
+    DlogError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from dlog.offsets import Offset
-from dlog.segments.codec import RecordSetCodec, check_batch, records_to_batch, split_batch
+from dlog.segments.codec import (
+    RecordSetCodec,
+    check_batch,
+    records_to_batch,
+    split_batch,
+)
 from dlog.segments.metadata import Segment, StreamConfig
 from dlog.segments.store import SegmentList
 
@@ -61,7 +72,8 @@ class WriterClosedError(DlogError):
 
 @dataclass(frozen=True, slots=True)
 class WrittenBatch:
-    """Where a batch went: per entry (entry id, first slot, record count), all in one ledger."""
+    """Where a batch went, all in one ledger: per entry, its id and how many records it holds
+    (the batch's records fill each entry from slot 0)."""
 
     ledger_id: int
     entries: tuple[tuple[int, int], ...]  # (entry id, records)
@@ -171,18 +183,18 @@ class StreamWriter:
         last = handle.last_add_confirmed
         first_entry = (await handle.read(segment.first_entry, segment.first_entry))[0]
         last_entry = first_entry if last == segment.first_entry else (await handle.read(last, last))[0]
-        first_header = self.codec.peek_header(first_entry.data)
-        last_header = self.codec.peek_header(last_entry.data)
+        first_header = self.codec.peek_header(first_entry.payload)
+        last_header = self.codec.peek_header(last_entry.payload)
         records = last_header.first_record_index + last_header.record_count
         return segment.completed(last, records, handle.metadata.length, first_header.min_timestamp_ms,
-                                 last_header.max_timestamp_ms, _now_ms())
+                                 last_header.max_timestamp_ms, wall_ms())
 
     async def _start_segment(self, listing: SegmentList) -> None:
         ledger = await self.namespace.client.create_ledger(
             self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
             password=self.config.password.encode(),
             custom={"stream": self.name, "namespace": self.namespace.name})
-        segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=_now_ms())
+        segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=wall_ms())
         await self._commit(listing, create=[segment])
         self._segment, self._ledger = segment, ledger
         self._segment_records = self._segment_bytes = 0
@@ -377,7 +389,7 @@ class StreamWriter:
         assert self._segment is not None and self._ledger is not None
         return self._segment.completed(self._ledger.last_add_confirmed, self._segment_records,
                                        self._segment_bytes, self._segment_first_ts,
-                                       self._segment_last_ts, _now_ms())
+                                       self._segment_last_ts, wall_ms())
 
     async def _roll(self) -> None:
         """L2: create the next ledger, commit both segment changes at once, then close the old."""
@@ -393,7 +405,7 @@ class StreamWriter:
                 self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
                 password=self.config.password.encode(),
                 custom={"stream": self.name, "namespace": self.namespace.name})
-            segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=_now_ms())
+            segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=wall_ms())
             await self._commit(listing, update=[completed], create=[segment])
             self._segment, self._ledger = segment, ledger
             self._segment_records = self._segment_bytes = 0
@@ -488,7 +500,3 @@ def _resolve(done: asyncio.Future[Offset], futures: list[asyncio.Future[Offset]]
     for slot, future in enumerate(futures):
         if not future.done():
             future.set_result(Offset(first.ledger_id, first.entry_id, slot))
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

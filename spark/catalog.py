@@ -118,6 +118,6 @@ class Catalog:
             handle.advance_lac(segment.last_entry)
         if entry_id <= handle.last_add_confirmed:
             entry = (await handle.read(entry_id, entry_id))[0]
-            return self._codec.peek_header(entry.data).first_record_index
+            return self._codec.peek_header(entry.payload).first_record_index
         previous = (await handle.read(entry_id - 1, entry_id - 1))[0]
-        return self._codec.peek_header(previous.data).next_record_index
+        return self._codec.peek_header(previous.payload).next_record_index

@@ -12,20 +12,18 @@ tasks).
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
 import threading
 from typing import Any, Awaitable, TypeVar
 
-from bookkeeper.errors import invariant
+from dlog.bridge import CALL_TIMEOUT_S, LoopThread
 from dlog.namespace import Namespace
 from spark.options import ConnectionOptions
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-CALL_TIMEOUT_S = 300.0
 CLOSE_TIMEOUT_S = 10.0
 CONNECTIONS_MAX = 16
 
@@ -39,9 +37,8 @@ class Connection:
     def __init__(self, options: ConnectionOptions) -> None:
         self.options = options
         self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="dlog-spark-loop", daemon=True)
-        self._thread.start()
+        self._bridge = LoopThread("dlog-spark-loop")
+        self.loop = self._bridge.loop
         self.namespace = Namespace(options.zk, options.namespace, root=options.namespace_root,
                                    bookkeeper_root=options.zk_root)
         try:
@@ -52,20 +49,11 @@ class Connection:
 
     def call(self, awaitable: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
         """Run a coroutine on the connection's loop and wait for its result."""
-        invariant(threading.current_thread() is not self._thread,
-                  "Connection.call from the connection's own loop would wait for itself forever")
-
-        async def run() -> T:
-            return await awaitable
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout_s)
+        return self._bridge.call(awaitable, timeout_s)
 
     def submit(self, awaitable: Awaitable[T]) -> Any:
         """Start a coroutine on the loop; returns a concurrent.futures.Future."""
-        async def run() -> T:
-            return await awaitable
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop)
+        return self._bridge.submit(awaitable)
 
     def close(self) -> None:
         try:
@@ -75,8 +63,7 @@ class Connection:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=CLOSE_TIMEOUT_S)
+        self._bridge.stop()
 
 
 def connection(options: ConnectionOptions) -> Connection:

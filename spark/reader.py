@@ -24,9 +24,18 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows,
-                                              SupportsTriggerAvailableNow)
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from bookkeeper.errors import ConfigError, NoSuchEntryError, NoSuchLedgerError
@@ -362,9 +371,7 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         next_start += len(entries)
         pending = fetch(next_start) if next_start <= last else None  # decode while the next arrives
         for entry in entries:
-            _, batch = codec.decode(entry.data)
             slot = partition.first_slot if entry.entry_id == first else 0
-            if slot:
-                batch = batch.slice(slot)
+            batch = codec.records_from(entry.payload, slot)
             if batch.num_rows:
                 yield shaper.shape(batch, partition.ledger_id, entry.entry_id, slot)

@@ -19,7 +19,14 @@ import time
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from bookkeeper.errors import ConfigError
 from dlog.segments.codec import describe_schema

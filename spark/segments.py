@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from bookkeeper.errors import (DlogError, MetadataExistsError, MetadataNotFoundError, MetadataVersionError,
-                               NoSuchLedgerError)
+from bookkeeper.clock import wall_ms
+from bookkeeper.errors import (
+    DlogError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from bookkeeper.meta.zk import CreateOp, Op, SetOp
 from dlog.segments.codec import RecordSetCodec, default_schema
 from dlog.segments.metadata import Segment, SegmentState, StreamConfig
@@ -104,9 +109,9 @@ async def recover_in_progress(namespace: Namespace, config: StreamConfig, listin
         last = handle.last_add_confirmed
         first_entry = (await handle.read(segment.first_entry, segment.first_entry))[0]
         last_entry = (await handle.read(last, last))[0]
-        first_header, last_header = codec.peek_header(first_entry.data), codec.peek_header(last_entry.data)
+        first_header, last_header = codec.peek_header(first_entry.payload), codec.peek_header(last_entry.payload)
         completed = segment.completed(last, last_header.next_record_index, handle.metadata.length,
-                                      first_header.min_timestamp_ms, last_header.max_timestamp_ms, _now_ms())
+                                      first_header.min_timestamp_ms, last_header.max_timestamp_ms, wall_ms())
         await store.commit(config.name, listing, update=[completed])
         log.info("stream %s: recovered segment %d (ledger %d) at entry %d", config.name, segment.sequence,
                  segment.ledger_id, last)
@@ -148,7 +153,7 @@ async def _sink_node(namespace: Namespace, stream: str, sink_id: str) -> tuple[i
 
 def _sink_op(path: str, batch_id: int, ledgers: list[int], recorded: tuple[int, int] | None) -> Op:
     data = json.dumps({"batch": batch_id, "format": SINK_NODE_FORMAT, "ledgers": ledgers,
-                       "committed_ms": _now_ms()}, sort_keys=True).encode()
+                       "committed_ms": wall_ms()}, sort_keys=True).encode()
     if recorded is None:
         return CreateOp(path, data)
     return SetOp(path, data, recorded[1])
@@ -158,8 +163,4 @@ def _segment(sequence: int, message: DlogCommitMessage) -> Segment:
     return Segment(sequence, message.ledger_id, state=SegmentState.COMPLETED, first_entry=0,  # type: ignore[arg-type]
                    last_entry=message.last_entry, records=message.records, bytes=message.bytes,
                    first_timestamp_ms=message.first_timestamp_ms, last_timestamp_ms=message.last_timestamp_ms,
-                   created_ms=message.created_ms, completed_ms=_now_ms())
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+                   created_ms=message.created_ms, completed_ms=wall_ms())

@@ -17,16 +17,20 @@ outside every segment list: readers never see it (see the report on orphan ledge
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 
 from bookkeeper.client.ledger import LedgerHandle
+from bookkeeper.clock import wall_ms
 from dlog.segments.codec import RecordSetCodec, split_batch
 from spark.connection import Connection, connection
 from spark.options import SinkOptions
@@ -68,7 +72,7 @@ class _LedgerTask:
         self.schema = namespace.schema_of(self.config)
         self.codec = RecordSetCodec(self.schema)
         self.ledger: LedgerHandle | None = None
-        self.message = DlogCommitMessage(options.stream, None, created_ms=_now_ms())
+        self.message = DlogCommitMessage(options.stream, None, created_ms=wall_ms())
         self._buffer: list[pa.RecordBatch] = []
         self._buffered_bytes = 0
         self._in_flight: deque[Any] = deque()
@@ -185,7 +189,3 @@ def _abort(options: SinkOptions, messages: list[WriterCommitMessage | None]) -> 
     conn = connection(options.connection)
     conn.call(delete_ledgers(conn.namespace, ledgers, stream=options.stream))
     log.info("dlog sink: aborted; deleted ledgers %s", ledgers)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -100,7 +100,7 @@ class Demo:
         await handle.close()
         reader = await client.open_ledger(handle.ledger_id, password=b"demo", recovery=True)
         entries = await reader.read(0, reader.last_add_confirmed)
-        check([e.data for e in entries] == self.values[:1000], "ledger entries differ after recovery")
+        check([e.payload for e in entries] == self.values[:1000], "ledger entries differ after recovery")
         self.note("ledger: 1,000 entries on E3/Qw2/Qa2, sealed and read back",
                   f"ledger {handle.ledger_id}, fragments {len(reader.metadata.ensembles)}")
 

@@ -332,7 +332,7 @@ class Collector:
         if cached is not None and cached[0] == lac:
             return cached
         entry = (await asyncio.wait_for(handle.read(lac, lac), LEDGER_TIMEOUT_S))[0]
-        header = RecordSetCodec(default_schema()).peek_header(entry.data)
+        header = RecordSetCodec(default_schema()).peek_header(entry.payload)
         if len(self._tail_records) >= HANDLES_MAX:
             self._tail_records.pop(next(iter(self._tail_records)))
         self._tail_records[segment.ledger_id] = (lac, header.next_record_index)

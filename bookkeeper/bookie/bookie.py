@@ -22,14 +22,24 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bookkeeper.bookie.journal import Journal
-from bookkeeper.bookie.storage import LedgerState, LedgerStorage
+from bookkeeper.bookie.storage import LedgerData, LedgerStorage
 from bookkeeper.errors import BookieIOError, invariant
 from bookkeeper.protocol import wire
 from bookkeeper.protocol.entry import DIGEST_BYTES, ENTRY_HEADER, ENTRY_HEADER_BYTES
-from bookkeeper.protocol.wire import (AddRequest, ErrorResponse, OpCode, ReadLacRequest,
-                                      ReadLacResponse, ReadRequest, ReadResponse, Status,
-                                      WriteLacRequest, WriteLacResponse, encode_add_response,
-                                      encode_response)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    ErrorResponse,
+    OpCode,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Status,
+    WriteLacRequest,
+    WriteLacResponse,
+    encode_add_response,
+    encode_response,
+)
 
 # journal record types (first byte of every record)
 RECORD_ADD = 1  # ledger_id, entry_id, packed entry
@@ -102,7 +112,7 @@ class BookieCore:
         elif kind == RECORD_KEY:
             _, ledger_id, master_key = _KEY_RECORD.unpack(record)
             if self.storage.get_state(ledger_id) is None:
-                self.storage.put_state(ledger_id, LedgerState(master_key))
+                self.storage.put_state(ledger_id, LedgerData(master_key))
         elif kind == RECORD_FENCE:
             _, ledger_id = _FENCE_RECORD.unpack(record)
             state = self.storage.get_state(ledger_id)
@@ -169,7 +179,7 @@ class BookieCore:
             status, message = problem
             self._fail(reply, request.request_id, OpCode.ADD, status, message)
             return
-        ledger_id, entry_id, entry = request.ledger_id, request.entry_id, request.entry
+        ledger_id, entry_id, entry = request.ledger_id, request.entry_id, request.packed_entry
         ledger = self._ledger(ledger_id)
         if ledger is None:
             ledger = self._create_ledger(ledger_id, request.master_key)
@@ -203,7 +213,7 @@ class BookieCore:
         if request.ledger_id < 0 or request.entry_id < 0:
             return Status.BAD_REQUEST, (f"ledger and entry ids must be >= 0, got "
                                         f"{request.ledger_id}:{request.entry_id}")
-        entry = request.entry
+        entry = request.packed_entry
         if len(entry) < ENTRY_HEADER_BYTES:
             return Status.BAD_REQUEST, (f"entry of {len(entry)} bytes is shorter than the "
                                         f"{ENTRY_HEADER_BYTES}-byte entry header")
@@ -220,7 +230,7 @@ class BookieCore:
         return None
 
     def _create_ledger(self, ledger_id: int, master_key: bytes) -> _Ledger:
-        self.storage.put_state(ledger_id, LedgerState(master_key))
+        self.storage.put_state(ledger_id, LedgerData(master_key))
         self.journal.append(_KEY_RECORD.pack(RECORD_KEY, ledger_id, master_key), _ignore, None)
         ledger = _Ledger(master_key, False, -1, -1)
         self._ledgers[ledger_id] = ledger
@@ -424,5 +434,5 @@ def _ignore(_: object) -> None:
     return None
 
 
-def _replace(state: LedgerState, **changes: object) -> LedgerState:
+def _replace(state: LedgerData, **changes: object) -> LedgerData:
     return dataclasses.replace(state, **changes)  # type: ignore[arg-type]

@@ -406,6 +406,12 @@ class Journal:
         return self._durable
 
     @property
+    def full(self) -> bool:
+        """True while the bytes not yet fsynced reach `buffered_bytes_max`: the server stops
+        reading requests until a group commit brings them below it."""
+        return self.buffered_bytes >= self.buffered_bytes_max
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes appended and not yet durable (buffered plus the group being written)."""
         return len(self._buffer) + self._pieces_bytes + self._writing_bytes

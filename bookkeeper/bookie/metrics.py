@@ -103,6 +103,9 @@ class _ServiceCollector(Collector):
                                               self.service.storage.write_cache_bytes),
             "dlog_bookie_journal_buffered_bytes": ("Journal bytes waiting for fsync",
                                                    self.service.journal.buffered_bytes),
+            "dlog_bookie_journal_buffered_bytes_max": ("Journal bytes waiting for fsync at which "
+                                                       "the bookie stops reading requests",
+                                                       self.service.journal.buffered_bytes_max),
             "dlog_bookie_ledger_storage_bytes": ("Bytes of entry logs and index",
                                                  self.service.storage.disk_bytes()),
             "dlog_bookie_disk_used_ratio": ("Used fraction of the data directory's file system",

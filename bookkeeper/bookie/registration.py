@@ -16,7 +16,11 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.errors import CookieMismatchError, MetadataExistsError, MetadataNotFoundError
+from bookkeeper.errors import (
+    CookieMismatchError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+)
 from bookkeeper.meta import layout
 
 if TYPE_CHECKING:

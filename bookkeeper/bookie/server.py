@@ -19,9 +19,19 @@ from typing import Callable
 
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.protocol import wire
-from bookkeeper.protocol.wire import (AddRequest, BookieInfoRequest, BookieInfoResponse,
-                                      ErrorResponse, FrameError, ReadLacRequest, ReadRequest,
-                                      RequestDecoder, Status, WriteLacRequest, encode_response)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ErrorResponse,
+    FrameError,
+    ReadLacRequest,
+    ReadRequest,
+    RequestDecoder,
+    Status,
+    WriteLacRequest,
+    encode_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +45,10 @@ class ServerLimits:
     connections_max: int = 4096
 
 
-class BookieConnection(asyncio.Protocol):
+class ClientConnection(asyncio.Protocol):
+    """The bookie's end of one client's TCP connection: parses frames, hands them to the core,
+    writes the answers back; paused while too much is in flight or unanswered."""
+
     def __init__(self, server: BookieServer) -> None:
         self.server = server
         self.core = server.core
@@ -190,8 +203,8 @@ class BookieServer:
         self.limits = limits
         self._info = info
         self.journal_full = journal_full
-        self.connections: set[BookieConnection] = set()
-        self.paused: set[BookieConnection] = set()  # not read until the journal or answers catch up
+        self.connections: set[ClientConnection] = set()
+        self.paused: set[ClientConnection] = set()  # not read until the journal or answers catch up
         self._server: asyncio.Server | None = None
         self.handlers = {
             AddRequest: core.on_add,
@@ -203,7 +216,7 @@ class BookieServer:
         self.protocol_errors = 0
         self.backpressure_pauses = 0
 
-    def _on_info(self, request: BookieInfoRequest, reply: BookieConnection) -> None:
+    def _on_info(self, request: BookieInfoRequest, reply: ClientConnection) -> None:
         info = self._info()
         reply.send(encode_response(BookieInfoResponse(request.request_id, info.free_bytes,
                                                       info.total_bytes, info.state,
@@ -227,7 +240,7 @@ class BookieServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: BookieConnection(self), host, port,
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port,
                                                 reuse_address=True, backlog=1024)
         return self._server.sockets[0].getsockname()[1]
 

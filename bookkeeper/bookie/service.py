@@ -63,8 +63,7 @@ class BookieService:
                                on_fatal=self._on_fatal)
         self.core = BookieCore(self.journal, self.storage)
         self.server = BookieServer(self.core, config.limits, self._info,
-                                   journal_full=lambda: self.journal.buffered_bytes
-                                   > config.journal_buffered_bytes_max)
+                                   journal_full=lambda: self.journal.full)
         self.port = config.port
         self.http_port: int | None = None
         self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"

@@ -41,7 +41,12 @@ from pathlib import Path
 from crc32c import crc32c
 from rocksdict import Options, Rdict, WriteBatch
 
-from bookkeeper.bookie.entrylog import DEFAULT_FLUSH_BYTES, RECORD_HEADER_BYTES, EntryLogger, ScannedEntry
+from bookkeeper.bookie.entrylog import (
+    DEFAULT_FLUSH_BYTES,
+    RECORD_HEADER_BYTES,
+    EntryLogger,
+    ScannedEntry,
+)
 from bookkeeper.bookie.journal import JournalMark, fsync_directory
 from bookkeeper.errors import BookieIOError, invariant
 
@@ -59,7 +64,7 @@ _RELOCATE_BATCH_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerState:
+class LedgerData:
     """What a bookie knows about a ledger besides its entries (kept in memory and rocksdict)."""
 
     master_key: bytes
@@ -68,19 +73,19 @@ class LedgerState:
     explicit_lac_data: bytes = b""  # the client-signed LAC buffer, returned as is by readLac
 
 
-def encode_state(state: LedgerState) -> bytes:
+def encode_state(state: LedgerData) -> bytes:
     head = _STATE_HEAD.pack(_STATE_VERSION, state.fenced, state.explicit_lac, len(state.master_key))
     return head + state.master_key + state.explicit_lac_data
 
 
-def decode_state(blob: bytes) -> LedgerState:
+def decode_state(blob: bytes) -> LedgerData:
     if len(blob) < _STATE_HEAD.size:
         raise BookieIOError(f"corrupt ledger state ({len(blob)} bytes)")
     version, fenced, lac, key_bytes = _STATE_HEAD.unpack_from(blob)
     if version != _STATE_VERSION or len(blob) < _STATE_HEAD.size + key_bytes:
         raise BookieIOError(f"corrupt ledger state (version {version}, {len(blob)} bytes)")
     key_end = _STATE_HEAD.size + key_bytes
-    return LedgerState(blob[_STATE_HEAD.size : key_end], bool(fenced), lac, blob[key_end:])
+    return LedgerData(blob[_STATE_HEAD.size : key_end], bool(fenced), lac, blob[key_end:])
 
 
 class CheckpointSnapshot:
@@ -116,7 +121,7 @@ class LedgerStorage:
         self._active_bytes = 0
         self._snapshot: CheckpointSnapshot | None = None
         self._last_entry: dict[int, int] = {}
-        self._states: dict[int, LedgerState] = {}
+        self._states: dict[int, LedgerData] = {}
         self._watchers: list[set[int]] = []
         self._writer_lock = threading.Lock()
         self._compaction_lock = threading.Lock()
@@ -230,10 +235,10 @@ class LedgerStorage:
 
     # --- ledger states (loop thread) ------------------------------------------------------
 
-    def get_state(self, ledger_id: int) -> LedgerState | None:
+    def get_state(self, ledger_id: int) -> LedgerData | None:
         return self._states.get(ledger_id)
 
-    def put_state(self, ledger_id: int, state: LedgerState) -> None:
+    def put_state(self, ledger_id: int, state: LedgerData) -> None:
         self._states[ledger_id] = state
         self._db.put(_LEDGER_KEY.pack(_STATE, ledger_id), encode_state(state))
 

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -19,16 +18,22 @@ from typing import Callable
 from bookkeeper.client.ledger import LedgerHandle, ReadHandle, RecoveryDriver
 from bookkeeper.client.placement import choose_ensemble
 from bookkeeper.client.pool import BookiePool
-from bookkeeper.errors import ConfigError, DlogError, LedgerRecoveryError, UnauthorizedError
+from bookkeeper.client.settings import ClientSettings, DriverContext
+from bookkeeper.errors import (
+    ConfigError,
+    LedgerRecoveryError,
+    UnauthorizedError,
+)
 from bookkeeper.meta import layout
 from bookkeeper.meta.store import BookieInfo, MetadataStore
 from bookkeeper.protocol.entry import Digest, DigestType, master_key
 from bookkeeper.protocol.metadata import LedgerMetadata, check_quorum, password_hash
 from bookkeeper.protocol.recovery import RecoveryOp
 from bookkeeper.protocol.writer import LedgerWriter
+from bookkeeper.retry import Backoff, retry
 
 log = logging.getLogger(__name__)
-RECOVERY_ATTEMPTS_MAX = 5
+RECOVERY_RETRY = Backoff(attempts_max=5, delay_s_first=0.2, delay_s_max=2.0)
 
 
 class BookKeeper:
@@ -45,15 +50,11 @@ class BookKeeper:
         self._root = root
         self.store: MetadataStore = store  # type: ignore[assignment]  # set in start() if None
         self.rng = rng or random.Random()
-        self.add_timeout_s = add_timeout_s
-        self.read_timeout_s = read_timeout_s
-        self.speculative_read_ms = speculative_read_ms
-        self.explicit_lac_interval_ms = explicit_lac_interval_ms
-        self.eager_lac = eager_lac  # send the LAC as soon as the pipeline drains (tail latency)
-        self.tick_interval_s = tick_interval_s
-        self.pending_adds_max = pending_adds_max
-        self.zk_timeout_s = zk_timeout_s
+        self.settings = ClientSettings(add_timeout_s, read_timeout_s, speculative_read_ms,
+                                       explicit_lac_interval_ms, eager_lac, tick_interval_s,
+                                       pending_adds_max, zk_timeout_s)
         self.pool = BookiePool(self._address_of, timeout_s=max(add_timeout_s, read_timeout_s) + 1)
+        self.context: DriverContext = None  # type: ignore[assignment]  # set in start()
         self._bookies: dict[str, BookieInfo] = {}
         self._writable_watchers: list[Callable[[list[str]], None]] = []
         self._unwatch: Callable[[], None] | None = None
@@ -63,7 +64,8 @@ class BookKeeper:
             from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
 
             self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,  # type: ignore[arg-type]
-                                                              timeout_s=self.zk_timeout_s)
+                                                              timeout_s=self.settings.zk_timeout_s)
+        self.context = DriverContext(self.pool, self.store, self.settings, self.watch_writable)
         self._unwatch = self.store.watch_bookies(self._on_bookies)
         self._on_bookies(await self.store.bookies())
         return self
@@ -113,10 +115,10 @@ class BookKeeper:
         ledger_id, version = await self.store.create_ledger(metadata)
         writer = LedgerWriter(ledger_id, metadata, version, Digest.for_ledger(digest, password),
                               available_bookies=self.writable_bookies(), rng=self.rng,
-                              add_timeout_ms=int(self.add_timeout_s * 1000),
-                              explicit_lac_interval_ms=self.explicit_lac_interval_ms,
-                              eager_lac=self.eager_lac)
-        return LedgerHandle(self, ledger_id, writer, master_key(password), self.pending_adds_max)
+                              add_timeout_ms=self.settings.add_timeout_ms,
+                              explicit_lac_interval_ms=self.settings.explicit_lac_interval_ms,
+                              eager_lac=self.settings.eager_lac)
+        return LedgerHandle(self.context, ledger_id, writer, master_key(password))
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"",
                           recovery: bool = True) -> ReadHandle:
@@ -129,30 +131,33 @@ class BookKeeper:
         digest = Digest.for_ledger(metadata.digest_type, password)
         if recovery and not metadata.is_closed:
             metadata, version = await self._recover(ledger_id, metadata, version, digest, password)
-        handle = ReadHandle(self, ledger_id, metadata, version, digest, master_key(password))
+        handle = ReadHandle(self.context, ledger_id, metadata, version, digest, master_key(password))
         if not metadata.is_closed:
             await handle.read_lac()
         return handle
 
     async def _recover(self, ledger_id: int, metadata: LedgerMetadata, version: int, digest: Digest,
                        password: bytes) -> tuple[LedgerMetadata, int]:
-        error: DlogError | None = None
-        for attempt in range(RECOVERY_ATTEMPTS_MAX):
-            if attempt:
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+        """Recovery attempts until one decides where the ledger ends (LedgerRecoveryError: too many
+        bookies unreachable to decide, so try again with fresh metadata)."""
+        first = True
+
+        async def attempt() -> tuple[LedgerMetadata, int]:
+            nonlocal first, metadata, version
+            if not first:
                 metadata, version = await self.store.read_ledger(ledger_id)
+            first = False
             op = RecoveryOp(ledger_id, metadata, version, digest,
                             available_bookies=self.writable_bookies(), rng=self.rng,
-                            read_timeout_ms=int(self.read_timeout_s * 1000),
-                            add_timeout_ms=int(self.add_timeout_s * 1000))
-            finished = await RecoveryDriver(self, ledger_id, op, master_key(password)).recover()
-            if finished.error is None and finished.metadata is not None:
-                return finished.metadata, finished.version
-            error = finished.error
-            if not isinstance(error, LedgerRecoveryError):
-                raise error  # type: ignore[misc]
-            log.warning("recovery of ledger %d, attempt %d: %s", ledger_id, attempt + 1, error)
-        raise error or LedgerRecoveryError(f"recovery of ledger {ledger_id} failed")
+                            read_timeout_ms=self.settings.read_timeout_ms,
+                            add_timeout_ms=self.settings.add_timeout_ms)
+            finished = await RecoveryDriver(self.context, ledger_id, op, master_key(password)).recover()
+            if finished.error is not None or finished.metadata is None:
+                raise finished.error or LedgerRecoveryError(f"recovery of ledger {ledger_id} failed")
+            return finished.metadata, finished.version
+
+        return await retry(attempt, RECOVERY_RETRY, what=f"recovery of ledger {ledger_id}",
+                           retry_on=lambda error: isinstance(error, LedgerRecoveryError))
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Remove the ledger's metadata; bookies reclaim its data by garbage collection."""

@@ -13,14 +13,38 @@ import itertools
 import socket
 from typing import Any, Callable
 
-from bookkeeper.errors import (BookieUnavailableError, ProtocolError, RequestTimeoutError,
-                               error_for_status)
+from bookkeeper.errors import (
+    BookieUnavailableError,
+    ProtocolError,
+    RequestTimeoutError,
+    error_for_status,
+)
 from bookkeeper.protocol import wire
-from bookkeeper.protocol.wire import (AddRequest, AddResponse, BookieInfoRequest,
-                                      BookieInfoResponse, ErrorResponse, FrameError,
-                                      ReadLacRequest, ReadLacResponse, ReadRequest, ReadResponse,
-                                      Request, ResponseDecoder, WriteLacRequest,
-                                      WriteLacResponse, encode_request)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ErrorResponse,
+    FrameError,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    ResponseDecoder,
+    WriteLacRequest,
+    WriteLacResponse,
+    encode_request,
+)
+
+_REQUEST_IDS = itertools.count(1)
+
+
+def next_request_id() -> int:
+    """The one source of request ids in a process: every pool and connection draws from it, so an
+    id is never pending twice on any connection (they are 64-bit: no wrap in practice)."""
+    return next(_REQUEST_IDS)
 
 
 class EncodedRequest:
@@ -42,7 +66,6 @@ class BookieConnection(asyncio.Protocol):
         self._decoder = ResponseDecoder(frame_bytes_max)
         # request id -> (future or callback, deadline); callbacks skip a future and a loop hop
         self._pending: dict[int, tuple[Any, float]] = {}
-        self._request_ids = itertools.count(1)
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -106,8 +129,9 @@ class BookieConnection(asyncio.Protocol):
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def next_request_id(self) -> int:
-        return next(self._request_ids)
+    @staticmethod
+    def next_request_id() -> int:
+        return next_request_id()
 
     async def request(self, request: Request, *, wait_s: float = 0.0) -> Any:
         """Send one request, return its response object or raise its error. `wait_s` extends the

@@ -15,30 +15,47 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from bookkeeper.errors import (DlogError, LedgerClosedError, MetadataError, MetadataVersionError,
-                               NoSuchEntryError, NoSuchLedgerError)
-from bookkeeper.protocol.effects import (CompleteAdds, CompleteRead, Effect, FailAdds, FailRead,
-                                         Finished, SendAdd, SendRead, SendWriteLac,
-                                         WriteMetadata)
+from bookkeeper.errors import (
+    DlogError,
+    LedgerClosedError,
+    MetadataError,
+    MetadataVersionError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+)
+from bookkeeper.protocol.effects import (
+    CompleteAdds,
+    CompleteRead,
+    Effect,
+    FailAdds,
+    FailRead,
+    Finished,
+    SendAdd,
+    SendRead,
+    SendWriteLac,
+    WriteMetadata,
+)
 from bookkeeper.protocol.entry import Digest, DigestMismatchError, unpack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.reader import ReadOp
 from bookkeeper.protocol.recovery import RecoveryOp
 from bookkeeper.protocol.wire import ReadRequest, WriteLacRequest, encode_add_request
 from bookkeeper.protocol.writer import LedgerWriter, WriterState
+from bookkeeper.retry import Backoff, retry
 
 if TYPE_CHECKING:
-    from bookkeeper.client.bookkeeper import BookKeeper
+    from bookkeeper.client.settings import DriverContext
 
 log = logging.getLogger(__name__)
-METADATA_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 2.0)  # bounded: ~8 s in total
+# while the store is unreachable: 9 attempts, 0.05 s doubling to 2 s between them (~8 s in all)
+METADATA_WRITE_RETRY = Backoff(attempts_max=9, delay_s_first=0.05, delay_s_max=2.0, deadline_s=12.0)
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     ledger_id: int
     entry_id: int
-    data: bytes
+    payload: bytes
 
 
 class _Driver:
@@ -46,8 +63,8 @@ class _Driver:
 
     machine: Any
 
-    def __init__(self, client: BookKeeper, ledger_id: int, master_key: bytes) -> None:
-        self.client = client
+    def __init__(self, context: DriverContext, ledger_id: int, master_key: bytes) -> None:
+        self.context = context
         self.ledger_id = ledger_id
         self.master_key = master_key
         self.loop = asyncio.get_running_loop()
@@ -92,10 +109,10 @@ class _Driver:
     # ------------------------------------------------------------------ bookie requests
 
     def _send_add(self, effect: SendAdd) -> None:
-        pool = self.client.pool
+        pool = self.context.pool
         request_id = pool.next_request_id()
         frame = encode_add_request(request_id, self.ledger_id, effect.entry_id, self.master_key,
-                                   effect.packed, effect.recovery)
+                                   effect.packed_entry, effect.recovery)
         bookie, entry_id, machine = effect.bookie, effect.entry_id, self.machine
 
         def answered(outcome: Any) -> None:
@@ -107,7 +124,7 @@ class _Driver:
         pool.send_callback(bookie, request_id, frame, answered)
 
     def _send_read(self, effect: SendRead) -> None:
-        pool = self.client.pool
+        pool = self.context.pool
         request = ReadRequest(pool.next_request_id(), self.ledger_id, effect.entry_id, effect.fence,
                               self.master_key if effect.fence else b"")
         future = pool.send(effect.bookie, request)
@@ -124,10 +141,10 @@ class _Driver:
         future.add_done_callback(done)
 
     def on_read_ok(self, bookie: str, entry_id: int, response: Any) -> None:
-        self.run(self.machine.on_read_ok(bookie, entry_id, response.entry, self.now_ms()))
+        self.run(self.machine.on_read_ok(bookie, entry_id, response.packed_entry, self.now_ms()))
 
     def _send_write_lac(self, effect: SendWriteLac) -> None:
-        pool = self.client.pool
+        pool = self.context.pool
         future = pool.send(effect.bookie, WriteLacRequest(pool.next_request_id(), self.ledger_id,
                                                           self.master_key, effect.lac))
         future.add_done_callback(_log_failure(f"explicit LAC of ledger {self.ledger_id} to {effect.bookie}"))
@@ -135,49 +152,48 @@ class _Driver:
     # ------------------------------------------------------------------ metadata
 
     async def _write_metadata(self, effect: WriteMetadata) -> None:
-        store = self.client.store
-        for attempt, delay_s in enumerate((0.0, *METADATA_RETRY_DELAYS_S)):
-            await asyncio.sleep(delay_s)
+        """Compare-and-set the metadata, retrying while the store is unreachable (bounded by
+        METADATA_WRITE_RETRY); a lost compare-and-set or a deleted ledger goes to the machine."""
+        store = self.context.store
+
+        async def attempt() -> tuple[LedgerMetadata | None, int]:
             try:
-                version = await store.write_ledger(self.ledger_id, effect.metadata,
-                                                   effect.expected_version)
+                return None, await store.write_ledger(self.ledger_id, effect.metadata,
+                                                      effect.expected_version)
             except MetadataVersionError:
-                try:
-                    current, version = await store.read_ledger(self.ledger_id)
-                except MetadataError as exc:
-                    log.warning("ledger %d: reading metadata after a conflict failed (attempt %d): %s",
-                                self.ledger_id, attempt + 1, exc)
-                    continue
-                self.run(self.machine.on_metadata_conflict(current, version, self.now_ms()))
-                return
-            except NoSuchLedgerError as exc:  # deleted under the writer: nothing to retry
-                self.run(self.machine.on_metadata_failed(exc))
-                return
-            except MetadataError as exc:
-                log.warning("ledger %d: metadata write failed (attempt %d): %s", self.ledger_id,
-                            attempt + 1, exc)
-                continue
-            self.run(self.machine.on_metadata_written(effect.metadata, version, self.now_ms()))
+                return await store.read_ledger(self.ledger_id)  # what won, to rebase on
+
+        try:
+            current, version = await retry(attempt, METADATA_WRITE_RETRY,
+                                           what=f"ledger {self.ledger_id} metadata write")
+        except NoSuchLedgerError as exc:  # deleted under the writer: nothing to retry
+            self.run(self.machine.on_metadata_failed(exc))
             return
-        self.run(self.machine.on_metadata_failed(MetadataError(
-            f"ledger {self.ledger_id}: the metadata store stayed unreachable for "
-            f"{sum(METADATA_RETRY_DELAYS_S):.0f} s")))
+        except MetadataError as exc:
+            self.run(self.machine.on_metadata_failed(MetadataError(
+                f"ledger {self.ledger_id}: the metadata store stayed unreachable "
+                f"(gave up after {METADATA_WRITE_RETRY.attempts_max} attempts): {exc}")))
+            return
+        if current is not None:
+            self.run(self.machine.on_metadata_conflict(current, version, self.now_ms()))
+        else:
+            self.run(self.machine.on_metadata_written(effect.metadata, version, self.now_ms()))
 
 
 class LedgerHandle(_Driver):
     """The writer of one open ledger."""
 
-    def __init__(self, client: BookKeeper, ledger_id: int, writer: LedgerWriter, master_key: bytes,
-                 pending_max: int) -> None:
-        super().__init__(client, ledger_id, master_key)
+    def __init__(self, context: DriverContext, ledger_id: int, writer: LedgerWriter,
+                 master_key: bytes) -> None:
+        super().__init__(context, ledger_id, master_key)
         self.machine: LedgerWriter = writer
-        self.pending_max = pending_max
+        self.pending_max = context.settings.pending_adds_max
         self._futures: dict[int, asyncio.Future[int]] = {}
         self._room = asyncio.Event()
         self._room.set()
         self._closed: asyncio.Future[Finished] | None = None
-        self.start_ticking(client.tick_interval_s)
-        self._unwatch = client.watch_writable(writer.on_bookies_changed)
+        self.start_ticking(context.settings.tick_interval_s)
+        self._unwatch = context.watch_writable(writer.on_bookies_changed)
 
     @property
     def last_add_confirmed(self) -> int:
@@ -191,16 +207,16 @@ class LedgerHandle(_Driver):
     def length(self) -> int:
         return self.machine.lac_length
 
-    async def append(self, data: bytes) -> int:
+    async def append(self, payload: bytes) -> int:
         """Append one entry; returns its entry id once an ack quorum has it durable."""
         while len(self._futures) >= self.pending_max:
             self._room.clear()
             await self._room.wait()
-        return await self.append_async(data)
+        return await self.append_async(payload)
 
-    def append_async(self, data: bytes) -> asyncio.Future[int]:
+    def append_async(self, payload: bytes) -> asyncio.Future[int]:
         """Append without waiting (the caller bounds how many are in flight)."""
-        entry_id, effects = self.machine.append(data, self.now_ms())
+        entry_id, effects = self.machine.append(payload, self.now_ms())
         future: asyncio.Future[int] = self.loop.create_future()
         self._futures[entry_id] = future
         self.run(effects)
@@ -247,11 +263,11 @@ class _RangeRead(_Driver):
     at the same time."""
 
     def __init__(self, handle: ReadHandle, first: int, last: int) -> None:
-        super().__init__(handle.client, handle.ledger_id, handle.master_key)
-        settings = handle.client
+        super().__init__(handle.context, handle.ledger_id, handle.master_key)
+        settings = handle.context.settings
         self.machine = ReadOp(handle.ledger_id, handle.metadata, handle.digest, first, last,
                               speculative_ms=settings.speculative_read_ms,
-                              read_timeout_ms=int(settings.read_timeout_s * 1000))
+                              read_timeout_ms=settings.read_timeout_ms)
         self.count = last - first + 1
         self.results: asyncio.Queue[Effect] = asyncio.Queue()
 
@@ -260,7 +276,7 @@ class _RangeRead(_Driver):
             self.results.put_nowait(effect)
 
     async def entries(self) -> AsyncIterator[LedgerEntry]:
-        self.start_ticking(self.client.tick_interval_s)
+        self.start_ticking(self.context.settings.tick_interval_s)
         try:
             self.run(self.machine.start(self.now_ms()))
             for _ in range(self.count):
@@ -277,9 +293,9 @@ class ReadHandle:
     """Reads of one ledger: a range up to the LAC, or tailing an open ledger. Safe to share:
     each read runs its own state machine."""
 
-    def __init__(self, client: BookKeeper, ledger_id: int, metadata: LedgerMetadata, version: int,
+    def __init__(self, context: DriverContext, ledger_id: int, metadata: LedgerMetadata, version: int,
                  digest: Digest, master_key: bytes) -> None:
-        self.client = client
+        self.context = context
         self.ledger_id = ledger_id
         self.master_key = master_key
         self.metadata = metadata
@@ -331,7 +347,7 @@ class ReadHandle:
         """Ask every bookie of the last fragment; any bookie's LAC is a confirmed one, take the max."""
         if self.is_closed:
             return self.last_add_confirmed
-        pool = self.client.pool
+        pool = self.context.pool
         futures = [pool.send(bookie, ReadRequest(pool.next_request_id(), self.ledger_id, -1))
                    for bookie in self.metadata.last_ensemble[1]]
         answers = await asyncio.gather(*futures, return_exceptions=True)
@@ -350,7 +366,7 @@ class ReadHandle:
             self.last_add_confirmed = max(self.last_add_confirmed, entry_id)
 
     async def refresh_metadata(self) -> None:
-        self.metadata, self.version = await self.client.store.read_ledger(self.ledger_id)
+        self.metadata, self.version = await self.context.store.read_ledger(self.ledger_id)
         if self.metadata.is_closed:
             self.last_add_confirmed = self.metadata.last_entry_id
 
@@ -368,16 +384,19 @@ class ReadHandle:
                     yield entry
                 next_entry_id = last + 1
                 continue
-            entry = await self._long_poll(next_entry_id, poll_timeout_ms)
+            entry = await self.wait_for_entry(next_entry_id, poll_timeout_ms)
             if entry is not None:
                 yield entry
                 next_entry_id += 1
 
-    async def _long_poll(self, entry_id: int, timeout_ms: int) -> LedgerEntry | None:
-        """Wait for the LAC to pass entry_id - 1 on one bookie; on timeout check for a close."""
+    async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> LedgerEntry | None:
+        """Long-poll one bookie of the last fragment until the LAC reaches `entry_id` (at most
+        `timeout_ms`). Returns the entry when the bookie piggybacked it, else None: then read it
+        normally if `last_add_confirmed` moved past it, or wait again. A timeout re-reads the
+        metadata, so a close is noticed (`is_closed`)."""
         ensemble = self.metadata.last_ensemble[1]
         bookie = ensemble[self._poll_index % len(ensemble)]
-        pool = self.client.pool
+        pool = self.context.pool
         request = ReadRequest(pool.next_request_id(), self.ledger_id, entry_id, long_poll=True,
                               previous_lac=self.last_add_confirmed, timeout_ms=timeout_ms)
         try:
@@ -392,23 +411,23 @@ class ReadHandle:
             await self.refresh_metadata()  # no progress: the writer may have closed or gone
             return None
         self.last_add_confirmed = answer.lac
-        if not answer.entry:
+        if not answer.packed_entry:
             return None  # this bookie is not in the entry's write set; read it normally
         try:
-            entry = unpack_entry(self.digest, answer.entry, self.ledger_id, entry_id)
+            entry = unpack_entry(self.digest, answer.packed_entry, self.ledger_id, entry_id)
         except DigestMismatchError:
             return None
-        return LedgerEntry(self.ledger_id, entry_id, entry.data)
+        return LedgerEntry(self.ledger_id, entry_id, entry.payload)
 
 
 class RecoveryDriver(_Driver):
-    def __init__(self, client: BookKeeper, ledger_id: int, op: RecoveryOp, master_key: bytes) -> None:
-        super().__init__(client, ledger_id, master_key)
+    def __init__(self, context: DriverContext, ledger_id: int, op: RecoveryOp, master_key: bytes) -> None:
+        super().__init__(context, ledger_id, master_key)
         self.machine: RecoveryOp = op
         self._finished: asyncio.Future[Finished] = self.loop.create_future()
 
     def on_read_ok(self, bookie: str, entry_id: int, response: Any) -> None:
-        self.run(self.machine.on_read_ok(bookie, entry_id, response.lac, response.entry,
+        self.run(self.machine.on_read_ok(bookie, entry_id, response.lac, response.packed_entry,
                                          self.now_ms()))
 
     def on_outcome(self, effect: Effect) -> None:
@@ -416,7 +435,7 @@ class RecoveryDriver(_Driver):
             self._finished.set_result(effect)
 
     async def recover(self) -> Finished:
-        self.start_ticking(self.client.tick_interval_s)
+        self.start_ticking(self.context.settings.tick_interval_s)
         try:
             self.run(self.machine.start(self.now_ms()))
             return await self._finished

@@ -3,39 +3,45 @@
 `send` never blocks: with no open connection it queues the request, connects in the background
 and sends once connected, or fails every queued request with `BookieUnavailableError`. After a
 failed connect the bookie is refused at once for `reconnect_backoff_s`, so a dead bookie costs one
-connect attempt per back-off period instead of one per request.
+connect attempt per back-off period instead of one per request. At most `queued_requests_max`
+requests wait for one bookie's connection; beyond that a request fails at once with
+TooManyRequestsError (retryable) instead of growing the queue without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from typing import Any, Callable
 
-from bookkeeper.client.connection import BookieConnection, EncodedRequest
-from bookkeeper.errors import BookieUnavailableError
+from bookkeeper.client.connection import (
+    BookieConnection,
+    EncodedRequest,
+    next_request_id,
+)
+from bookkeeper.errors import BookieUnavailableError, TooManyRequestsError
 from bookkeeper.protocol.wire import Request
 
 
 class BookiePool:
     def __init__(self, resolve: Callable[[str], str] | None = None, *, timeout_s: float = 5.0,
                  connect_timeout_s: float = 3.0, reconnect_backoff_s: float = 0.2,
-                 in_flight_max: int = 10_000) -> None:
+                 in_flight_max: int = 10_000, queued_requests_max: int = 10_000) -> None:
         self._resolve = resolve or (lambda bookie_id: bookie_id)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_backoff_s = reconnect_backoff_s
         self.in_flight_max = in_flight_max
+        self.queued_requests_max = queued_requests_max
         self._connections: dict[str, BookieConnection] = {}
         self._connecting: dict[str, asyncio.Task[None]] = {}
         self._queued: dict[str, list[tuple[Request, float, asyncio.Future[Any]]]] = {}
         self._failed_at: dict[str, float] = {}
-        self._request_ids = itertools.count(1)
         self._closed = False
 
-    def next_request_id(self) -> int:
-        return next(self._request_ids)
+    @staticmethod
+    def next_request_id() -> int:
+        return next_request_id()
 
     def send(self, bookie_id: str, request: Request, *, wait_s: float = 0.0) -> asyncio.Future[Any]:
         connection = self._connections.get(bookie_id)
@@ -51,7 +57,13 @@ class BookiePool:
             future.set_exception(BookieUnavailableError(f"bookie {bookie_id} is unreachable "
                                                         "(connect failed moments ago)"))
             return future
-        self._queued.setdefault(bookie_id, []).append((request, wait_s, future))
+        queued = self._queued.setdefault(bookie_id, [])
+        if len(queued) >= self.queued_requests_max:
+            future.set_exception(TooManyRequestsError(
+                f"{len(queued)} requests already wait for the connection to bookie {bookie_id} "
+                f"(queued_requests_max {self.queued_requests_max})"))
+            return future
+        queued.append((request, wait_s, future))
         if bookie_id not in self._connecting:
             self._connecting[bookie_id] = loop.create_task(self._connect(bookie_id))
         return future

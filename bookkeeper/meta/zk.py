@@ -18,13 +18,25 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import (BadVersionError, KazooException, NodeExistsError, NoNodeError, NotEmptyError,
-                              RolledBackError, RuntimeInconsistency)
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+    RuntimeInconsistency,
+)
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 from kazoo.retry import KazooRetry
 
-from bookkeeper.errors import MetadataError, MetadataExistsError, MetadataNotFoundError, MetadataVersionError
+from bookkeeper.errors import (
+    MetadataError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+)
 
 log = logging.getLogger(__name__)
 

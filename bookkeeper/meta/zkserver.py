@@ -66,7 +66,7 @@ def find_classpath() -> str:
         classpath = finder()
         if classpath:
             return classpath
-    raise ConfigError("ZooKeeper jars not found: install pyspark (pip install 'pyspark>=4.0'), "
+    raise ConfigError("ZooKeeper jars not found: install the spark extra (pip install 'dlog[spark]'), "
                       "set ZK_CLASSPATH to the server's classpath, "
                       "or apt-get install -y zookeeper (for /usr/share/java/zookeeper.jar)")
 

@@ -5,19 +5,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from typing import Callable
 
-from bookkeeper.errors import (MetadataError, MetadataExistsError, MetadataNotFoundError,
-                               MetadataVersionError, NoSuchLedgerError)
+from bookkeeper.errors import (
+    LedgerIdsExhaustedError,
+    MetadataError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from bookkeeper.meta import layout
 from bookkeeper.meta.store import BookieInfo
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.protocol.metadata import LedgerMetadata
+from bookkeeper.retry import Backoff, retry
 
 log = logging.getLogger(__name__)
 ID_COUNTER = "next"
-ID_ALLOCATION_RETRIES_MAX = 100
+ID_ALLOCATION_RETRY = Backoff(attempts_max=100, delay_s_first=0.002, delay_s_max=0.04,
+                              multiplier=1.3, jitter_fraction=1.0)
 
 
 class ZooKeeperMetadataStore:
@@ -46,31 +53,28 @@ class ZooKeeperMetadataStore:
     # ------------------------------------------------------------------ ledger ids
 
     async def _allocate_id(self) -> int:
-        """Compare-and-set a counter: unique ids that increase in allocation order."""
+        """Compare-and-set a counter: unique ids that increase in allocation order. Another
+        client's allocation in between costs a retry with jittered back-off, or a crowd of writers
+        opening at once keeps colliding (seen with 32 concurrent writers)."""
         path = f"{layout.idgen_path(self.root)}/{ID_COUNTER}"
-        for attempt in range(ID_ALLOCATION_RETRIES_MAX):
+
+        async def attempt() -> int:
             found = await self.zk.get_or_none(path)
             if found is None:
                 try:
                     await self.zk.create(path, b"2", makepath=True)
                     return 1
-                except MetadataExistsError:
-                    continue
+                except MetadataExistsError as exc:
+                    raise MetadataVersionError("the id counter was created meanwhile") from exc
             data, version = found
             ledger_id = int(data)
             if ledger_id > layout.LEDGER_ID_MAX:
-                raise MetadataVersionError("ledger ids are exhausted (63 bits)")
-            try:
-                await self.zk.set(path, str(ledger_id + 1).encode(), version)
-                return ledger_id
-            except MetadataVersionError:
-                # another client allocated meanwhile: back off with jitter, or a crowd of writers
-                # opening at once keeps colliding (seen with 32 concurrent writers)
-                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 20)))
-        raise MetadataVersionError(f"could not allocate a ledger id after {ID_ALLOCATION_RETRIES_MAX} "
-                                   "conflicts")
+                raise LedgerIdsExhaustedError("ledger ids are exhausted (63 bits)")
+            await self.zk.set(path, str(ledger_id + 1).encode(), version)
+            return ledger_id
 
-    # ------------------------------------------------------------------ ledgers
+        return await retry(attempt, ID_ALLOCATION_RETRY, what="ledger id allocation", quiet=True,
+                           retry_on=lambda error: isinstance(error, MetadataVersionError))
 
     async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
         ledger_id = await self._allocate_id()

@@ -12,7 +12,7 @@ from bookkeeper.protocol.metadata import LedgerMetadata
 class SendAdd:
     bookie: str
     entry_id: int
-    packed: bytes
+    packed_entry: bytes
     recovery: bool = False
 
 

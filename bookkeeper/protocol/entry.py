@@ -1,4 +1,4 @@
-"""The packed entry: what a writer sends, a bookie stores and a reader verifies (A12).
+"""The packed_entry entry: what a writer sends, a bookie stores and a reader verifies (A12).
 
     ledger_id i64 | entry_id i64 | lac i64 | length i64 | digest_type u8 | digest | payload
 
@@ -74,7 +74,7 @@ class Entry:
     entry_id: int
     lac: int
     length: int
-    data: bytes
+    payload: bytes  # the application's bytes (the packed entry is header + digest + payload)
 
 
 def pack_entry(digest: Digest, ledger_id: int, entry_id: int, lac: int, length: int,
@@ -83,17 +83,17 @@ def pack_entry(digest: Digest, ledger_id: int, entry_id: int, lac: int, length: 
     return header + digest.compute(header, payload) + payload
 
 
-def peek_header(packed: bytes) -> tuple[int, int, int, int, int]:
+def peek_header(packed_entry: bytes) -> tuple[int, int, int, int, int]:
     """(ledger_id, entry_id, lac, length, digest_type) without checking the digest (bookie side)."""
-    return ENTRY_HEADER.unpack_from(packed)
+    return ENTRY_HEADER.unpack_from(packed_entry)
 
 
-def unpack_entry(digest: Digest, packed: bytes, ledger_id: int, entry_id: int) -> Entry:
+def unpack_entry(digest: Digest, packed_entry: bytes, ledger_id: int, entry_id: int) -> Entry:
     """Verify and open an entry; the ids must be the ones that were asked for."""
-    if len(packed) < ENTRY_HEADER_BYTES:
-        raise DigestMismatchError(f"entry {ledger_id}:{entry_id} is {len(packed)} bytes, shorter "
+    if len(packed_entry) < ENTRY_HEADER_BYTES:
+        raise DigestMismatchError(f"entry {ledger_id}:{entry_id} is {len(packed_entry)} bytes, shorter "
                                   f"than its {ENTRY_HEADER_BYTES}-byte header")
-    got_ledger, got_entry, lac, length, digest_type = ENTRY_HEADER.unpack_from(packed)
+    got_ledger, got_entry, lac, length, digest_type = ENTRY_HEADER.unpack_from(packed_entry)
     if (got_ledger, got_entry) != (ledger_id, entry_id):
         raise DigestMismatchError(f"asked for entry {ledger_id}:{entry_id}, the bookie returned "
                                   f"{got_ledger}:{got_entry}")
@@ -102,9 +102,9 @@ def unpack_entry(digest: Digest, packed: bytes, ledger_id: int, entry_id: int) -
                                   f"the ledger uses {digest.type.name}")
     digest_bytes = DIGEST_BYTES[digest.type]
     start = ENTRY_HEADER_BYTES + digest_bytes
-    header = packed[:ENTRY_HEADER_BYTES]
-    payload = packed[start:]
-    if not hmac.compare_digest(packed[ENTRY_HEADER_BYTES:start], digest.compute(header, payload)):
+    header = packed_entry[:ENTRY_HEADER_BYTES]
+    payload = packed_entry[start:]
+    if not hmac.compare_digest(packed_entry[ENTRY_HEADER_BYTES:start], digest.compute(header, payload)):
         raise DigestMismatchError(f"entry {ledger_id}:{entry_id} fails its {digest.type.name} "
                                   "digest check (corrupt replica or wrong password)")
     return Entry(ledger_id, entry_id, lac, length, payload)

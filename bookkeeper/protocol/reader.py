@@ -16,8 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bookkeeper.errors import (DlogError, NoSuchEntryError, NoSuchLedgerError, RequestTimeoutError,
-                               invariant)
+from bookkeeper.errors import (
+    DlogError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    RequestTimeoutError,
+    invariant,
+)
 from bookkeeper.protocol.effects import CompleteRead, Effect, FailRead, SendRead
 from bookkeeper.protocol.entry import Digest, DigestMismatchError, unpack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata
@@ -92,16 +97,16 @@ class ReadOp:
         invariant(bool(others), f"entry {self.ledger_id}:{read.entry_id} failed without an error")
         return others[-1]
 
-    def on_read_ok(self, bookie: str, entry_id: int, packed: bytes, now_ms: int) -> list[Effect]:
+    def on_read_ok(self, bookie: str, entry_id: int, packed_entry: bytes, now_ms: int) -> list[Effect]:
         read = self._reads.get(entry_id)
         if read is None or read.outstanding.pop(bookie, None) is None or read.result is not None:
             return []
         try:
-            entry = unpack_entry(self.digest, packed, self.ledger_id, entry_id)
+            entry = unpack_entry(self.digest, packed_entry, self.ledger_id, entry_id)
         except DigestMismatchError as exc:
             read.errors.append(exc)
             return self._try_next(read, now_ms) + self._deliver(now_ms)
-        read.result = CompleteRead(entry_id, entry.lac, entry.data, entry.length)
+        read.result = CompleteRead(entry_id, entry.lac, entry.payload, entry.length)
         return self._deliver(now_ms)
 
     def on_read_error(self, bookie: str, entry_id: int, error: DlogError, now_ms: int) -> list[Effect]:

@@ -27,12 +27,31 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from bookkeeper.errors import (DlogError, LedgerClosedError, LedgerRecoveryError, NoSuchEntryError,
-                               NoSuchLedgerError, RequestTimeoutError, UnauthorizedError, invariant)
-from bookkeeper.protocol.effects import Effect, Finished, SendAdd, SendRead, WriteMetadata
+from bookkeeper.errors import (
+    DlogError,
+    LedgerClosedError,
+    LedgerRecoveryError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    RequestTimeoutError,
+    UnauthorizedError,
+    invariant,
+)
+from bookkeeper.protocol.effects import (
+    Effect,
+    Finished,
+    SendAdd,
+    SendRead,
+    WriteMetadata,
+)
 from bookkeeper.protocol.entry import Digest, DigestMismatchError, unpack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState
-from bookkeeper.protocol.quorum import entry_missing, fencing_covered, fencing_impossible, write_set
+from bookkeeper.protocol.quorum import (
+    entry_missing,
+    fencing_covered,
+    fencing_impossible,
+    write_set,
+)
 from bookkeeper.protocol.writer import LedgerWriter, WriterState
 
 
@@ -51,7 +70,7 @@ class _Verdict:
     outstanding: dict[str, int] = field(default_factory=dict)
     no_entry: int = 0
     failed: int = 0
-    packed: bytes | None = None
+    packed_entry: bytes | None = None
     length: int = 0
     missing: bool = False
     unknown: bool = False  # every bookie answered, none positively, too few said "no such entry"
@@ -186,17 +205,17 @@ class RecoveryOp:
             effects += [SendRead(bookie, entry_id, fence=True) for bookie in members]
         return effects
 
-    def _on_entry_answer(self, bookie: str, entry_id: int, packed: bytes | None,
+    def _on_entry_answer(self, bookie: str, entry_id: int, packed_entry: bytes | None,
                          error: DlogError | None, now_ms: int) -> list[Effect]:
         verdict = self._verdicts.get(entry_id)
         if verdict is None or verdict.outstanding.pop(bookie, None) is None:
             return []
-        if verdict.packed is not None or verdict.missing or verdict.unknown:
+        if verdict.packed_entry is not None or verdict.missing or verdict.unknown:
             return []
-        if packed is not None:
+        if packed_entry is not None:
             try:
-                entry = unpack_entry(self.digest, packed, self.ledger_id, entry_id)
-                verdict.packed, verdict.length = packed, entry.length
+                entry = unpack_entry(self.digest, packed_entry, self.ledger_id, entry_id)
+                verdict.packed_entry, verdict.length = packed_entry, entry.length
             except DigestMismatchError:
                 verdict.failed += 1
         elif isinstance(error, (NoSuchEntryError, NoSuchLedgerError)):
@@ -207,7 +226,7 @@ class RecoveryOp:
             return self._fail(error)
         else:
             verdict.failed += 1
-        if verdict.packed is None and not verdict.missing and not verdict.outstanding:
+        if verdict.packed_entry is None and not verdict.missing and not verdict.outstanding:
             verdict.unknown = True  # decisive only if no earlier entry turns out missing
         return self._advance(now_ms)
 
@@ -227,23 +246,23 @@ class RecoveryOp:
                 return self._fail(LedgerRecoveryError(
                     f"ledger {self.ledger_id}: cannot tell whether entry {first} exists "
                     f"({verdict.no_entry} said no, {verdict.failed} failed); retry recovery"))
-            if verdict.packed is None:
+            if verdict.packed_entry is None:
                 break
             del self._verdicts[first]
             if first <= self._lac:  # the LAC entry itself: only its length is needed
                 writer.lac_length = writer.length = verdict.length
                 continue
-            effects += writer.append_packed(first, verdict.packed, verdict.length, now_ms)
+            effects += writer.append_packed(first, verdict.packed_entry, verdict.length, now_ms)
         effects += self._read_more(now_ms)
         return effects + self._maybe_close()
 
     # ------------------------------------------------------------------ answers and time
 
-    def on_read_ok(self, bookie: str, entry_id: int, lac: int, packed: bytes, now_ms: int) -> list[Effect]:
+    def on_read_ok(self, bookie: str, entry_id: int, lac: int, packed_entry: bytes, now_ms: int) -> list[Effect]:
         if self.phase is Phase.FENCING and entry_id == -1:
             return self._on_fence_answer(bookie, lac, None, now_ms)
         if self.phase is Phase.READING and entry_id >= 0:
-            return self._on_entry_answer(bookie, entry_id, packed, None, now_ms)
+            return self._on_entry_answer(bookie, entry_id, packed_entry, None, now_ms)
         return []
 
     def on_read_error(self, bookie: str, entry_id: int, error: DlogError, now_ms: int) -> list[Effect]:

@@ -93,7 +93,7 @@ class AddRequest:
     ledger_id: int
     entry_id: int
     master_key: bytes
-    entry: bytes  # the packed entry (bookkeeper.protocol.entry): header, digest, payload
+    packed_entry: bytes  # bookkeeper.protocol.entry: header, digest, payload
     recovery: bool = False
 
 
@@ -153,7 +153,7 @@ class ReadResponse:
     ledger_id: int
     entry_id: int
     lac: int
-    entry: bytes = b""
+    packed_entry: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,17 +209,17 @@ def _frame(opcode: int, flags_or_status: int, request_id: int, body: bytes) -> b
 
 
 def encode_add_request(request_id: int, ledger_id: int, entry_id: int, master_key: bytes,
-                       entry: bytes, recovery: bool = False) -> bytes:
+                       packed_entry: bytes, recovery: bool = False) -> bytes:
     """The client's hot path: an ADD frame without building an AddRequest first."""
-    return (_FULL_HEADER.pack(HEADER_BYTES + _ADD_HEAD.size + len(entry), PROTOCOL_VERSION, OpCode.ADD,
-                              Flag.RECOVERY_ADD if recovery else 0, request_id)
-            + _ADD_HEAD.pack(ledger_id, entry_id, master_key) + entry)
+    return (_FULL_HEADER.pack(HEADER_BYTES + _ADD_HEAD.size + len(packed_entry), PROTOCOL_VERSION,
+                              OpCode.ADD, Flag.RECOVERY_ADD if recovery else 0, request_id)
+            + _ADD_HEAD.pack(ledger_id, entry_id, master_key) + packed_entry)
 
 
 def encode_request(request: Request) -> bytes:
     if isinstance(request, AddRequest):
         return encode_add_request(request.request_id, request.ledger_id, request.entry_id,
-                                  request.master_key, request.entry, request.recovery)
+                                  request.master_key, request.packed_entry, request.recovery)
     if isinstance(request, ReadRequest):
         flags = 0
         body = _IDS.pack(request.ledger_id, request.entry_id)
@@ -256,7 +256,7 @@ def encode_response(response: Response) -> bytes:
         return encode_add_response(response.request_id, response.ledger_id, response.entry_id)
     if isinstance(response, ReadResponse):
         body = _READ_RESPONSE_HEAD.pack(response.ledger_id, response.entry_id, response.lac)
-        return _frame(OpCode.READ, Status.OK, response.request_id, body + response.entry)
+        return _frame(OpCode.READ, Status.OK, response.request_id, body + response.packed_entry)
     if isinstance(response, ReadLacResponse):
         body = _IDS.pack(response.ledger_id, response.lac)
         return _frame(OpCode.READ_LAC, Status.OK, response.request_id, body)
@@ -350,11 +350,11 @@ class RequestDecoder(_FrameReader):
             raise refuse(f"unknown flags 0x{flags:x} (known: 0x{KNOWN_FLAGS:x})")
         if opcode == OpCode.ADD:
             ledger_id, entry_id, master_key = _ADD_HEAD.unpack_from(body)
-            entry = body[_ADD_HEAD.size:]
-            if len(entry) > self.entry_bytes_max:
-                raise refuse(f"entry of {len(entry)} bytes is over the maximum "
+            packed_entry = body[_ADD_HEAD.size:]
+            if len(packed_entry) > self.entry_bytes_max:
+                raise refuse(f"entry of {len(packed_entry)} bytes is over the maximum "
                              f"{self.entry_bytes_max}", Status.TOO_LARGE)
-            return AddRequest(request_id, ledger_id, entry_id, master_key, entry,
+            return AddRequest(request_id, ledger_id, entry_id, master_key, packed_entry,
                               bool(flags & Flag.RECOVERY_ADD))
         if opcode == OpCode.READ:
             return _parse_read(request_id, flags, body, refuse)

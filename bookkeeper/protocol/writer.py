@@ -26,10 +26,25 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from bookkeeper.errors import (BookieError, DlogError, LedgerClosedError, LedgerFencedError,
-                               MetadataError, NotEnoughBookiesError, UnauthorizedError, invariant)
-from bookkeeper.protocol.effects import (CompleteAdds, Effect, FailAdds, Finished, SendAdd,
-                                         SendWriteLac, WriteMetadata)
+from bookkeeper.errors import (
+    BookieError,
+    DlogError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+    invariant,
+)
+from bookkeeper.protocol.effects import (
+    CompleteAdds,
+    Effect,
+    FailAdds,
+    Finished,
+    SendAdd,
+    SendWriteLac,
+    WriteMetadata,
+)
 from bookkeeper.protocol.entry import Digest, pack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState
 from bookkeeper.protocol.quorum import ack_quorum_reached, write_set
@@ -46,7 +61,7 @@ class WriterState(enum.Enum):
 @dataclass(slots=True, eq=False)
 class _PendingAdd:
     entry_id: int
-    packed: bytes
+    packed_entry: bytes
     length: int  # cumulative ledger length including this entry
     acked: set[str] = field(default_factory=set)
     sent: dict[str, int] = field(default_factory=dict)  # bookie -> when sent (ms), unanswered
@@ -118,19 +133,19 @@ class LedgerWriter:
 
     def append(self, payload: bytes, now_ms: int) -> tuple[int, list[Effect]]:
         entry_id = self.next_entry_id
-        packed = pack_entry(self.digest, self.ledger_id, entry_id, self.lac,
+        packed_entry = pack_entry(self.digest, self.ledger_id, entry_id, self.lac,
                             self.length + len(payload), payload)
-        return entry_id, self.append_packed(entry_id, packed, self.length + len(payload), now_ms)
+        return entry_id, self.append_packed(entry_id, packed_entry, self.length + len(payload), now_ms)
 
-    def append_packed(self, entry_id: int, packed: bytes, length: int, now_ms: int) -> list[Effect]:
-        """Add an already packed entry (recovery write-back re-sends the bytes it read)."""
+    def append_packed(self, entry_id: int, packed_entry: bytes, length: int, now_ms: int) -> list[Effect]:
+        """Add an already packed_entry entry (recovery write-back re-sends the bytes it read)."""
         if self.state not in (WriterState.OPEN, WriterState.CHANGING_ENSEMBLE):
             raise self.error or LedgerClosedError(f"ledger {self.ledger_id} is {self.state.value}")
         invariant(entry_id == self.next_entry_id,
                   f"entry {entry_id} appended out of order (next is {self.next_entry_id})")
         self.next_entry_id = entry_id + 1
         self.length = length
-        pending = _PendingAdd(entry_id, packed, length)
+        pending = _PendingAdd(entry_id, packed_entry, length)
         self._pending[entry_id] = pending
         self._lac_sent = max(self._lac_sent, self.lac)
         self._last_send_ms = now_ms
@@ -138,7 +153,7 @@ class LedgerWriter:
         for bookie in self._write_set(entry_id):
             if bookie not in self._failed:
                 pending.sent[bookie] = now_ms
-                effects.append(SendAdd(bookie, entry_id, packed, self.recovery))
+                effects.append(SendAdd(bookie, entry_id, packed_entry, self.recovery))
         return effects
 
     # ------------------------------------------------------------------ answers
@@ -266,7 +281,7 @@ class LedgerWriter:
                 if (bookie not in pending.acked and bookie not in pending.sent
                         and bookie not in self._failed):
                     pending.sent[bookie] = now_ms
-                    effects.append(SendAdd(bookie, entry_id, pending.packed, self.recovery))
+                    effects.append(SendAdd(bookie, entry_id, pending.packed_entry, self.recovery))
         return effects
 
     # ------------------------------------------------------------------ metadata answers

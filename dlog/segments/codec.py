@@ -199,6 +199,13 @@ class RecordSetCodec:
             raise CorruptRecordSetError(f"record set has {payload_bytes} payload bytes, its header says {raw_bytes}")
         return RecordSetHeader(version, Compression(codec), count, first, ts_min, ts_max, raw_bytes)
 
+    def records_from(self, payload: bytes | bytearray | memoryview, first_slot: int) -> pa.RecordBatch:
+        """The entry's records from `first_slot` on: what a reader hands out of an entry it enters
+        at an offset's slot or at a truncation point inside it (the stream reader and the Spark
+        source both read entries this way)."""
+        _, batch = self.decode(payload)
+        return batch.slice(first_slot) if first_slot else batch
+
     def decode(self, data: bytes | bytearray | memoryview) -> tuple[RecordSetHeader, pa.RecordBatch]:
         """The header and the batch (with the stream's schema) of one entry.
 

@@ -52,6 +52,13 @@ class Segment:
     def is_truncated(self) -> bool:
         return self.state is SegmentState.TRUNCATED
 
+    def first_readable_slot(self, entry_id: int, slot: int) -> int:
+        """The first slot a reader may hand out of entry `entry_id` when it enters at `slot`: never
+        below a truncation point inside that entry (L5)."""
+        if entry_id == self.min_active_entry and slot < self.min_active_slot:
+            return self.min_active_slot
+        return slot
+
     def completed(self, last_entry: int, records: int, size_bytes: int, first_timestamp_ms: int,
                   last_timestamp_ms: int, now_ms: int) -> Segment:
         return replace(self, state=SegmentState.COMPLETED, last_entry=last_entry, records=records,

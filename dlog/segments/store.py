@@ -20,9 +20,19 @@ import json
 from collections.abc import Sequence
 from typing import Callable
 
-from bookkeeper.errors import (ConfigError, DlogError, MetadataExistsError, MetadataNotFoundError)
+from bookkeeper.errors import (
+    ConfigError,
+    DlogError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+)
 from bookkeeper.meta.zk import AsyncZooKeeper, CreateOp, DeleteOp, Op, SetOp
-from dlog.names import check_stream_name, check_subscription_name, stream_name_from_node, stream_node_name
+from dlog.names import (
+    check_stream_name,
+    check_subscription_name,
+    stream_name_from_node,
+    stream_node_name,
+)
 from dlog.segments.metadata import Segment, StreamConfig, check_segment_list
 
 

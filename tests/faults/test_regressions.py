@@ -116,11 +116,11 @@ async def test_a_damaged_entry_does_not_break_reads_of_other_entries(local_clust
         pool = client.pool
         # entry 0 is intact on this bookie: reading it must work although entry 19 is damaged
         answer = await pool.send(bookie.address, ReadRequest(pool.next_request_id(), handle.ledger_id, 0))
-        assert answer.entry
+        assert answer.packed_entry
         with pytest.raises(DlogError):  # the damaged entry is refused, on the same connection ...
             await pool.send(bookie.address, ReadRequest(pool.next_request_id(), handle.ledger_id, 19))
         again = await pool.send(bookie.address, ReadRequest(pool.next_request_id(), handle.ledger_id, 1))
-        assert again.entry  # ... which still serves the others
+        assert again.packed_entry  # ... which still serves the others
     assert "Fatal error on transport" not in (bookie.data_dir / "bookie.log").read_text()
 
 

@@ -43,8 +43,8 @@ async def read_all(connection: BookieConnection, ledger_id: int, count: int, siz
     responses = await asyncio.gather(*(connection.read(ledger_id, entry_id)
                                        for entry_id in range(count)))
     for entry_id, response in enumerate(responses):
-        entry = unpack_entry(DIGEST, response.entry, ledger_id, entry_id)
-        assert entry.data == payload(ledger_id, entry_id, size)
+        entry = unpack_entry(DIGEST, response.packed_entry, ledger_id, entry_id)
+        assert entry.payload == payload(ledger_id, entry_id, size)
 
 
 async def test_acknowledged_entries_survive_kill_9(cluster_factory):
@@ -65,7 +65,7 @@ async def test_fence_survives_restart_and_blocks_plain_adds(cluster_factory):
     connection = await BookieConnection.open(cluster.bookies[0].address)
     await append_all(connection, 3, 5)
     fenced = await connection.read(3, -1, fence_key=KEY)
-    assert fenced.lac == 3 and fenced.entry == b""
+    assert fenced.lac == 3 and fenced.packed_entry == b""
     await connection.close()
     cluster.kill_bookie(0)
     cluster.start_bookie(0)
@@ -74,7 +74,7 @@ async def test_fence_survives_restart_and_blocks_plain_adds(cluster_factory):
         await append_all(connection, 3, 1, start=5)
     recovery_entry = pack_entry(DIGEST, 3, 5, 4, 0, payload(3, 5))
     await connection.add(3, 5, KEY, recovery_entry, recovery=True)  # recovery write-back passes
-    assert (await connection.read(3, 5)).entry == recovery_entry
+    assert (await connection.read(3, 5)).packed_entry == recovery_entry
     with pytest.raises(UnauthorizedError):
         await connection.read(3, -1, fence_key=master_key(b"wrong"))
     await connection.close()

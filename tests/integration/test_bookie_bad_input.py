@@ -151,7 +151,7 @@ async def test_bad_entries_are_refused_and_change_nothing(bookie_address):
     for request_factory, error_type, words in cases:
         await _expect(bookie_address, request_factory, error_type, words)
     # nothing changed: entry 1 still has its bytes, the LAC did not move, entry 2 was never stored
-    assert (await connection.read(100, 1)).entry == entry(100, 1)
+    assert (await connection.read(100, 1)).packed_entry == entry(100, 1)
     assert (await connection.read_lac(100)).lac == 0
     # digest mismatch is caught by the reader: a bookie stores what it was given, the reader checks
     await connection.read(100, -1, fence_key=KEY)
@@ -169,7 +169,7 @@ async def test_long_poll_answers_when_the_lac_moves(bookie_address):
     started = time.monotonic()
     await connection.add(200, 1, KEY, entry(200, 1))  # carries LAC 0
     answer = await asyncio.wait_for(waiting, 5)
-    assert answer.lac == 0 and answer.entry == entry(200, 0)
+    assert answer.lac == 0 and answer.packed_entry == entry(200, 0)
     assert time.monotonic() - started < 2
     timed_out = await connection.read_lac(200, previous_lac=0, timeout_ms=100)
     assert timed_out.lac == 0  # no progress: answered at the timeout with the same LAC
@@ -185,11 +185,11 @@ async def test_a_long_poll_for_an_entry_this_bookie_lacks_answers_with_the_lac(b
     await connection.add(201, 0, KEY, entry(201, 0))
     await connection.write_lac(201, KEY, 3)  # entries 1..3 went to the other bookies of their sets
     answer = await connection.read(201, 2, previous_lac=0, timeout_ms=5000)  # the LAC already moved
-    assert answer.lac == 3 and answer.entry == b""
+    assert answer.lac == 3 and answer.packed_entry == b""
     parked = asyncio.ensure_future(connection.read(201, 5, previous_lac=3, timeout_ms=10_000))
     await asyncio.sleep(0)
     assert not parked.done()
     await connection.write_lac(201, KEY, 5)
     answer = await asyncio.wait_for(parked, 5)
-    assert answer.lac == 5 and answer.entry == b""
+    assert answer.lac == 5 and answer.packed_entry == b""
     await connection.close()

@@ -20,4 +20,4 @@ async def test_concurrent_reads_of_one_handle_do_not_mix(cluster_factory):
             asyncio.gather(*(handle.read(first, last) for first, last in ranges)), 60)
         for (first, last), entries in zip(ranges, results):
             assert [e.entry_id for e in entries] == list(range(first, last + 1))
-            assert [e.data for e in entries] == [b"entry-%d" % i for i in range(first, last + 1)]
+            assert [e.payload for e in entries] == [b"entry-%d" % i for i in range(first, last + 1)]

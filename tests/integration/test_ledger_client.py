@@ -51,7 +51,7 @@ async def test_kill_9_of_a_bookie_during_appends_changes_ensemble_and_loses_noth
         reader = await client.open_ledger(handle.ledger_id, password=b"pw", recovery=False)
         assert reader.is_closed and reader.last_add_confirmed == 1299
         entries = await reader.read(0, 1299)
-        assert {entry.entry_id: entry.data for entry in entries} == acked
+        assert {entry.entry_id: entry.payload for entry in entries} == acked
 
 
 async def test_kill_9_of_the_writer_then_recovery_keeps_every_acknowledged_entry(cluster_factory):
@@ -81,7 +81,7 @@ async def test_kill_9_of_the_writer_then_recovery_keeps_every_acknowledged_entry
         assert reader.is_closed and reader.metadata.state is LedgerState.CLOSED
         assert reader.last_add_confirmed >= max(acked)
         entries = await reader.read(0, reader.last_add_confirmed)
-        assert [entry.data for entry in entries[: max(acked) + 1]] == \
+        assert [entry.payload for entry in entries[: max(acked) + 1]] == \
             [f"entry-{index}".encode() for index in range(max(acked) + 1)]
 
 
@@ -122,7 +122,7 @@ async def test_a_stopped_bookie_does_not_block_recovery(cluster_factory):
                 assert reader.last_add_confirmed >= 98
                 assert time.monotonic() - started < 30
                 entries = await reader.read(0, reader.last_add_confirmed)
-                assert [e.data for e in entries[:99]] == [payload(i) for i in range(99)]
+                assert [e.payload for e in entries[:99]] == [payload(i) for i in range(99)]
         finally:
             cluster.kill_bookie(stopped.index, signal.SIGCONT)
 

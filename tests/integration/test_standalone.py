@@ -73,7 +73,7 @@ def test_standalone_runs_stops_and_keeps_data(tmp_path):
             connection = await BookieConnection.open(addresses[0])
             response = await connection.read(1, 0)
             await connection.close()
-            return response.entry
+            return response.packed_entry
 
         assert asyncio.run(read()) == packed
     finally:

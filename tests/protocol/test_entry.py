@@ -17,7 +17,7 @@ def test_round_trip(digest_type, payload, entry_id, lac):
     digest = Digest.for_ledger(digest_type, b"pw")
     packed = pack_entry(digest, 5, entry_id, lac, 1000, payload)
     entry = unpack_entry(digest, packed, 5, entry_id)
-    assert (entry.data, entry.lac, entry.length) == (payload, lac, 1000)
+    assert (entry.payload, entry.lac, entry.length) == (payload, lac, 1000)
     assert peek_header(packed)[:3] == (5, entry_id, lac)
 
 

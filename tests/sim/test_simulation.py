@@ -104,7 +104,7 @@ def test_an_answered_fence_survives_power_loss_unless_the_bookie_answers_early()
     recoverer was told it held (A11). The simulated bookie waits for the record by default."""
     password = b"pw"
     key = master_key(password)
-    packed = pack_entry(Digest.for_ledger(DigestType.CRC32C, password), 1, 0, -1, 1, b"x")
+    packed_entry = pack_entry(Digest.for_ledger(DigestType.CRC32C, password), 1, 0, -1, 1, b"x")
     for waits_for_journal in (True, False):
         world = World(random.Random(3))
         network = Network(world, NetworkConfig(spike_probability=0.0))
@@ -127,7 +127,7 @@ def test_an_answered_fence_survives_power_loss_unless_the_bookie_answers_early()
         while world.step():
             pass
         told_fenced = [a for a in answers if a.error is None]
-        bookie.receive(Request("writer", 1, "add", 1, 0, packed=packed, master_key=key))
+        bookie.receive(Request("writer", 1, "add", 1, 0, packed_entry=packed_entry, master_key=key))
         while world.step():
             pass
         add = answers[-1]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bookkeeper.bookie.entrylog import LOG_HEADER_BYTES, RECORD_HEADER_BYTES
 from bookkeeper.bookie.journal import JournalMark
-from bookkeeper.bookie.storage import LedgerState, LedgerStorage
+from bookkeeper.bookie.storage import LedgerData, LedgerStorage
 from bookkeeper.errors import BookieIOError, ConfigError
 
 
@@ -60,7 +60,7 @@ def test_add_and_get_from_the_write_cache(storage: LedgerStorage) -> None:
 
 
 def test_get_after_checkpoint_and_after_reopen(storage: LedgerStorage, tmp_path: Path) -> None:
-    storage.put_state(7, LedgerState(b"secret", fenced=True, explicit_lac=41, explicit_lac_data=b"lac"))
+    storage.put_state(7, LedgerData(b"secret", fenced=True, explicit_lac=41, explicit_lac_data=b"lac"))
     for entry_id in range(2000):
         storage.add_entry(7, entry_id, payload(7, entry_id))
     snapshot = storage.begin_checkpoint()
@@ -74,7 +74,7 @@ def test_get_after_checkpoint_and_after_reopen(storage: LedgerStorage, tmp_path:
     storage = reopen(storage, tmp_path)
     assert storage.last_entry_id(7) == 2000
     assert all(storage.get_entry(7, e) == payload(7, e) for e in range(2001))
-    assert storage.get_state(7) == LedgerState(b"secret", True, 41, b"lac")
+    assert storage.get_state(7) == LedgerData(b"secret", True, 41, b"lac")
     assert storage.ledger_ids() == [7]
     storage.close()
 

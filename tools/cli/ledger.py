@@ -108,12 +108,12 @@ def ledger_read(ledger_id: int, first: int, last: int | None, password: str, zk:
     for entry in run_with_client(zk, zk_root, action):
         if as_json:
             try:
-                item = {"entry_id": entry.entry_id, "data": entry.data.decode()}
+                item = {"entry_id": entry.entry_id, "data": entry.payload.decode()}
             except UnicodeDecodeError:
-                item = {"entry_id": entry.entry_id, "data_b64": base64.b64encode(entry.data).decode()}
+                item = {"entry_id": entry.entry_id, "data_b64": base64.b64encode(entry.payload).decode()}
             click.echo(json.dumps(item))
         else:
-            click.echo(f"{entry.entry_id}\t{entry.data.decode(errors='replace')}")
+            click.echo(f"{entry.entry_id}\t{entry.payload.decode(errors='replace')}")
 
 
 @ledger.command("recover")

@@ -55,7 +55,7 @@ class Request:
     kind: str  # "add" | "read" | "write_lac"
     ledger_id: int
     entry_id: int = -1
-    packed: bytes = b""
+    packed_entry: bytes = b""
     master_key: bytes = b""
     recovery: bool = False
     fence: bool = False
@@ -72,7 +72,7 @@ class Response:
     bookie: str
     error: DlogError | None = None
     lac: int = -1
-    entry: bytes = b""
+    packed_entry: bytes = b""
 
     def label(self) -> str:
         outcome = type(self.error).__name__ if self.error is not None else f"ok lac {self.lac}"
@@ -173,8 +173,8 @@ class SimBookie:
     def _stored_lac(ledger: _Ledger) -> int:
         if not ledger.entries:
             return -1
-        packed = ledger.entries[max(ledger.entries)]
-        return ENTRY_HEADER.unpack_from(packed)[2] if len(packed) >= ENTRY_HEADER_BYTES else -1
+        packed_entry = ledger.entries[max(ledger.entries)]
+        return ENTRY_HEADER.unpack_from(packed_entry)[2] if len(packed_entry) >= ENTRY_HEADER_BYTES else -1
 
     # ------------------------------------------------------------------ requests
 
@@ -195,10 +195,10 @@ class SimBookie:
             self._on_write_lac(request)
 
     def _on_add(self, request: Request) -> None:
-        packed = request.packed
-        if len(packed) < ENTRY_HEADER_BYTES:
+        packed_entry = request.packed_entry
+        if len(packed_entry) < ENTRY_HEADER_BYTES:
             return self._reply(request, BadRequestError("entry shorter than its header"))
-        ledger_id, entry_id, lac, _, _ = ENTRY_HEADER.unpack_from(packed)
+        ledger_id, entry_id, lac, _, _ = ENTRY_HEADER.unpack_from(packed_entry)
         if (ledger_id, entry_id) != (request.ledger_id, request.entry_id) or lac >= entry_id:
             return self._reply(request, BadRequestError(f"bad header {ledger_id}:{entry_id} lac {lac}"))
         ledger = self._memory.get(ledger_id)
@@ -209,11 +209,11 @@ class SimBookie:
         elif ledger.fenced and not request.recovery:
             return self._reply(request, LedgerFencedError(f"ledger {ledger_id} is fenced"))
         stored = ledger.entries.get(entry_id)
-        if stored is not None and stored != packed:
+        if stored is not None and stored != packed_entry:
             return self._reply(request, EntryExistsError(f"entry {ledger_id}:{entry_id} differs"))
         self.recorder.add_accepted(self.bookie_id, entry_id, request.recovery, self.world.now_ms)
-        ledger.entries[entry_id] = packed
-        self._journal_append(("add", ledger_id, entry_id, packed), request,
+        ledger.entries[entry_id] = packed_entry
+        self._journal_append(("add", ledger_id, entry_id, packed_entry), request,
                              Response(request.request_id, self.bookie_id))
         ledger.lac = max(ledger.lac, lac)
         return None
@@ -247,10 +247,10 @@ class SimBookie:
             return
         if request.entry_id < 0:
             return self._reply(request, None, ledger.lac)
-        packed = ledger.entries.get(request.entry_id)
-        if packed is None:
+        packed_entry = ledger.entries.get(request.entry_id)
+        if packed_entry is None:
             return self._reply(request, NoSuchEntryError(f"no entry {request.ledger_id}:{request.entry_id}"))
-        return self._reply(request, None, ledger.lac, packed)
+        return self._reply(request, None, ledger.lac, packed_entry)
 
     def _on_write_lac(self, request: Request) -> None:
         ledger = self._memory.get(request.ledger_id)
@@ -321,8 +321,8 @@ class SimBookie:
 
     # ------------------------------------------------------------------ answers
 
-    def _reply(self, request: Request, error: DlogError | None, lac: int = -1, entry: bytes = b"") -> None:
-        self._send(request, Response(request.request_id, self.bookie_id, error, lac, entry))
+    def _reply(self, request: Request, error: DlogError | None, lac: int = -1, packed_entry: bytes = b"") -> None:
+        self._send(request, Response(request.request_id, self.bookie_id, error, lac, packed_entry))
 
     def _send(self, request: Request, response: Response) -> None:
         client = self.clients().get(request.client)

@@ -100,7 +100,7 @@ class Driver:
                      else machine.on_read_error(bookie, entry_id, error, now_ms))
 
     def read_ok(self, bookie: str, entry_id: int, response: Response) -> list[Effect]:
-        return self.machine.on_read_ok(bookie, entry_id, response.entry, self.world.now_ms)
+        return self.machine.on_read_ok(bookie, entry_id, response.packed_entry, self.world.now_ms)
 
     # ------------------------------------------------------------------ effects
 
@@ -110,7 +110,7 @@ class Driver:
             if isinstance(effect, SendAdd):
                 if effect.recovery:
                     self.world.stats["write-back adds"] += 1
-                self.send(effect.bookie, "add", effect.entry_id, packed=effect.packed,
+                self.send(effect.bookie, "add", effect.entry_id, packed_entry=effect.packed_entry,
                           master_key=master_key, recovery=effect.recovery)
             elif isinstance(effect, SendRead):
                 self.send(effect.bookie, "read", effect.entry_id, fence=effect.fence,
@@ -292,7 +292,7 @@ class RecoveryClient(Driver):
         self.start_ticking()
 
     def read_ok(self, bookie: str, entry_id: int, response: Response) -> list[Effect]:
-        return self.machine.on_read_ok(bookie, entry_id, response.lac, response.entry, self.world.now_ms)
+        return self.machine.on_read_ok(bookie, entry_id, response.lac, response.packed_entry, self.world.now_ms)
 
     def after_run(self) -> None:
         op = self.machine

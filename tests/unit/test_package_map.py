@@ -1,0 +1,134 @@
+"""The package map in docs/design.md is true: every import follows it, shipped code never imports
+the test harness, no module reaches for another's private names, each package says its role."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ("bookkeeper", "dlog", "spark", "tools", "pyspark_dlog")
+PROJECT = (*SHIPPED, "tests")
+
+
+def package_map() -> dict[str, set[str]]:
+    """package -> the packages it may import, read from the table in docs/design.md."""
+    text = (ROOT / "docs/design.md").read_text()
+    section = text.split("## The package map", 1)[1].split("\n## ", 1)[0]
+    rules: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        package = cells[0].strip("`")
+        allowed = set(re.findall(r"`([a-z_.]+)`", cells[2]))
+        rules[package] = {"*"} if cells[2].startswith("everything") else allowed
+    return rules
+
+
+def module_files() -> Iterator[tuple[str, Path]]:
+    for top in (*SHIPPED, "tests/harness"):
+        path = ROOT / top
+        files = [path.with_suffix(".py")] if not path.is_dir() else sorted(path.rglob("*.py"))
+        for file in files:
+            parts = list(file.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts), file
+
+
+def imports_of(file: Path, module: str) -> Iterator[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import, also inside functions and
+    TYPE_CHECKING blocks; relative imports resolved against `module`."""
+    is_package = file.name == "__init__.py"
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([target] if target else []))
+            yield target, [alias.name for alias in node.names], node.lineno
+
+
+def owner(module: str, packages: set[str]) -> str | None:
+    """The longest package of the map that contains `module`."""
+    parts = module.split(".")
+    for length in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:length])
+        if candidate in packages:
+            return candidate
+    return None
+
+
+def test_the_map_names_every_package_with_code():
+    rules = package_map()
+    assert {"bookkeeper", "bookkeeper.protocol", "dlog", "spark", "tools", "tests.harness"} <= set(rules)
+    for module, _ in module_files():
+        assert owner(module, set(rules)) is not None, f"{module} is in no package of the map"
+
+
+def test_every_import_follows_the_map():
+    rules = package_map()
+    packages = set(rules)
+    broken = []
+    for module, file in module_files():
+        source = owner(module, packages)
+        for target, _, line in imports_of(file, module):
+            if target.split(".")[0] not in PROJECT:
+                continue
+            destination = owner(target, packages)
+            allowed = rules[source]  # type: ignore[index]
+            if destination == source or "*" in allowed:
+                continue
+            if destination is None or destination not in allowed:
+                broken.append(f"{file.relative_to(ROOT)}:{line}: {source} imports {target} "
+                              f"({destination or 'not in the map'}); the map allows {sorted(allowed)}")
+    assert not broken, "imports across the package map:\n" + "\n".join(broken)
+
+
+def test_shipped_code_never_imports_the_tests():
+    offenders = [f"{file.relative_to(ROOT)}:{line}: {target}"
+                 for module, file in module_files() if not module.startswith("tests")
+                 for target, _, line in imports_of(file, module) if target.split(".")[0] == "tests"]
+    assert not offenders, offenders
+
+
+def test_no_module_imports_another_modules_private_names():
+    offenders = []
+    for module, file in module_files():
+        for target, names, line in imports_of(file, module):
+            if target.split(".")[0] not in PROJECT or target == module:
+                continue
+            private = [name for name in names if name.startswith("_") and not name.startswith("__")]
+            if private:
+                offenders.append(f"{file.relative_to(ROOT)}:{line}: {private} from {target}")
+    assert not offenders, "private names used across modules:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize("package", ["bookkeeper", "bookkeeper/protocol", "bookkeeper/meta",
+                                     "bookkeeper/client", "bookkeeper/bookie", "dlog", "dlog/segments",
+                                     "spark", "tools", "tools/cli", "tools/bench", "tests/harness",
+                                     "tests/harness/sim", "tests/harness/faults"])
+def test_every_package_says_its_role(package):
+    init = ROOT / package / "__init__.py"
+    docstring = ast.get_docstring(ast.parse(init.read_text()))
+    assert docstring and len(docstring) > 40, f"{init.relative_to(ROOT)} needs a docstring saying its role"
+
+
+def test_the_map_catches_an_import_against_it(tmp_path):
+    """The checker itself can fail: an import from bookkeeper.protocol up into dlog breaks the map."""
+    rules = package_map()
+    bad = tmp_path / "bad.py"
+    bad.write_text("from dlog.offsets import Offset\n")
+    (target, _, _), = imports_of(bad, "bookkeeper.protocol.bad")
+    destination = owner(target, set(rules))
+    assert destination == "dlog" and destination not in rules["bookkeeper.protocol"]
