@@ -188,6 +188,15 @@ class CookieMismatchError(DlogError):
     code = 220
 
 
+# --- operator tools (codes 400-449) --------------------------------------------------------------
+
+
+class PortInUseError(DlogError):
+    """A server we start could not have its port: another process listens there (named when known)."""
+
+    code = 400
+
+
 _BY_STATUS: dict[int, type[BookieError]] = {
     cls.code: cls
     for cls in (

@@ -23,27 +23,25 @@ import pyarrow as pa
 from bookkeeper.client import BookKeeper
 from bookkeeper.client.ledger import ReadHandle
 from bookkeeper.clock import wall_ms
-from bookkeeper.errors import (
-    ConfigError,
-    DlogError,
-    MetadataVersionError,
-    NoSuchLedgerError,
-)
+from bookkeeper.errors import ConfigError, DlogError, MetadataVersionError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+from dlog import describe
 from dlog.names import check_stream_name, check_subscription_name
 from dlog.offsets import Offset
 from dlog.reader import OffsetOutOfRangeError, StreamReader
 from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
 from dlog.segments.metadata import Segment, SegmentState, StreamConfig
-from dlog.segments.store import SegmentList, StreamStore
+from dlog.segments.store import SegmentList, StreamExistsError, StreamStore
 from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CHANGE_RETRIES_MAX = 10
 READ_HANDLES_MAX = 1024
+ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
+                      "retention_keeps_unconsumed")
 TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as truncated
 
 
@@ -95,7 +93,8 @@ class Namespace:
                             ack_quorum: int = 2, roll_bytes: int | None = None,
                             roll_age_ms: int | None = None, roll_records: int = 0,
                             retention_age_ms: int = 0, retention_bytes: int = 0,
-                            schema: pa.Schema | None = None) -> StreamConfig:
+                            schema: pa.Schema | None = None, exist_ok: bool = False) -> StreamConfig:
+        """Create a stream; with `exist_ok` an existing one is left as it is and its config returned."""
         check_stream_name(name)
         options: dict[str, Any] = {}
         if roll_bytes is not None:
@@ -106,7 +105,12 @@ class Namespace:
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
                               schema=schema_to_text(schema) if schema is not None else "",
                               password=secrets.token_hex(16), created_ms=wall_ms(), **options)
-        await self.store.create_stream(config)
+        try:
+            await self.store.create_stream(config)
+        except StreamExistsError:
+            if not exist_ok:
+                raise
+            return await self.store.config(name)
         return config
 
     async def config(self, name: str) -> StreamConfig:
@@ -142,22 +146,36 @@ class Namespace:
             return False
 
     async def stream_info(self, name: str) -> dict[str, Any]:
+        """Config, segments (records, bytes, damage), totals and subscriptions with their lag; see
+        dlog/describe.py for what is exact and what is estimated."""
         config = await self.store.config(name)
         listing = await self.store.segments(name)
-        segments = []
-        for segment in listing.segments:
-            item = {"sequence": segment.sequence, "ledger": segment.ledger_id,
-                    "state": segment.state.value, "first_entry": segment.first_entry,
-                    "last_entry": segment.last_entry, "records": segment.records,
-                    "bytes": segment.bytes, "first_timestamp_ms": segment.first_timestamp_ms,
-                    "last_timestamp_ms": segment.last_timestamp_ms,
-                    "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}"}
-            if segment.is_in_progress:
-                handle = await self.open_segment_ledger(config, segment)
-                item["last_entry"] = handle.last_add_confirmed
-            segments.append(item)
+        segments = await describe.segment_summaries(self, config, listing.segments)
+        alive = describe.live(segments)
+        offsets = await self.subscriptions(name)
+        subscriptions = [{"name": subscription, **await describe.lag_of(self, config, listing.segments, segments, offset)}
+                         for subscription, offset in sorted(offsets.items())]
         return {"name": name, "config": config.public_json(), "segments": segments,
-                "subscriptions": await self.store.subscriptions(name)}
+                "records": sum(s["records"] or 0 for s in alive), "bytes": sum(s["bytes"] or 0 for s in alive),
+                "first_offset": describe.first_offset(segments),
+                "last_offset": await describe.last_offset(self, config, listing.segments, segments),
+                "damaged_segments": [s["sequence"] for s in segments if s["damaged"]],
+                "subscriptions": subscriptions}
+
+    async def subscription_lag(self, name: str, subscription: str | None = None) -> dict[str, dict[str, Any]]:
+        """Per subscription (or just `subscription`): its committed offset, and the records and bytes
+        after it (`lag_records`, `lag_bytes`, exact for records; see dlog/describe.py)."""
+        config = await self.store.config(name)
+        offsets = await self.subscriptions(name)
+        if subscription is not None:
+            if subscription not in offsets:
+                raise ConfigError(f"stream {name!r} has no subscription {subscription!r} "
+                                  f"(it has: {', '.join(sorted(offsets)) or 'none'})")
+            offsets = {subscription: offsets[subscription]}
+        listing = await self.store.segments(name)
+        segments = await describe.segment_summaries(self, config, listing.segments)
+        return {key: await describe.lag_of(self, config, listing.segments, segments, offset)
+                for key, offset in sorted(offsets.items())}
 
     # ------------------------------------------------------------------ writers and readers
 
@@ -329,6 +347,23 @@ class Namespace:
 
     async def subscriptions(self, name: str) -> dict[str, Offset]:
         return {key: Offset.from_json(value) for key, value in (await self.store.subscriptions(name)).items()}
+
+    async def delete_subscription(self, name: str, subscription: str) -> None:
+        await self.store.delete_subscription(name, subscription)
+
+    # ------------------------------------------------------------------ settings
+
+    async def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
+        """Change roll and retention settings (ALTERABLE_SETTINGS). A writer takes new roll settings
+        when it next opens the stream; retention applies them at its next run."""
+        unknown = sorted(set(changes) - set(ALTERABLE_SETTINGS))
+        if unknown:
+            raise ConfigError(f"cannot alter {', '.join(unknown)}: the settings that can change are "
+                              f"{', '.join(ALTERABLE_SETTINGS)}")
+        config = await self.store.config(name)
+        updated = StreamConfig(**{**_fields(config), **changes})
+        await self.store.update_config(updated)
+        return updated
 
 
 class _Opening(Generic[T]):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -81,3 +84,32 @@ def local_clusters(zk_server: EmbeddedZooKeeper, directory: Path, root_prefix: s
                 if bookie.running:
                     cluster.kill_bookie(bookie.index, signal.SIGCONT)
             cluster.stop()
+
+
+def dlog_runner(zk: str, zk_root: str, namespace: str | None = None,
+                env: dict[str, str] | None = None) -> Callable[..., subprocess.CompletedProcess]:
+    """Run the real `dlog` command against a cluster: `run("stream", "list")` adds --zk, --zk-root
+    and (unless `namespaced=False`, for ledger and bookie commands) --namespace. `stdin` may be text
+    or bytes (then stdout is bytes too); `ok=True` asserts the exit status is 0."""
+
+    def run(*arguments: str, stdin: str | bytes = "", ok: bool = True, namespaced: bool = True,
+            timeout_s: float = 120) -> subprocess.CompletedProcess:
+        scope = ["--zk", zk, "--zk-root", zk_root]
+        if namespaced and namespace is not None:
+            scope += ["--namespace", namespace]
+        result = subprocess.run([sys.executable, "-m", "tools.cli", *arguments, *scope], input=stdin,
+                                capture_output=True, text=isinstance(stdin, str), timeout=timeout_s,
+                                env={**os.environ, **(env or {})})
+        if ok:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    return run
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The single line a refused command printed (asserting it failed, without a traceback)."""
+    stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]

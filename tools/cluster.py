@@ -9,6 +9,7 @@ every bookie back its identity (its cookie names `127.0.0.1:port`) and its data.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import select
@@ -19,12 +20,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from bookkeeper.errors import DlogError
+from bookkeeper.meta.ports import command_of, port_bindable, port_in_use
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper, pick_free_port
 
 READY_PREFIX = "bookie ready "
+STATE_FILE = "cluster.json"
+LOCK_FILE = "cluster.lock"
 PORT_RETRIES = 3
 _PR_SET_PDEATHSIG = 1
 
@@ -50,6 +54,7 @@ class BookieProcess:
     http: str | None = None
     extra_args: list[str] = field(default_factory=list)
     exit_reported: bool = False
+    bookie_id: str | None = None  # from its ready line
 
     @property
     def address(self) -> str:
@@ -64,7 +69,58 @@ class BookieProcess:
         return self.process is not None and self.process.poll() is None
 
 
+class DirectoryInUseError(DlogError):
+    """Another live process runs a cluster from this directory."""
+
+    code = 401
+
+
+class DirectoryLock:
+    """`<dir>/cluster.lock`: an flock held while a cluster runs from the directory, with the owner's
+    pid in it for the message. The kernel drops the lock when its owner dies, so a crash leaves
+    nothing to clean up."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / LOCK_FILE
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip()
+            handle.close()
+            raise DirectoryInUseError(
+                f"directory {self.directory} is in use by {_owner_text(owner)}; stop that cluster first, "
+                "or pass another --dir") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing drops the flock
+            self._file = None
+
+
+def _owner_text(owner: str) -> str:
+    if not owner.isdigit():
+        return "another process"
+    command = command_of(int(owner))
+    return f"pid {owner} ({command})" if command else f"pid {owner}"
+
+
 class LocalCluster:
+    """Start order: lock the directory, start ZooKeeper (it proves the port is its own), check each
+    bookie's port, launch the bookies, wait until each is ready AND registered in this cluster's
+    ZooKeeper, and only then record the ports in `cluster.json` (atomically). A failed start stops
+    what it started and leaves `cluster.json` as the last good start wrote it."""
+
     def __init__(self, directory: Path | str, *, bookies: int = 3, zk_port: int = 0,
                  zk_root: str = "/bookkeeper", bookie_args: list[str] | None = None,
                  zk_server: EmbeddedZooKeeper | None = None) -> None:
@@ -74,32 +130,36 @@ class LocalCluster:
         self.bookie_args = list(bookie_args or [])
         self._own_zk = zk_server is None
         self.directory.mkdir(parents=True, exist_ok=True)
-        state = self._load_state()
+        self.lock = DirectoryLock(self.directory)
+        state = load_state(self.directory)
         self.zk_port = state.get("zk_port") or zk_port or free_port()
         if zk_port and state.get("zk_port") not in (None, zk_port):
             self.zk_port = zk_port
         self.zk = zk_server or EmbeddedZooKeeper(self.directory / "zookeeper", port=self.zk_port)
         ports = state.get("bookie_ports", [])
-        self.bookies = [BookieProcess(index, ports[index] if index < len(ports) else free_port(),
-                                      self.directory / f"bookie-{index}") for index in range(bookies)]
-        self._new_ports = {index for index in range(len(ports), bookies)}  # never served: may move
-        self._save_state()
+        self.bookies = []
+        self._new_ports: set[int] = set()  # never served: may move to another port
+        for index in range(bookies):
+            data_dir = self.directory / f"bookie-{index}"
+            port = ports[index] if index < len(ports) else _cookie_port(data_dir)
+            if port is None:
+                port = free_port()
+                self._new_ports.add(index)
+            self.bookies.append(BookieProcess(index, port, data_dir))
 
     # ------------------------------------------------------------------ state file
 
-    def _state_path(self) -> Path:
-        return self.directory / "cluster.json"
-
-    def _load_state(self) -> dict:
-        try:
-            return json.loads(self._state_path().read_text())
-        except (OSError, ValueError):
-            return {}
-
     def _save_state(self) -> None:
+        """Written to a temporary file, fsynced, renamed: a crash leaves the old or the new file."""
         state = {"zk_port": self.zk_port if self._own_zk else None,
                  "bookie_ports": [bookie.port for bookie in self.bookies]}
-        self._state_path().write_text(json.dumps(state))
+        path = self.directory / STATE_FILE
+        temporary = path.with_name(path.name + ".tmp")
+        with open(temporary, "w") as handle:
+            handle.write(json.dumps(state))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
 
     @property
     def zk_address(self) -> str:
@@ -108,12 +168,32 @@ class LocalCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, timeout_s: float = 60.0) -> None:
-        if self._own_zk:
-            self.zk.start(timeout_s=timeout_s)
-        for bookie in self.bookies:
-            self.launch_bookie(bookie.index)
-        for bookie in self.bookies:
-            self._wait_first_start(bookie.index, timeout_s)
+        self.lock.acquire()
+        try:
+            if self._own_zk:
+                self.zk.start(timeout_s=timeout_s)
+            for bookie in self.bookies:
+                self._check_bookie_port(bookie.index)
+                self.launch_bookie(bookie.index)
+            for bookie in self.bookies:
+                self._wait_first_start(bookie.index, timeout_s)
+            self.check_registered([bookie.index for bookie in self.bookies], timeout_s)
+            self._save_state()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _check_bookie_port(self, index: int) -> None:
+        """A new bookie whose port was taken meanwhile moves; a known one is refused, naming the holder
+        (its identity, the cookie, names its port)."""
+        bookie = self.bookies[index]
+        if port_bindable("127.0.0.1", bookie.port):
+            return
+        if index in self._new_ports:
+            bookie.port = free_port()
+            return
+        raise port_in_use("127.0.0.1", bookie.port, f"bookie {index}",
+                          "its identity (cookie) names that port: stop that process first")
 
     def _wait_first_start(self, index: int, timeout_s: float) -> None:
         """Wait for a bookie; one that lost its new port to another process moves to another port.
@@ -133,8 +213,30 @@ class LocalCluster:
                     raise
                 shutil.rmtree(bookie.data_dir, ignore_errors=True)
                 bookie.port = free_port()
-                self._save_state()
                 self.launch_bookie(index)
+
+    def check_registered(self, indexes: list[int], timeout_s: float = 30.0) -> None:
+        """Each bookie is registered in THIS cluster's ZooKeeper, by the process we started."""
+        from kazoo.client import KazooClient
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        from bookkeeper.meta import layout
+
+        client = KazooClient(hosts=self.zk_address, timeout=timeout_s)
+        try:
+            client.start(timeout=timeout_s)
+            for index in indexes:
+                bookie = self.bookies[index]
+                found = client.exists(layout.bookie_path(self.zk_root, bookie.bookie_id or bookie.address))
+                if found is None:
+                    raise DlogError(f"bookie {index} ({bookie.address}, pid {bookie.pid}) said it was ready "
+                                    f"but is not registered in ZooKeeper {self.zk_address} under "
+                                    f"{self.zk_root}; see {bookie.data_dir / 'bookie.log'}")
+        except KazooTimeoutError as exc:
+            raise DlogError(f"cannot reach this cluster's ZooKeeper at {self.zk_address}") from exc
+        finally:
+            client.stop()
+            client.close()
 
     def launch_bookie(self, index: int, extra_args: list[str] | None = None) -> BookieProcess:
         bookie = self.bookies[index]
@@ -164,14 +266,19 @@ class LocalCluster:
         assert bookie.process is not None and bookie.process.stdout is not None
         line = LineReader(bookie.process).line_starting(READY_PREFIX, timeout_s)
         if line is None:
+            # the first line is the whole story for a one-line error; the log's tail follows it
+            log_path, tail = bookie.data_dir / "bookie.log", self.bookie_log_tail(index)
+            reason = next((text.strip() for text in reversed(tail.splitlines()) if text.strip()), "no log")
             if bookie.process.poll() is not None:
-                raise DlogError(f"bookie {index} exited with status {bookie.process.returncode} "
-                                f"before it was ready:\n{self.bookie_log_tail(index)}")
+                raise DlogError(f"bookie {index} ({bookie.address}) exited with status "
+                                f"{bookie.process.returncode} before it was ready: {reason} "
+                                f"(log: {log_path})\n{tail}")
             self.kill_bookie(index)
-            raise DlogError(f"bookie {index} was not ready within {timeout_s} s:\n"
-                            f"{self.bookie_log_tail(index)}")
+            raise DlogError(f"bookie {index} ({bookie.address}) was not ready within {timeout_s} s: "
+                            f"{reason} (log: {log_path})\n{tail}")
         fields = dict(item.split("=", 1) for item in line[len(READY_PREFIX):].split())
         bookie.http = None if fields.get("http") == "-" else fields.get("http")
+        bookie.bookie_id = fields.get("id")
         return bookie
 
     def bookie_log_tail(self, index: int, lines: int = 20) -> str:
@@ -213,6 +320,7 @@ class LocalCluster:
             self.stop_bookie(bookie.index)
         if self._own_zk:
             self.zk.stop()
+        self.lock.release()
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -257,6 +365,25 @@ class LineReader:
         while (line := self.next_line(max(0.0, deadline - time.monotonic()))) is not None:
             if line.startswith(prefix):
                 return line
+        return None
+
+
+def load_state(directory: Path) -> dict[str, Any]:
+    """What the last good start in `directory` recorded ({} if none)."""
+    try:
+        state = json.loads((Path(directory) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _cookie_port(data_dir: Path) -> int | None:
+    """The port a bookie's cookie names: a bookie that registered once keeps its identity even if
+    the start it was part of failed before `cluster.json` was written."""
+    try:
+        bookie_id = json.loads((data_dir / "cookie.json").read_text())["bookie_id"]
+        return int(str(bookie_id).rsplit(":", 1)[1])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
 
 

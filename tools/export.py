@@ -22,13 +22,26 @@ from dlog.offsets import Offset
 OFFSET_FIELDS = [pa.field("ledger", pa.int64()), pa.field("entry", pa.int64()), pa.field("slot", pa.int32())]
 
 
+def check_out_path(out_path: Path, force: bool) -> None:
+    """An export never overwrites a file nor creates folders unless forced: a typo in --out must
+    not replace yesterday's export or scatter directories."""
+    if force:
+        return
+    if out_path.exists():
+        raise ConfigError(f"{out_path} already exists; choose another --out or pass --force to overwrite it")
+    if not out_path.parent.is_dir():
+        raise ConfigError(f"folder {out_path.parent} does not exist; create it first or pass --force "
+                          "to create it")
+
+
 async def export_stream(ns: Any, name: str, out_path: Path, output_format: str, start: str,
-                        end: str | None, *, progress: bool = True) -> dict[str, Any]:
+                        end: str | None, *, progress: bool = True, force: bool = False) -> dict[str, Any]:
     """Write every record from `start` through `end` (inclusive) with its offset columns.
     The file appears only when complete (written to a temporary name, then renamed)."""
     stop = Offset.parse(end) if end else None
     if start not in ("earliest", "latest"):
         Offset.parse(start)
+    check_out_path(out_path, force)
     info = await ns.stream_info(name)
     total = sum(s["records"] for s in info["segments"] if s["state"] != "truncated") or None
     reader = await ns.open_reader(name, start, follow=False)

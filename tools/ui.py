@@ -17,15 +17,17 @@ Record counts. A completed segment's metadata holds its record count. An in-prog
 not, so the collector reads its last confirmed entry and takes `first_record_index +
 record_count` from the record-set header (cached per ledger and LAC: an idle stream costs no read).
 
-Subscription lag is approximate. It is the records after the committed offset (the next record
-the subscriber reads): every record of the live segments after its segment, plus the part of its
-own segment from the committed entry and slot on. That part is estimated from counts alone, as if
-the segment's records were spread evenly over its entries: `records - round(records *
-entries_before / entries) - slot`, clamped to `0..records`. It is exact when every entry of the
-segment holds the same number of records, and otherwise off by at most the records of the
-entries whose sizes differ; reading headers would make it exact at one read per poll per
-subscription, which a status page should not cost. A subscription whose segment was truncated
-lags by every live record. `lag_known` is false when some segment's records could not be read.
+Subscription lag (`dlog.describe.subscription_lag`, shared with `dlog subscription describe`) is
+estimated here from counts alone, as if each segment's records were spread evenly over its
+entries: exact when every entry of the segment holds the same number of records, and otherwise off
+by at most the records of the entries whose sizes differ. `dlog subscription describe` reads one
+entry header per subscription and is exact; a status page that polls should not cost that.
+A subscription whose segment was truncated lags by every live record. `lag_known` is false when
+some segment's records could not be read.
+
+Damage. A live segment whose ledger metadata is gone (deleted with `dlog ledger delete --force`)
+shows as damaged: its records are lost. Only the shown (newest) segments are checked, one
+ZooKeeper read each per poll.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from aiohttp import web
 
 from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
 from bookkeeper.meta import layout
+from dlog.describe import subscription_lag
 
 STATIC_DIR = Path(__file__).resolve().parent / "ui_static"
 ZK_TIMEOUT_S = 3.0
@@ -103,28 +106,6 @@ def _entries(segment: dict[str, Any]) -> int | None:
     if segment["last_entry"] is None:
         return None
     return max(0, segment["last_entry"] - segment["first_entry"] + 1)
-
-
-def subscription_lag(segments: list[dict[str, Any]], offset: dict[str, int]) -> dict[str, Any]:
-    """Records after `offset` (see the module doc for the approximation) and where it sits."""
-    index = next((i for i, s in enumerate(segments) if s["ledger"] == offset["ledger"]), None)
-    live = [s for s in segments if s["state"] != "truncated"]
-    if index is None or segments[index]["state"] == "truncated":
-        return {"segment": None if index is None else segments[index]["sequence"], "position": None,
-                "lag_records": sum(s["records"] or 0 for s in live),
-                "lag_known": all(s["records"] is not None for s in live),
-                "note": "behind the truncation point"}
-    segment, later = segments[index], [s for s in segments[index + 1:] if s["state"] != "truncated"]
-    records, entries = segment["records"], _entries(segment)
-    position, remaining = 0.0, records or 0
-    if records is not None and entries:
-        entries_before = min(max(offset["entry"] - segment["first_entry"], 0), entries)
-        slot = offset.get("slot", 0) if entries_before < entries else 0
-        remaining = max(0, min(records, records - round(records * entries_before / entries) - slot))
-        position = (records - remaining) / records if records else entries_before / entries
-    return {"segment": segment["sequence"], "position": position,
-            "lag_records": remaining + sum(s["records"] or 0 for s in later),
-            "lag_known": all(s["records"] is not None for s in [segment, *later]), "note": None}
 
 
 def truncation_point(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -284,15 +265,27 @@ class Collector:
             offsets = await store.subscriptions(name)
         except DlogError as exc:
             return {"name": name, "error": str(exc), "segments": [], "segments_omitted": 0,
-                    "records": None, "truncation_point": None, "subscriptions": []}
+                    "records": None, "truncation_point": None, "subscriptions": [], "settings": None}
         segments = [await self._segment(config, segment) for segment in listing.segments]
+        await self._mark_damaged(segments[-SEGMENTS_SHOWN_MAX:])
         subscriptions = [{"name": sub, "offset": f"{o['ledger']}:{o['entry']}:{o.get('slot', 0)}",
                           **subscription_lag(segments, o)} for sub, o in sorted(offsets.items())]
         live = [s for s in segments if s["state"] != "truncated"]
         return {"name": name, "error": None, "segments": segments[-SEGMENTS_SHOWN_MAX:],
                 "segments_omitted": max(0, len(segments) - SEGMENTS_SHOWN_MAX),
                 "records": sum(s["records"] or 0 for s in live),
-                "truncation_point": truncation_point(segments), "subscriptions": subscriptions}
+                "truncation_point": truncation_point(segments), "subscriptions": subscriptions,
+                "settings": _settings(config)}
+
+    async def _mark_damaged(self, segments: list[dict[str, Any]]) -> None:
+        """A live segment whose ledger is gone has lost its records: say so."""
+        alive = [s for s in segments if s["state"] != "truncated"]
+        found = await asyncio.gather(*(self._zk.exists(layout.ledger_path(self.options.bookkeeper_root,
+                                                                           s["ledger"])) for s in alive))
+        for segment, exists in zip(alive, found):
+            if not exists:
+                segment["damaged"] = True
+                segment["note"] = f"DAMAGED: ledger {segment['ledger']} is missing, its records are lost"
 
     async def _segment(self, config: Any, segment: Any) -> dict[str, Any]:
         item = {"sequence": segment.sequence, "ledger": segment.ledger_id, "state": segment.state.value,
@@ -300,7 +293,7 @@ class Collector:
                 "records": segment.records, "bytes": segment.bytes,
                 "min_active_entry": segment.min_active_entry, "min_active_slot": segment.min_active_slot,
                 "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}",
-                "note": None}
+                "note": None, "damaged": False}
         if segment.is_in_progress:
             item["bytes"] = None  # a ledger's length is known once it is closed
             try:
@@ -337,6 +330,13 @@ class Collector:
             self._tail_records.pop(next(iter(self._tail_records)))
         self._tail_records[segment.ledger_id] = (lac, header.next_record_index)
         return lac, header.next_record_index
+
+
+def _settings(config: Any) -> dict[str, Any]:
+    """What the page shows of a stream's config (never its password)."""
+    return {key: getattr(config, key) for key in (
+        "ensemble", "write_quorum", "ack_quorum", "roll_bytes", "roll_age_ms", "roll_records",
+        "retention_age_ms", "retention_bytes", "retention_keeps_unconsumed")}
 
 
 # ------------------------------------------------------------------------------ the web app

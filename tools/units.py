@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 
 from bookkeeper.errors import ConfigError
@@ -27,7 +28,10 @@ def parse_size(text: str) -> int:
 
 
 def parse_duration_ms(text: str) -> int:
-    """Milliseconds from a duration like `500ms`, `30s`, `2h` or `7d` (a unit is required)."""
+    """Milliseconds from a duration like `500ms`, `30s`, `2h` or `7d` (a unit is required, except
+    for a plain 0, which settings use for "off")."""
+    if str(text).strip() == "0":
+        return 0
     match = _NUMBER_UNIT.match(str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _DURATION_UNITS_MS:
@@ -36,9 +40,31 @@ def parse_duration_ms(text: str) -> int:
     return int(float(match.group(1)) * _DURATION_UNITS_MS[unit])
 
 
+def format_duration_ms(duration_ms: int) -> str:
+    """The largest unit that shows the duration exactly: 7200000 -> '2h', 90000 -> '90s'."""
+    for unit, size_ms in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if duration_ms and duration_ms % size_ms == 0:
+            return f"{duration_ms // size_ms}{unit}"
+    return f"{duration_ms}ms"
+
+
 def format_size(size_bytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(size_bytes) < 1024 or unit == "GiB":
             return f"{size_bytes:.0f} {unit}" if unit == "B" else f"{size_bytes:.1f} {unit}"
         size_bytes /= 1024
     return f"{size_bytes:.1f} GiB"
+
+
+def format_time_ms(time_ms: int | None, timespec: str = "milliseconds") -> str:
+    """A record or segment time for people: local time with its UTC offset ('-' for none: 0 means
+    unknown in segment metadata). `timespec` as datetime.isoformat's ("seconds" for tables)."""
+    if not time_ms:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(time_ms / 1000, tz=datetime.timezone.utc).astimezone()
+    return moment.isoformat(sep=" ", timespec=timespec)
+
+
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """'1 record', '2 records', '1,000 records'."""
+    return f"{count:,} {noun if count == 1 else (plural_noun or noun + 's')}"

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Callable
 
 from bookkeeper.errors import ConfigError, MetadataError
+from bookkeeper.meta.ports import check_port_free, listens_on, port_in_use
 
 ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 
@@ -48,6 +49,7 @@ PROBE_TIMEOUT_S = 1.0
 PR_SET_PDEATHSIG = 1
 PRIVATE_PORTS_FROM = 20000  # ports we pick for servers: [20000, start of the ephemeral range)
 PORT_PICK_ATTEMPTS = 50
+PORT_HINT = "stop that process or choose another port"
 
 
 # ---------------------------------------------------------------------------------- discovery
@@ -219,6 +221,7 @@ class EmbeddedZooKeeper:
         java, classpath = find_java(), find_classpath()
         if self._port == 0:
             self._port = pick_free_port(self.host)
+        check_port_free(self.host, self._port, "ZooKeeper", PORT_HINT)
         config_path = self._write_config()
         self._process = self._spawn([java, *JVM_FLAGS, "-cp", classpath, ZOOKEEPER_MAIN_CLASS, str(config_path)])
         self._paused = False
@@ -313,12 +316,21 @@ class EmbeddedZooKeeper:
                 raise MetadataError(f"ZooKeeper exited with code {exit_code} while starting on {self.address}; "
                                     f"last lines of {self.log_path}:\n{self.log_tail()}")
             if self._is_serving():
+                self._check_own_port()
                 return
             if time.monotonic() >= deadline:
                 self.stop(timeout_s=0)
                 raise MetadataError(f"ZooKeeper did not answer on {self.address} within {timeout_s}s; "
                                     f"last lines of {self.log_path}:\n{self.log_tail()}")
             time.sleep(READY_POLL_INTERVAL_S)
+
+    def _check_own_port(self) -> None:
+        """What answers on our port must be our process: another ZooKeeper that took the port first
+        answers `ruok` too, while ours fails to bind and exits."""
+        assert self._process is not None
+        if listens_on(self._process.pid, self._port) is False or self._process.poll() is not None:
+            self.stop(timeout_s=0)
+            raise port_in_use(self.host, self._port, "ZooKeeper", PORT_HINT)
 
     def _is_serving(self) -> bool:
         # 'ruok' says imok as soon as the port is open; 'srvr' only reports a Mode once the

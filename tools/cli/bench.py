@@ -10,14 +10,13 @@ mode refuses before measuring anything.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import click
 
 from tools.bench.plots import plot_dir_checked, plot_latency, plot_scale
-from tools.cli.common import SIZE, fails_cleanly, json_option
+from tools.cli.common import SIZE, fails_cleanly, json_option, print_table
 
 LEDGER_SWEEP_RATES = (500, 1000, 2000, 5000)
 TAIL_SWEEP_RATES = (500, 1000, 2000, 5000, 10_000)
@@ -39,18 +38,11 @@ def print_bench(result: dict[str, Any], as_json: bool) -> None:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    """Every key of every row is a column; piped output is as wide as the table needs (rich
-    would wrap it at 80 columns)."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """Every key of every row is a column."""
     columns: list[str] = []
     for row in rows:
         columns += [column for column in row if column not in columns]
-    table = Table(*columns)
-    for row in rows:
-        table.add_row(*("" if row.get(column) is None else str(row.get(column)) for column in columns))
-    Console(width=None if sys.stdout.isatty() else 240).print(table)
+    print_table(columns, rows)
 
 
 no_fsync_option = click.option("--no-fsync", is_flag=True, help="measure without fdatasync (NOT durable)")

@@ -17,6 +17,7 @@ from bookkeeper.meta.layout import DEFAULT_ROOT
 from tools.units import parse_duration_ms, parse_size
 
 DEFAULT_ZK = "127.0.0.1:2181"
+PIPED_TABLE_WIDTH = 240
 
 
 def zk_option(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,13 +91,25 @@ async def http_get_json(url: str) -> Any:
 
 
 def print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """A table: piped, as wide as it needs (rich would cut it at 80 columns); on a terminal too
+    narrow for it, one block of `column  value` lines per row instead of a squeezed table."""
     from rich.console import Console
     from rich.table import Table
 
+    console = Console(width=None if sys.stdout.isatty() else PIPED_TABLE_WIDTH)
     table = Table(*columns)
-    for row in rows:
-        table.add_row(*("" if row.get(column) is None else str(row.get(column)) for column in columns))
-    Console().print(table)
+    cells = [["" if row.get(column) is None else str(row.get(column)) for column in columns] for row in rows]
+    for row_cells in cells:
+        table.add_row(*row_cells)
+    if console.is_terminal and console.measure(table).maximum > console.width:
+        width = max(len(column) for column in columns)
+        for index, row_cells in enumerate(cells):
+            if index:
+                click.echo("")
+            for column, cell in zip(columns, row_cells):
+                click.echo(f"{column:<{width}}  {cell}")
+        return
+    console.print(table)
 
 
 def run_with_client(zk: str, zk_root: str, action: Callable[[Any], Any]) -> Any:

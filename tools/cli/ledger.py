@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from tools.cli.common import fails_cleanly, json_option, run_with_client, zk_option
+from tools.units import format_time_ms
 
 
 def _metadata_json(ledger_id: int, metadata: Any, version: int) -> dict[str, Any]:
@@ -80,8 +81,20 @@ def ledger_show(ledger_id: int, zk: str, zk_root: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, sort_keys=True))
         return
-    for key, value in result.items():
-        click.echo(f"{key:15} {value}")
+    _print_metadata(result)
+
+
+def _print_metadata(result: dict[str, Any]) -> None:
+    """One `name  value` line each; ensembles as `from entry N: bookies`, custom as k=v."""
+    shown = {**result, "ctime_ms": None, "ensembles": None, "custom": None}
+    for key, value in shown.items():
+        if value is not None:
+            click.echo(f"{key:15} {value}")
+    click.echo(f"{'created':15} {format_time_ms(result['ctime_ms'])}")
+    for first, bookies in ((item["first_entry"], item["bookies"]) for item in result["ensembles"]):
+        click.echo(f"{'ensemble':15} from entry {first}: {', '.join(bookies)}")
+    custom = " ".join(f"{key}={value}" for key, value in sorted(result["custom"].items()))
+    click.echo(f"{'custom':15} {custom or '-'}")
 
 
 @ledger.command("read")
@@ -116,16 +129,43 @@ def ledger_read(ledger_id: int, first: int, last: int | None, password: str, zk:
             click.echo(f"{entry.entry_id}\t{entry.payload.decode(errors='replace')}")
 
 
+force_option = click.option("--force", is_flag=True,
+                            help="even if the ledger is a live segment of a stream (breaks that stream)")
+
+
+async def refuse_stream_ledger(client: Any, ledger_id: int, doing: str, consequence: str,
+                               only_open: bool = False) -> None:
+    """LedgerInUseError when the ledger is a live segment of a stream (its metadata names the stream
+    and the stream's segment list agrees)."""
+    from dlog.describe import LedgerInUseError, segment_of_ledger
+
+    metadata, _ = await client.ledger_metadata(ledger_id)
+    if only_open and metadata.is_closed:
+        return
+    owner = await segment_of_ledger(client.store.zk, ledger_id, dict(metadata.custom))
+    if owner is not None:
+        raise LedgerInUseError(f"ledger {ledger_id} is {owner}; {doing} it would {consequence}; "
+                               "pass --force to do it anyway")
+
+
 @ledger.command("recover")
 @click.argument("ledger_id", type=click.IntRange(0))
 @password_option
+@force_option
 @zk_option
 @json_option
 @fails_cleanly
-def ledger_recover(ledger_id: int, password: str, zk: str, zk_root: str, as_json: bool) -> None:
-    """Fence and close a ledger whose writer is gone; prints where it ends."""
+def ledger_recover(ledger_id: int, password: str, force: bool, zk: str, zk_root: str, as_json: bool) -> None:
+    """Fence and close a ledger whose writer is gone; prints where it ends.
+
+    Refuses an open ledger that is a stream's segment (that would fence the stream's writer)
+    unless --force."""
 
     async def action(client: Any) -> dict[str, Any]:
+        if not force:
+            await refuse_stream_ledger(client, ledger_id, "recovering",
+                                       "fence that stream's writer (its records in flight would fail)",
+                                       only_open=True)
         handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=True)
         return {"ledger_id": ledger_id, "state": handle.metadata.state.value,
                 "last_entry_id": handle.last_add_confirmed, "length": handle.metadata.length}
@@ -137,11 +177,22 @@ def ledger_recover(ledger_id: int, password: str, zk: str, zk_root: str, as_json
 
 @ledger.command("delete")
 @click.argument("ledger_id", type=click.IntRange(0))
+@force_option
 @zk_option
 @json_option
 @fails_cleanly
-def ledger_delete(ledger_id: int, zk: str, zk_root: str, as_json: bool) -> None:
-    """Delete a ledger's metadata; bookies reclaim its space by garbage collection."""
-    run_with_client(zk, zk_root, lambda client: client.delete_ledger(ledger_id))
-    click.echo(json.dumps({"deleted": ledger_id}) if as_json else f"deleted ledger {ledger_id}")
+def ledger_delete(ledger_id: int, force: bool, zk: str, zk_root: str, as_json: bool) -> None:
+    """Delete a ledger's metadata; bookies reclaim its space by garbage collection.
 
+    Refuses a ledger that is a live segment of a stream unless --force: to remove a stream's old
+    records use `dlog truncate` or retention, which keep the stream consistent."""
+
+    async def action(client: Any) -> None:
+        if not force:
+            await refuse_stream_ledger(client, ledger_id, "deleting",
+                                       "lose that segment's records (use `dlog truncate` or retention "
+                                       "to remove old records)")
+        await client.delete_ledger(ledger_id)
+
+    run_with_client(zk, zk_root, action)
+    click.echo(json.dumps({"deleted": ledger_id}) if as_json else f"deleted ledger {ledger_id}")

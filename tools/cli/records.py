@@ -17,7 +17,7 @@ import click
 
 from bookkeeper.errors import ConfigError
 from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
-from tools.units import format_size
+from tools.units import format_size, plural
 
 
 def _parse_jsonl(line: str, number: int) -> tuple[bytes, bytes | None, int | None]:
@@ -130,15 +130,19 @@ def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_j
               show_default=True)
 @click.option("--from", "start", default="earliest", show_default=True, help="earliest or L:E[:S]")
 @click.option("--to", "end", default=None, help="last offset to export L:E[:S]")
+@click.option("--force", is_flag=True, help="overwrite an existing file, create missing folders")
 @cluster_options
 @json_option
 @fails_cleanly
-def export_command(name: str, out_path: Path, output_format: str, start: str, end: str | None, cluster: tuple[str, str, str], as_json: bool) -> None:
-    """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar."""
-    from tools.export import export_stream
+def export_command(name: str, out_path: Path, output_format: str, start: str, end: str | None, force: bool,
+                   cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar.
 
+    Refuses to overwrite an existing file or to create missing folders unless --force."""
+    from tools.export import check_out_path, export_stream
+
+    check_out_path(out_path, force)
     result = run_namespace(cluster, lambda ns: export_stream(ns, name, out_path, output_format, start, end,
-                                                         progress=not as_json))
+                                                             progress=not as_json, force=force))
     click.echo(json.dumps(result) if as_json else
-               f"exported {result['records']:,} records to {out_path} ({format_size(result['bytes'])})")
-
+               f"exported {plural(result['records'], 'record')} to {out_path} ({format_size(result['bytes'])})")

@@ -17,6 +17,7 @@ from tools.cli.common import (
     print_table,
     run_namespace,
 )
+from tools.units import format_duration_ms, format_size, format_time_ms, plural
 
 
 @click.group()
@@ -43,7 +44,9 @@ def retention_set(name: str, age: int | None, size: int | None, keep_unconsumed:
               "retention_bytes": config.retention_bytes,
               "keeps_unconsumed": config.retention_keeps_unconsumed}
     click.echo(json.dumps(result) if as_json else
-               f"{name}: retention age {config.retention_age_ms} ms, size {config.retention_bytes} bytes")
+               f"{name}: retention age {format_duration_ms(config.retention_age_ms) if config.retention_age_ms else 'off'}"
+               f", size {format_size(config.retention_bytes) if config.retention_bytes else 'off'}, "
+               f"{'keeps' if config.retention_keeps_unconsumed else 'ignores'} what subscribers have not read")
 
 
 @retention.command("apply")
@@ -66,7 +69,9 @@ def retention_apply(name: str | None, dry_run: bool, cluster: tuple[str, str, st
     if as_json:
         click.echo(json.dumps({"dry_run": dry_run, "segments": rows}))
     else:
-        click.echo(f"{'would remove' if dry_run else 'removed'} {len(rows)} segments")
+        click.echo(f"{'would remove' if dry_run else 'removed'} {plural(len(rows), 'segment')}")
         if rows:
-            print_table(list(rows[0]), rows)
+            print_table(["stream", "sequence", "ledger", "records", "bytes", "last_time"],
+                        [{**row, "bytes": format_size(row["bytes"]),
+                          "last_time": format_time_ms(row["last_timestamp_ms"])} for row in rows])
 

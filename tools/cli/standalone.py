@@ -6,53 +6,88 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
+from bookkeeper.errors import DlogError
+
 from tools.cli.common import fails_cleanly, zk_option
+
+
+ZK_PORT_DEFAULT = 2181
 
 
 @click.command()
 @click.option("--dir", "directory", default="dlog-standalone", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="where ZooKeeper and bookies keep data")
 @click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 32))
-@click.option("--zk-port", default=2181, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--zk-port", default=None, type=click.IntRange(0, 65535), help="ZooKeeper client port",
+              show_default=f"the port of the last start in --dir, else {ZK_PORT_DEFAULT}")
 @click.option("--ui-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
               help="status page port on 127.0.0.1 (0: any free port, -1: no status page)")
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int, ui_port: int) -> None:
-    """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all."""
-    from tools.cluster import LocalCluster
-    from tools.ui import UiOptions, UiThread
+def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int) -> None:
+    """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    A directory runs one cluster at a time (a second start on it is refused), every part must
+    listen on its own port (one that another process holds is named and refused), and
+    `cluster.json` changes only after a start that succeeded."""
+    from tools.cluster import LocalCluster, load_state
+
+    stop = _stop_on_signals()
+    if zk_port is None:
+        zk_port = load_state(directory).get("zk_port") or ZK_PORT_DEFAULT
     cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port)
-    ui = None if ui_port < 0 else UiThread(UiOptions(cluster.zk_address, cluster.zk_root), port=ui_port)
     try:
         cluster.start()
-        ui_url = ui.start() if ui is not None else None
-        addresses = ",".join(bookie.address for bookie in cluster.bookies) or "-"
-        click.echo(f"dlog standalone ready zk={cluster.zk_address} bookies={addresses} "
-                   f"dir={cluster.directory}", nl=True)
-        if ui_url is not None:
-            click.echo(f"  ui {ui_url}")
-        for bookie in cluster.bookies:
-            click.echo(f"  bookie {bookie.address} admin {bookie.http} data {bookie.data_dir}")
-        sys.stdout.flush()
-        while not stop.wait(0.5):
-            for bookie in cluster.bookies:
-                if bookie.process is not None and not bookie.running and not bookie.exit_reported:
-                    click.echo(f"bookie {bookie.address} exited with status "
-                               f"{bookie.process.returncode}", err=True)
-                    bookie.exit_reported = True
+    except DlogError as exc:  # a bookie's failure comes with its log's tail: the first line says it
+        raise type(exc)(str(exc).splitlines()[0]) from exc
+    ui = None
+    try:
+        ui_url = None
+        if ui_port >= 0:
+            ui, ui_url = _start_ui(cluster, ui_port)
+        _print_ready(cluster, ui_url)
+        _supervise(cluster, stop)
     finally:
         if ui is not None:
             ui.stop()
         cluster.stop()
         click.echo("dlog standalone stopped")
 
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def _start_ui(cluster: Any, port: int) -> tuple[Any, str]:
+    from tools.ui import UiOptions, UiThread
+
+    ui = UiThread(UiOptions(cluster.zk_address, cluster.zk_root), port=port)
+    return ui, ui.start()
+
+
+def _print_ready(cluster: Any, ui_url: str | None) -> None:
+    addresses = ",".join(bookie.address for bookie in cluster.bookies) or "-"
+    click.echo(f"dlog standalone ready zk={cluster.zk_address} bookies={addresses} dir={cluster.directory}")
+    if ui_url is not None:
+        click.echo(f"  ui {ui_url}")
+    for bookie in cluster.bookies:
+        click.echo(f"  bookie {bookie.address} admin {bookie.http} data {bookie.data_dir}")
+    sys.stdout.flush()
+
+
+def _supervise(cluster: Any, stop: threading.Event) -> None:
+    """Until a signal: report each bookie that exits (it is not restarted)."""
+    while not stop.wait(0.5):
+        for bookie in cluster.bookies:
+            if bookie.process is not None and not bookie.running and not bookie.exit_reported:
+                click.echo(f"bookie {bookie.address} exited with status {bookie.process.returncode}", err=True)
+                bookie.exit_reported = True
 
 
 @click.command("ui")

@@ -68,7 +68,8 @@ function renderBookies(bookies, failed) {
 // ------------------------------------------------------------------------------ streams
 
 function segmentBox(segment, grow, stream) {
-  const state = ["in_progress", "completed", "truncated"].includes(segment.state) ? segment.state : "unknown";
+  const known = ["in_progress", "completed", "truncated"].includes(segment.state) ? segment.state : "unknown";
+  const state = segment.damaged ? "damaged" : known;  // its ledger is gone: its records are lost
   const box = el("div", `segment ${state}`);
   box.dataset.ledger = String(segment.ledger);
   box.style.flexGrow = String(grow);
@@ -140,7 +141,7 @@ function subscriptionTable(stream) {
       el("th", null, "segment"), el("th", "number", "lag (records)"))));
   const body = el("tbody");
   for (const sub of stream.subscriptions) {
-    // approximate (see tools/ui.py); a lower bound when some segment's records are unknown
+    // estimated from record counts; a lower bound when some segment's records are unknown
     const prefix = !sub.lag_known ? "≥ " : sub.lag_records > 0 ? "≈ " : "";
     const lag = `${prefix}${number(sub.lag_records)}`;
     body.append(el("tr", "subscription",
@@ -152,16 +153,40 @@ function subscriptionTable(stream) {
   return table;
 }
 
+function duration(ms) {
+  for (const [unit, unitMs] of [["d", 86400000], ["h", 3600000], ["m", 60000], ["s", 1000]]) {
+    if (ms && ms % unitMs === 0) return `${ms / unitMs}${unit}`;
+  }
+  return `${ms}ms`;
+}
+
+function settingsLine(settings) {
+  if (!settings) return "";
+  const retention = settings.retention_age_ms || settings.retention_bytes
+    ? [settings.retention_age_ms ? `older than ${duration(settings.retention_age_ms)}` : null,
+       settings.retention_bytes ? `over ${size(settings.retention_bytes)}` : null].filter(Boolean).join(" or ") +
+      (settings.retention_keeps_unconsumed ? ", keeps unread" : "")
+    : "off";
+  const roll = [size(settings.roll_bytes), duration(settings.roll_age_ms),
+                settings.roll_records ? `${number(settings.roll_records)} records` : null].filter(Boolean).join(" / ");
+  return `E${settings.ensemble} Qw${settings.write_quorum} Qa${settings.ack_quorum} · roll at ${roll} · retention ${retention}`;
+}
+
 function streamCard(stream) {
   const card = el("article", "stream");
   card.dataset.stream = stream.name;
   const point = stream.truncation_point;
+  const damaged = stream.segments.filter((s) => s.damaged).length;
   const facts = stream.error ? [el("span", "badge bad", stream.error)] : [
     `${number(stream.segments.length + stream.segments_omitted)} segments`,
     ` · ${number(stream.records)} records in live segments`,
     point ? ` · truncated before ${point.offset || "everything"}` : " · never truncated"];
+  if (damaged) facts.push(" ", el("span", "badge bad", `${damaged} damaged`));
   card.append(el("div", "stream-head", el("h4", "stream-name", stream.name), el("span", "muted", ...facts)));
-  if (!stream.error) card.append(timeline(stream), subscriptionTable(stream));
+  if (!stream.error) {
+    card.append(el("p", "settings muted small", settingsLine(stream.settings)), timeline(stream),
+                subscriptionTable(stream));
+  }
   return card;
 }
 

@@ -1,0 +1,241 @@
+"""What a stream holds, for operators: each segment's records and bytes, segments whose ledger is
+gone (damaged), subscription lag, and which stream segment a ledger is.
+
+Counts. A completed segment's record count and size are in its metadata. An in-progress segment's
+record count comes from the header of its last confirmed entry (`first_record_index +
+record_count`); its size is known only once its ledger closes, so it is estimated from that entry
+(its bytes per record times the records) and flagged `bytes_estimated`.
+
+Damage. A live segment whose ledger metadata is gone (someone ran `dlog ledger delete --force`)
+has lost its records: it is reported with `damaged` saying so, never as healthy.
+
+Lag. A subscription's committed offset is the next record it reads. Its lag is the records (and
+bytes) from there to the end: the rest of its own segment plus every later live segment. The
+rest of its own segment is exact when the caller read the committed entry's header
+(`consumed_in_segment`, one entry read: what `Namespace.subscription_lag` does); otherwise it is
+estimated from counts as if the segment's records were spread evenly over its entries (the status
+page, which polls and should not read entries for it). Bytes of a partly read segment are its
+bytes times the share of its records not read yet. A subscription whose segment was truncated lags
+by every live record. `lag_known` is false when some segment's records could not be counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
+from dlog.offsets import Offset
+from dlog.segments.codec import RecordSetCodec
+from dlog.segments.metadata import Segment, StreamConfig
+from dlog.segments.store import StreamNotFoundError, StreamStore
+
+if TYPE_CHECKING:
+    from bookkeeper.meta.zk import AsyncZooKeeper
+    from dlog.namespace import Namespace
+
+NAMESPACE_ROOT_DEFAULT = "/dlog"
+LEDGER_CHECKS_IN_FLIGHT_MAX = 64  # ledger metadata reads at once when looking for damage
+
+
+# ------------------------------------------------------------------------------ segments
+
+
+async def segment_summaries(ns: Namespace, config: StreamConfig, segments: list[Segment]) -> list[dict[str, Any]]:
+    """One JSON-ready dict per segment, in order (see the module doc for what is counted how)."""
+    missing = await _missing_ledgers(ns, [s.ledger_id for s in segments if not s.is_truncated])
+    return [await _summary(ns, config, segment, segment.ledger_id in missing) for segment in segments]
+
+
+async def _missing_ledgers(ns: Namespace, ledger_ids: list[int]) -> set[int]:
+    limit = asyncio.Semaphore(LEDGER_CHECKS_IN_FLIGHT_MAX)
+
+    async def missing(ledger_id: int) -> bool:
+        async with limit:
+            try:
+                await ns.client.ledger_metadata(ledger_id)
+            except NoSuchLedgerError:
+                return True
+            return False
+
+    found = await asyncio.gather(*(missing(ledger_id) for ledger_id in ledger_ids))
+    return {ledger_id for ledger_id, gone in zip(ledger_ids, found) if gone}
+
+
+async def _summary(ns: Namespace, config: StreamConfig, segment: Segment, ledger_missing: bool) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "sequence": segment.sequence, "ledger": segment.ledger_id, "state": segment.state.value,
+        "first_entry": segment.first_entry, "last_entry": segment.last_entry, "records": segment.records,
+        "bytes": segment.bytes, "bytes_estimated": False, "first_timestamp_ms": segment.first_timestamp_ms,
+        "last_timestamp_ms": segment.last_timestamp_ms, "min_active_entry": segment.min_active_entry,
+        "min_active_slot": segment.min_active_slot,
+        "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}",
+        "damaged": None, "note": None}
+    if ledger_missing:
+        item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
+    elif segment.is_in_progress:
+        await _count_tail(ns, config, segment, item)
+    return item
+
+
+async def _count_tail(ns: Namespace, config: StreamConfig, segment: Segment, item: dict[str, Any]) -> None:
+    try:
+        handle = await ns.open_segment_ledger(config, segment)
+        lac = handle.last_add_confirmed
+        item["last_entry"] = lac
+        if lac < segment.first_entry:
+            item["records"], item["bytes"] = 0, 0
+            return
+        entry = (await handle.read(lac, lac))[0]
+    except NoSuchLedgerError:
+        item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
+        return
+    except DlogError as exc:  # unreachable bookies: the count is unknown, not zero
+        item["records"] = item["bytes"] = None
+        item["note"] = f"records unknown: {exc}"
+        return
+    header = RecordSetCodec(ns.schema_of(config)).peek_header(entry.payload)
+    records = header.next_record_index
+    item["records"] = records
+    item["bytes"] = round(len(entry.payload) / header.record_count * records) if header.record_count else 0
+    item["bytes_estimated"] = True
+    item["last_timestamp_ms"] = header.max_timestamp_ms
+
+
+def live(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in segments if s["state"] != "truncated"]
+
+
+def first_offset(segments: list[dict[str, Any]]) -> str | None:
+    """The earliest readable record's offset (None when no live segment holds a record)."""
+    for item in segments:
+        if item["state"] != "truncated" and not item["damaged"] and item["records"] != 0:
+            entry = max(item["first_entry"], item["min_active_entry"])
+            return f"{item['ledger']}:{entry}:{item['min_active_slot']}"
+    return None
+
+
+async def last_offset(ns: Namespace, config: StreamConfig, segments: list[Segment],
+                      summaries: list[dict[str, Any]]) -> str | None:
+    """The last record's offset: one read of the last entry's header (None if none or unreadable)."""
+    for segment, item in reversed(list(zip(segments, summaries))):
+        if item["state"] == "truncated" or item["damaged"] or not item["records"] or item["last_entry"] is None:
+            continue
+        entry_id = item["last_entry"]
+        try:
+            handle = await ns.open_segment_ledger(config, segment)
+            entry = (await handle.read(entry_id, entry_id))[0]
+        except DlogError:
+            return None
+        header = RecordSetCodec(ns.schema_of(config)).peek_header(entry.payload)
+        return str(Offset(segment.ledger_id, entry_id, max(0, header.record_count - 1)))
+    return None
+
+
+# ------------------------------------------------------------------------------ lag (pure)
+
+
+def _entries(segment: Mapping[str, Any]) -> int | None:
+    if segment["last_entry"] is None:
+        return None
+    return max(0, segment["last_entry"] - segment["first_entry"] + 1)
+
+
+def subscription_lag(segments: list[Mapping[str, Any]], offset: Mapping[str, int],
+                     consumed_in_segment: int | None = None) -> dict[str, Any]:
+    """Records and bytes after `offset` and where it sits (`position`: the share of its segment
+    read). `consumed_in_segment` is the index of the offset's record within its segment, when the
+    caller read it; else it is estimated (see the module doc)."""
+    index = next((i for i, s in enumerate(segments) if s["ledger"] == offset["ledger"]), None)
+    alive = [s for s in segments if s["state"] != "truncated"]
+    if index is None or segments[index]["state"] == "truncated":
+        return {"segment": None if index is None else segments[index]["sequence"], "position": None,
+                "lag_records": sum(s["records"] or 0 for s in alive),
+                "lag_bytes": sum(s.get("bytes") or 0 for s in alive),
+                "lag_known": all(s["records"] is not None for s in alive),
+                "note": "behind the truncation point"}
+    segment, later = segments[index], [s for s in segments[index + 1:] if s["state"] != "truncated"]
+    records, entries = segment["records"], _entries(segment)
+    position, remaining = 0.0, records or 0
+    if records is not None and consumed_in_segment is not None:
+        remaining = max(0, min(records, records - consumed_in_segment))
+        position = (records - remaining) / records if records else 1.0
+    elif records is not None and entries:
+        entries_before = min(max(offset["entry"] - segment["first_entry"], 0), entries)
+        slot = offset.get("slot", 0) if entries_before < entries else 0
+        remaining = max(0, min(records, records - round(records * entries_before / entries) - slot))
+        position = (records - remaining) / records if records else entries_before / entries
+    segment_bytes = segment.get("bytes") or 0
+    rest_bytes = round(segment_bytes * remaining / records) if records else 0
+    return {"segment": segment["sequence"], "position": position,
+            "lag_records": remaining + sum(s["records"] or 0 for s in later),
+            "lag_bytes": rest_bytes + sum(s.get("bytes") or 0 for s in later),
+            "lag_known": all(s["records"] is not None for s in [segment, *later]), "note": None}
+
+
+# ------------------------------------------------------------------------------ lag (read)
+
+
+async def lag_of(ns: Namespace, config: StreamConfig, segments: list[Segment], summaries: list[dict[str, Any]],
+                 offset: Offset) -> dict[str, Any]:
+    """`subscription_lag` made exact by reading the header of the committed offset's entry."""
+    consumed = None
+    segment = next((s for s in segments if s.ledger_id == offset.ledger_id), None)
+    summary = next((s for s in summaries if s["ledger"] == offset.ledger_id), None)
+    if segment is not None and summary is not None and not segment.is_truncated and not summary["damaged"]:
+        consumed = await _consumed_in_segment(ns, config, segment, summary, offset)
+    result = subscription_lag(summaries, offset.to_json(), consumed)
+    return {"offset": str(offset), **result}
+
+
+async def _consumed_in_segment(ns: Namespace, config: StreamConfig, segment: Segment, summary: dict[str, Any],
+                               offset: Offset) -> int | None:
+    last_entry = summary["last_entry"]
+    if last_entry is None or summary["records"] is None:
+        return None
+    if offset.entry_id > last_entry:
+        return summary["records"]  # read everything
+    try:
+        handle = await ns.open_segment_ledger(config, segment)
+        entry = (await handle.read(offset.entry_id, offset.entry_id))[0]
+    except DlogError:
+        return None  # estimated instead
+    return RecordSetCodec(ns.schema_of(config)).peek_header(entry.payload).first_record_index + offset.slot
+
+
+# ------------------------------------------------------------------------------ ledger owners
+
+
+class LedgerInUseError(DlogError):
+    """An operation below the stream layer would break a stream: its ledger is a live segment."""
+
+    code = 402
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentOfLedger:
+    namespace: str
+    stream: str
+    segment: Segment
+
+    def __str__(self) -> str:
+        return (f"segment {self.segment.sequence} ({self.segment.state.value}) of stream {self.stream!r} "
+                f"in namespace {self.namespace!r}")
+
+
+async def segment_of_ledger(zk: AsyncZooKeeper, ledger_id: int, custom: Mapping[str, str],
+                            namespace_root: str = NAMESPACE_ROOT_DEFAULT) -> SegmentOfLedger | None:
+    """The live segment this ledger is, if its metadata names a stream (`custom` stream and
+    namespace, which stream writers and the Spark sink set) and that stream's segment list agrees."""
+    stream, namespace = custom.get("stream"), custom.get("namespace")
+    if not stream or not namespace:
+        return None
+    try:
+        listing = await StreamStore(zk, f"{namespace_root}/{namespace}").segments(stream)
+    except (StreamNotFoundError, ConfigError):
+        return None
+    segment = listing.by_ledger(ledger_id)
+    if segment is None or segment.is_truncated:
+        return None
+    return SegmentOfLedger(namespace, stream, segment)
