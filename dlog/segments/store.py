@@ -4,7 +4,8 @@
     /dlog/<namespace>/streams/<node>/segments                {"max_sequence": n}; its version is the
                                                              compare-and-set token of the whole list
     /dlog/<namespace>/streams/<node>/segments/<18-digit seq> one segment (JSON)
-    /dlog/<namespace>/streams/<node>/lock/writer-<seq>       ephemeral-sequential writer lock
+    /dlog/<namespace>/streams/<node>/lock/writer-<seq>       ephemeral-sequential writer lock; its data
+                                                             is its holder: {"host", "pid", "started_ms"}
     /dlog/<namespace>/streams/<node>/subscribers/<name>      committed offset (JSON)
     /dlog/<namespace>/streams/<node>/sink/<sink id>          last committed Spark batch id
 
@@ -17,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import time
 from collections.abc import Sequence
-from typing import Callable
+from typing import Any, Callable
 
 from bookkeeper.errors import (
     ConfigError,
@@ -42,6 +46,11 @@ class StreamNotFoundError(DlogError):
 
 class StreamExistsError(DlogError):
     code = 311
+
+
+def lock_holder_description() -> dict[str, Any]:
+    """What a writer-lock node says about its holder: this host and process, and since when."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started_ms": int(time.time() * 1000)}
 
 
 class SegmentList:
@@ -168,11 +177,13 @@ class StreamStore:
 
     # ------------------------------------------------------------------ writer lock
 
-    async def lock(self, name: str, timeout_s: float) -> str | None:
+    async def lock(self, name: str, timeout_s: float, holder: dict[str, Any] | None = None) -> str | None:
         """Take the writer lock: our ephemeral node must be the lowest. Returns its path, or None
-        after `timeout_s` (the node is removed again)."""
+        after `timeout_s` (the node is removed again). The node holds a small JSON description of
+        its holder (`holder`, by default this host and process), so a waiter can say who it waits for."""
         base = self.lock_path(name)
-        ours = await self.zk.create(f"{base}/writer-", b"", ephemeral=True, sequence=True)
+        description = json.dumps(holder if holder is not None else lock_holder_description()).encode()
+        ours = await self.zk.create(f"{base}/writer-", description, ephemeral=True, sequence=True)
         our_name = ours.rsplit("/", 1)[1]
         changed = asyncio.Event()
         unwatch = self.zk.watch_children(base, lambda children: changed.set())
@@ -193,6 +204,25 @@ class StreamStore:
                     pass
         finally:
             unwatch()
+
+    async def lock_holder(self, name: str) -> dict[str, Any] | None:
+        """Who holds the writer lock now: its description (host, pid, started_ms; {} when its node
+        holds none), or None when the lock is free."""
+        base = self.lock_path(name)
+        try:
+            children = sorted(await self.zk.children(base))
+        except MetadataNotFoundError as exc:
+            raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
+        for child in children:  # the lowest node holds the lock; it may go away as we look
+            found = await self.zk.get_or_none(f"{base}/{child}")
+            if found is None:
+                continue
+            try:
+                description = json.loads(found[0]) if found[0] else {}
+            except ValueError:
+                description = {}
+            return description if isinstance(description, dict) else {}
+        return None
 
     async def unlock(self, lock_node: str) -> None:
         try:

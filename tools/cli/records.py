@@ -17,49 +17,56 @@ import click
 
 from bookkeeper.errors import ConfigError
 from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
-from tools.units import format_size, plural
-
-
-def _parse_jsonl(line: str, number: int) -> tuple[bytes, bytes | None, int | None]:
-    try:
-        item = json.loads(line)
-    except ValueError as exc:
-        raise ConfigError(f"line {number} is not JSON ({exc}); with --format jsonl write objects like "
-                          '{"key": "k", "value": "v", "timestamp": 1700000000000}') from exc
-    if not isinstance(item, dict) or "value" not in item:
-        raise ConfigError(f'line {number} needs a "value" field, e.g. {{"value": "hello"}}')
-    key = item.get("key")
-    timestamp = item.get("timestamp")
-    if timestamp is not None and not isinstance(timestamp, int):
-        raise ConfigError(f"line {number}: timestamp must be integer milliseconds, got {timestamp!r}")
-    return (str(item["value"]).encode(), None if key is None else str(key).encode(), timestamp)
+from tools.units import format_size, format_time_ms, plural
 
 
 @click.command("write")
 @click.argument("name")
-@click.option("--format", "input_format", type=click.Choice(["lines", "jsonl"]), default="lines",
-              show_default=True, help="lines: one value per line; jsonl: key/value/timestamp objects")
+@click.option("--format", "input_format", type=click.Choice(["lines", "raw", "base64", "jsonl"]),
+              default="lines", show_default=True,
+              help="lines: a value per line (any bytes); raw: all of stdin is one value; base64: a "
+                   "base64 value per line; jsonl: {\"key\", \"value\", \"timestamp\"} objects")
+@click.option("--key-separator", default=None,
+              help="with lines or base64: split each line at the first SEP into key and value")
+@click.option("--takeover", is_flag=True, help="fence the stream's current writer and take over")
 @cluster_options
 @json_option
 @fails_cleanly
-def write_command(name: str, input_format: str, cluster: tuple[str, str, str], as_json: bool) -> None:
-    """Write records from standard input, one per line."""
-    lines = [line.rstrip("\n") for line in sys.stdin]
-    records = [(_parse_jsonl(line, number + 1) if input_format == "jsonl" else (line.encode(), None, None))
-               for number, line in enumerate(lines) if line]
+def write_command(name: str, input_format: str, key_separator: str | None, takeover: bool,
+                  cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Write records from standard input as they arrive, through one writer for the whole run.
 
-    async def action(ns: Any) -> list[Any]:
-        async with ns.open_writer(name) as writer:
-            futures = []
-            for value, key, timestamp in records:
-                await writer.wait_writable()
-                futures.append(writer.write_nowait(value, key, timestamp))
-            return list(await asyncio.gather(*futures))
+    Each line is written when it arrives (`tail -f app.log | dlog write logs` works); records that
+    arrive together go in one entry, and whatever is written is durable before the next wait for
+    input. Ctrl-C ends the run after flushing. In jsonl, a string value is stored as its text and
+    any other JSON value as JSON text; a null value is refused. Empty lines are skipped."""
+    from dlog.names import check_stream_name
+    from tools.console import Produced, RecordParser, produce, stdin_chunks
 
-    offsets = run_namespace(cluster, action) if records else []
-    result = {"count": len(offsets), "first": str(offsets[0]) if offsets else None,
-              "last": str(offsets[-1]) if offsets else None}
-    click.echo(json.dumps(result) if as_json else f"wrote {len(offsets)} records to {name}")
+    check_stream_name(name)
+    parser = RecordParser(input_format, key_separator)
+    produced = Produced()
+
+    def on_lock_wait(holder: dict[str, Any] | None) -> None:
+        click.echo(f"dlog: waiting for the writer lock of stream {name!r}, held by {_holder_text(holder)}; "
+                   "pass --takeover to fence that writer and take over", err=True)
+
+    try:
+        run_namespace(cluster, lambda ns: produce(ns, name, stdin_chunks(sys.stdin.fileno()), parser,
+                                                  takeover=takeover, on_lock_wait=on_lock_wait,
+                                                  produced=produced))
+    except KeyboardInterrupt:
+        pass  # Ctrl-C ends a console producer; the writer was closed (flushed) on the way out
+    result = produced.to_json()
+    offsets = f" ({result['first']} .. {result['last']})" if result["count"] else ""
+    click.echo(json.dumps(result) if as_json else f"wrote {plural(result['count'], 'record')} to {name}{offsets}")
+
+
+def _holder_text(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "a writer that does not say who it is"
+    since = format_time_ms(holder.get("started_ms"), "seconds")
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {since}"
 
 
 def _record_json(record: Any) -> dict[str, Any]:

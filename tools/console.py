@@ -1,0 +1,278 @@
+"""The console producer behind `dlog write`: records from standard input as they arrive.
+
+Theory of operation. A daemon thread reads standard input in chunks (whatever `read` returns: what
+is available now, up to CHUNK_BYTES) and hands them to the event loop; at most CHUNKS_AHEAD_MAX
+chunks wait there, so a fast producer on the other end of the pipe is held back rather than
+buffered without limit. A `RecordParser` turns chunks into records by `--format` (it keeps a
+partial last line until the rest arrives). Every record goes to ONE writer, opened on the first
+record and closed at the end, so a run is one segment however long it lasts (unless the stream's
+roll policy says otherwise). Whenever no further chunk is waiting, which is to say standard input
+has nothing more right now, the writer is flushed: `tail -f app.log | dlog write s` makes each
+line durable as it comes, and a big file piped in still goes in large entries.
+
+Formats. `lines`: one record per line, as bytes (any encoding, no decoding); `raw`: all of
+standard input is one record; `base64`: one base64-encoded value per line; `jsonl`: one JSON
+object per line with `value` and optional `key` and `timestamp` (ms). In `jsonl` a string value
+is stored as its UTF-8 text and any other JSON value (object, array, number, boolean) as its
+compact JSON text, so `{"value": {"a": 1}}` stores `{"a":1}`; a `null` value is refused (a dlog
+record always has a value: write the string "null" for the text). Empty lines are skipped in every
+line format. With `--key-separator`, `lines` and `base64` split each line at the first separator
+into key and value (both base64 in `base64`); a line without it has no key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from bookkeeper.errors import ConfigError, DlogError
+from tools.units import plural
+
+CHUNK_BYTES = 64 * 1024
+CHUNKS_AHEAD_MAX = 16  # read from stdin but not yet parsed: at most 1 MiB
+RECORD_BYTES_MAX = 2 * 2**20  # below the writer's 3 MiB entry limit, with room for the key
+LOCK_NOTICE_AFTER_S = 1.0  # say who holds the writer lock once opening took this long
+TAKEOVER_LOCK_WAIT_S = 1.0  # --takeover: how long a free lock is waited for before fencing
+FORMATS = ("lines", "raw", "base64", "jsonl")
+
+Record = tuple[bytes, "bytes | None", "int | None"]  # value, key, timestamp_ms
+
+
+# ------------------------------------------------------------------------------ parsing (pure)
+
+
+class BadInputError(ConfigError):
+    """A line of standard input is not what `--format` says it should be."""
+
+    code = 403
+
+
+class RecordParser:
+    """Chunks of standard input in, records out; `finish()` at end of input. Bad input raises
+    BadInputError naming the line."""
+
+    def __init__(self, input_format: str, key_separator: str | None = None) -> None:
+        if input_format not in FORMATS:
+            raise ConfigError(f"bad format {input_format!r}: use one of {', '.join(FORMATS)}")
+        if key_separator is not None and input_format not in ("lines", "base64"):
+            raise ConfigError(f"--key-separator works with --format lines or base64, not {input_format} "
+                              + ("(a jsonl line has its own \"key\")" if input_format == "jsonl" else
+                                 "(raw input is one value)"))
+        if key_separator == "":
+            raise ConfigError("--key-separator is empty: give the text between key and value, e.g. ':'")
+        self.input_format = input_format
+        self.separator = key_separator.encode() if key_separator is not None else None
+        self.line_number = 0
+        self._pending = bytearray()
+
+    def feed(self, chunk: bytes) -> Iterator[Record]:
+        self._pending += chunk
+        if self.input_format == "raw":
+            self._check_size(len(self._pending), "standard input")
+            return
+        *lines, rest = bytes(self._pending).split(b"\n")
+        self._pending = bytearray(rest)
+        for line in lines:
+            yield from self._line(line)
+        self._check_size(len(self._pending), f"line {self.line_number + 1}")
+
+    def finish(self) -> Iterator[Record]:
+        pending, self._pending = bytes(self._pending), bytearray()
+        if self.input_format == "raw":
+            if pending:
+                yield pending, None, None
+            return
+        if pending:
+            yield from self._line(pending)
+
+    def _line(self, line: bytes) -> Iterator[Record]:
+        self.line_number += 1
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not line:
+            return
+        self._check_size(len(line), f"line {self.line_number}")
+        if self.input_format == "jsonl":
+            yield self._json_record(line)
+            return
+        key, value = None, line
+        if self.separator is not None and self.separator in line:
+            key, _, value = line.partition(self.separator)
+        if self.input_format == "base64":
+            key = None if key is None else self._unbase64(key, "key")
+            value = self._unbase64(value, "value")
+        yield value, key, None
+
+    def _unbase64(self, text: bytes, what: str) -> bytes:
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise BadInputError(f"line {self.line_number}: the {what} is not base64 ({exc}); with --format "
+                              "base64 write one base64 value per line, e.g. aGVsbG8=") from exc
+
+    def _json_record(self, line: bytes) -> Record:
+        number = self.line_number
+        example = '{"key": "k", "value": {"a": 1}, "timestamp": 1700000000000}'
+        try:
+            item = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise BadInputError(f"line {number} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                              "JSON must be UTF-8 (use --format lines or base64 for binary values)") from exc
+        except ValueError as exc:
+            raise BadInputError(f"line {number} is not JSON ({exc}); with --format jsonl write objects like "
+                              f"{example}") from exc
+        if not isinstance(item, dict) or "value" not in item:
+            raise BadInputError(f'line {number} needs a "value" field, e.g. {example}')
+        unknown = sorted(set(item) - {"key", "value", "timestamp"})
+        if unknown:
+            raise BadInputError(f"line {number} has unknown field {', '.join(map(repr, unknown))}: "
+                              'known are "key", "value" and "timestamp"')
+        if item["value"] is None:
+            raise BadInputError(f'line {number}: "value" is null, and a record always has a value '
+                              '(write "null" as a string to store the text null)')
+        timestamp = item.get("timestamp")
+        if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool)
+                                      or timestamp < 0):
+            raise BadInputError(f"line {number}: timestamp must be whole milliseconds since the epoch "
+                              f"(>= 0), got {timestamp!r}")
+        key = item.get("key")
+        return json_text(item["value"]), None if key is None else json_text(key), timestamp
+
+    def _check_size(self, size_bytes: int, what: str) -> None:
+        if size_bytes > RECORD_BYTES_MAX:
+            raise BadInputError(f"{what} is over {RECORD_BYTES_MAX // 2**20} MiB; a record holds at most "
+                              f"{RECORD_BYTES_MAX:,} bytes")
+
+
+def json_text(value: Any) -> bytes:
+    """A string as its UTF-8 text, any other JSON value as its compact JSON text."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+# ------------------------------------------------------------------------------ standard input
+
+
+async def stdin_chunks(descriptor: int) -> AsyncIterator[tuple[bytes, bool]]:
+    """(chunk, more_waiting) as standard input delivers them; `more_waiting` is false when no further
+    chunk has been read yet, i.e. the input has nothing more right now."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+    room = threading.BoundedSemaphore(CHUNKS_AHEAD_MAX)
+
+    def read_all() -> None:
+        while True:
+            room.acquire()
+            try:
+                chunk = os.read(descriptor, CHUNK_BYTES)
+            except OSError as exc:
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                return
+            loop.call_soon_threadsafe(queue.put_nowait, chunk)
+            if not chunk:
+                return
+
+    # a daemon: a read blocked on a terminal must not keep the process alive after Ctrl-C
+    threading.Thread(target=read_all, name="dlog-stdin", daemon=True).start()
+    while True:
+        item = await queue.get()
+        room.release()
+        if isinstance(item, BaseException):
+            raise DlogError(f"cannot read standard input: {item}")
+        if not item:
+            return
+        yield item, not queue.empty()
+
+
+# ------------------------------------------------------------------------------ producing
+
+
+@dataclass
+class Produced:
+    """What a run wrote so far: a count and the first and last offsets, whatever its length."""
+
+    count: int = 0
+    first: Any = None
+    last: Any = None
+    error: BaseException | None = None
+    _first_future: Any = field(default=None, repr=False)
+    _last_future: Any = field(default=None, repr=False)
+
+    def track(self, future: asyncio.Future[Any]) -> None:
+        if self._first_future is None:
+            self._first_future = future
+        self._last_future = future
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self.error = self.error or future.exception() or DlogError("a write was cancelled")
+            return
+        self.count += 1
+        if future is self._first_future:
+            self.first = future.result()
+        if future is self._last_future:
+            self.last = future.result()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "first": None if self.first is None else str(self.first),
+                "last": None if self.last is None else str(self.last)}
+
+
+async def produce(ns: Any, name: str, chunks: AsyncIterator[tuple[bytes, bool]], parser: RecordParser, *,
+                  takeover: bool = False, on_lock_wait: Callable[[dict[str, Any] | None], None] | None = None,
+                  produced: Produced | None = None) -> Produced:
+    """Write every record from `chunks` through one writer; flush whenever the input pauses."""
+    produced = produced if produced is not None else Produced()
+    writer = None
+    try:
+        async for chunk, more_waiting in chunks:
+            for value, key, timestamp in parser.feed(chunk):
+                if writer is None:
+                    writer = await open_writer(ns, name, takeover, on_lock_wait)
+                await writer.wait_writable()
+                produced.track(writer.write_nowait(value, key, timestamp))
+            if not more_waiting and writer is not None:
+                await writer.flush()
+        for value, key, timestamp in parser.finish():
+            if writer is None:
+                writer = await open_writer(ns, name, takeover, on_lock_wait)
+            await writer.wait_writable()
+            produced.track(writer.write_nowait(value, key, timestamp))
+    except BadInputError as exc:  # what came before the bad line is written, and the message says so
+        if writer is not None:
+            await writer.close()
+            writer = None
+        raise BadInputError(f"{exc} ({plural(produced.count, 'record')} before it "
+                            f"{'was' if produced.count == 1 else 'were'} written to {name})") from exc
+    finally:
+        if writer is not None:
+            await writer.close()
+    if produced.error is not None:
+        raise produced.error
+    return produced
+
+
+async def open_writer(ns: Any, name: str, takeover: bool,
+                      on_lock_wait: Callable[[dict[str, Any] | None], None] | None) -> Any:
+    """Open the stream's writer; if that takes a while (another writer holds the lock), tell
+    `on_lock_wait` who holds it, once, and keep waiting."""
+    # with --takeover there is no point in first waiting the writer's whole lock timeout
+    options = {"takeover": True, "lock_timeout_s": TAKEOVER_LOCK_WAIT_S} if takeover else {}
+    opening = asyncio.ensure_future(ns.open_writer(name, **options))
+    try:
+        done, _ = await asyncio.wait({opening}, timeout=LOCK_NOTICE_AFTER_S)
+        if not done and on_lock_wait is not None:
+            on_lock_wait(await ns.store.lock_holder(name))
+        return await opening
+    except BaseException:
+        opening.cancel()
+        raise
