@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,6 +33,7 @@ from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 from kazoo.retry import KazooRetry
 
 from bookkeeper.errors import (
+    ConfigError,
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
@@ -109,6 +111,60 @@ def _first_multi_failure(results: list[Any]) -> BaseException | None:
     return None
 
 
+# ---------------------------------------------------------------------------------- addresses
+
+ZK_PORT_DEFAULT = 2181
+PROBE_TIMEOUT_S = 2.0
+_ADDRESS_RULE = "write host:port[,host:port...], e.g. 127.0.0.1:2181 (pass --zk HOST:PORT or set DLOG_ZK)"
+
+
+def parse_hosts(hosts: str) -> list[tuple[str, int]]:
+    """(host, port) of each server of a connect string `host[:port][,host[:port]...][/chroot]`;
+    ConfigError naming what is wrong (kazoo would raise a bare ValueError, or fail much later)."""
+    if not isinstance(hosts, str) or not hosts.strip():
+        raise ConfigError(f"the ZooKeeper address is empty; {_ADDRESS_RULE}")
+    servers = []
+    for part in hosts.strip().split("/", 1)[0].split(","):
+        part = part.strip()
+        host, port_text = part, ""
+        if part.startswith("["):  # [IPv6]:port
+            host, _, rest = part[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else rest
+        elif part.count(":") == 1:
+            host, port_text = part.split(":")
+        if not host:
+            raise ConfigError(f"bad ZooKeeper address {hosts!r}: {part!r} has no host; {_ADDRESS_RULE}")
+        if port_text and not (port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535):
+            raise ConfigError(f"bad ZooKeeper address {hosts!r}: port {port_text!r} is not a number in "
+                              f"1..65535; {_ADDRESS_RULE}")
+        servers.append((host, int(port_text) if port_text else ZK_PORT_DEFAULT))
+    return servers
+
+
+async def refuse_unreachable(hosts: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """MetadataError at once when no server of `hosts` accepts a TCP connection (refused, or a name
+    that does not resolve), instead of after the whole session timeout. A server that does not
+    answer within `timeout_s` is left to the session's own wait."""
+    servers = parse_hosts(hosts)
+
+    async def probe(host: str, port: int) -> str | None:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        except socket.gaierror as exc:
+            return f"cannot resolve host {host!r} ({exc.strerror})"
+        except OSError as exc:
+            return f"{host}:{port} {'refused the connection' if isinstance(exc, ConnectionRefusedError) else exc.strerror}"
+        writer.close()
+        return None
+
+    failures = await asyncio.gather(*(probe(host, port) for host, port in servers))
+    if all(failures):
+        raise MetadataError(f"cannot reach ZooKeeper at {hosts}: {'; '.join(f for f in failures if f)}; "
+                            "is it running there? (pass --zk HOST:PORT or set DLOG_ZK)")
+
+
 # ---------------------------------------------------------------------------------- the client
 
 
@@ -117,6 +173,7 @@ class AsyncZooKeeper:
 
     def __init__(self, hosts: str, *, timeout_s: float = 10.0, session_timeout_s: float = 10.0,
                  auth: list[tuple[str, str]] | None = None, default_acl: list[Any] | None = None) -> None:
+        parse_hosts(hosts)  # a bad address is one clear error now, not kazoo's ValueError
         self.hosts = hosts
         self.timeout_s = timeout_s
         self.session_timeout_s = session_timeout_s

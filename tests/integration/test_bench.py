@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -154,6 +155,22 @@ def test_bench_compare_runs_the_same_workload_on_dlog_and_redis():
         dlog = runs["dlog", "dlog (Python)", ratio["run"]]["records_per_s"]
         peer = runs["redis", ratio["redis_client"], ratio["run"]]["records_per_s"]
         assert ratio["dlog_over_redis"] == round(dlog / peer, 2)
+
+
+@pytest.mark.skipif(not HAS_REDIS, reason=NO_REDIS)
+def test_bench_compare_of_a_run_too_short_to_time_reports_no_figure_instead_of_a_traceback(tmp_path: Path):
+    # redis-benchmark reports an infinite rate for a run too short to time (seen with --records 100)
+    fake = tmp_path / "redis-benchmark"
+    fake.write_text("#!/bin/sh\necho '\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\","
+                    "\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"'\n"
+                    "echo '\"XADD\",\"inf\",\"0.0\",\"0.0\",\"0.0\",\"0.0\",\"0.0\",\"0.0\"'\n")
+    fake.chmod(0o755)
+    result = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "compare", "--records", "100", "--json"],
+                            capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    untimed = [run for run in json.loads(result.stdout)["runs"] if run["client"] == "redis-benchmark (C)"]
+    assert len(untimed) == 2 and all(run["records_per_s"] is None and "too short" in run["note"] for run in untimed)
 
 
 def test_bench_compare_without_the_redis_client_names_the_script_to_run():

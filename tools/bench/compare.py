@@ -4,6 +4,7 @@ redis-server, `appendonly yes`, `appendfsync always`), as ratios dlog / Redis.""
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +28,7 @@ from tools.cluster import LocalCluster, die_with_parent, free_port
 
 ENSURE_REDIS = "scripts/ensure-redis.sh"
 REDIS_READ_COUNT = 10_000  # entries per XREAD, as dlog reads ranges of entries
+REDIS_READ_REQUESTS_MIN = 100  # repeats of the C client's XRANGE, so that even a small run is timed
 
 
 def _check_redis() -> str:
@@ -145,15 +147,17 @@ async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_rec
              "as": f"XREAD COUNT {REDIS_READ_COUNT}"}]
 
 
-def _redis_benchmark(tool: str, port: int, arguments: list[str]) -> float:
-    """Requests per second that redis-benchmark reports (its --csv line for the one test)."""
+def _redis_benchmark(tool: str, port: int, arguments: list[str]) -> float | None:
+    """Requests per second that redis-benchmark reports (its --csv line for the one test); None when
+    the run was too short to time (it then reports an infinite rate)."""
     result = subprocess.run([tool, "-h", "127.0.0.1", "-p", str(port), "--csv", *arguments],
                             capture_output=True, text=True, timeout=600)
     lines = [line for line in result.stdout.splitlines() if line and not line.startswith('"test"')]
     if result.returncode != 0 or not lines:
         raise DlogError(f"redis-benchmark failed ({result.returncode}): {result.stderr[-500:]}")
     # the test name echoes the command, quotes and commas included: count the 7 figures from the end
-    return float(lines[-1].rstrip('"').split('","')[-7])
+    rate = float(lines[-1].rstrip('"').split('","')[-7])
+    return rate if math.isfinite(rate) and rate > 0 else None
 
 
 def _redis_c_client_runs(port: int, value: bytes, records: int, batch_records: int,
@@ -166,17 +170,24 @@ def _redis_c_client_runs(port: int, value: bytes, records: int, batch_records: i
         return []
     write_per_s = _redis_benchmark(tool, port, ["-P", str(batch_records), "-c", str(in_flight),
                                                 "-n", str(records), "XADD", "events-c", "*", "v", value.decode()])
-    requests = max(1, records // REDIS_READ_COUNT)
+    # the same XRANGE repeated: enough repeats to be timed, however few records were written
+    requests = max(REDIS_READ_REQUESTS_MIN, records // REDIS_READ_COUNT)
     per_request = min(records, REDIS_READ_COUNT)
     read_per_s = _redis_benchmark(tool, port, ["-P", "1", "-c", "1", "-n", str(requests),
                                                "XRANGE", "events-c", "-", "+", "COUNT", str(REDIS_READ_COUNT)])
     client = "redis-benchmark (C)"
     return [{"system": "redis", "client": client, "run": "write", "records": records,
-             "records_per_s": round(write_per_s), "mb_per_s": round(write_per_s * len(value) / 1e6, 1)},
+             **_rates(write_per_s, 1, len(value))},
             {"system": "redis", "client": client, "run": "read", "records": requests * per_request,
-             "records_per_s": round(read_per_s * per_request),
-             "mb_per_s": round(read_per_s * per_request * len(value) / 1e6, 1),
-             "as": f"XRANGE - + COUNT {REDIS_READ_COUNT}, repeated"}]
+             **_rates(read_per_s, per_request, len(value)), "as": f"XRANGE - + COUNT {REDIS_READ_COUNT}, repeated"}]
+
+
+def _rates(requests_per_s: float | None, records_per_request: int, value_bytes: int) -> dict[str, Any]:
+    """records/s and MB/s, or None for both (with a note) when redis-benchmark could not time the run."""
+    if requests_per_s is None:
+        return {"records_per_s": None, "mb_per_s": None, "note": "too short to time: use more --records"}
+    records_per_s = requests_per_s * records_per_request
+    return {"records_per_s": round(records_per_s), "mb_per_s": round(records_per_s * value_bytes / 1e6, 1)}
 
 
 async def _dlog_compare_runs(ns: Any, values: list[bytes], batch_records: int,
@@ -211,7 +222,8 @@ def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"run": run["run"], "redis_client": run["client"],
              "dlog_records_per_s": dlog[run["run"]]["records_per_s"],
              "redis_records_per_s": run["records_per_s"],
-             "dlog_over_redis": round(dlog[run["run"]]["records_per_s"] / max(run["records_per_s"], 1), 2)}
+             "dlog_over_redis": None if run["records_per_s"] is None
+             else round(dlog[run["run"]]["records_per_s"] / max(run["records_per_s"], 1), 2)}
             for run in runs if run["system"] == "redis"]
 
 

@@ -32,15 +32,36 @@ def json_option(function: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")(function)
 
 
+# What the library says in Python terms, as the CLI spells it (longest first, so the whole phrase
+# is replaced before its parts).
+CLI_WORDING = (
+    ("open with takeover=True to fence it and take over", "pass --takeover to fence it and take over"),
+    ("reopen with skip_truncated=True to skip them", "pass --skip-truncated to skip them"),
+    ("reopen with skip_truncated=True", "pass --skip-truncated"),
+    ("open with skip_truncated=True", "pass --skip-truncated"),
+    ("takeover=True", "--takeover"),
+    ("skip_truncated=True", "--skip-truncated"),
+    ("exist_ok=True", "--if-not-exists"),
+)
+
+
+def cli_wording(message: str) -> str:
+    """A library message with its Python argument names replaced by the CLI's flags."""
+    for python, flag in CLI_WORDING:
+        message = message.replace(python, flag)
+    return message
+
+
 def fails_cleanly(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a DlogError into one line on stderr and exit status 1."""
+    """Turn a DlogError into one line on stderr (Python argument names translated to flags) and exit
+    status 1."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
         except DlogError as exc:
-            click.echo(f"dlog: {exc}", err=True)
+            click.echo(f"dlog: {cli_wording(str(exc))}", err=True)
             sys.exit(1)
 
     return wrapper
@@ -68,10 +89,11 @@ DURATION = ParsedType("duration", parse_duration_ms)
 
 async def with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
     """Run `action(client)` with a started AsyncZooKeeper client, closed afterwards."""
-    from bookkeeper.meta.zk import AsyncZooKeeper
+    from bookkeeper.meta.zk import AsyncZooKeeper, refuse_unreachable
     from tools.config import zk_timeout_s
 
     client = AsyncZooKeeper(zk, timeout_s=zk_timeout_s())
+    await refuse_unreachable(zk)
     await client.start()
     try:
         return await action(client)
@@ -115,9 +137,11 @@ def print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
 def run_with_client(zk: str, zk_root: str, action: Callable[[Any], Any]) -> Any:
     """Run `action(bookkeeper_client)` on a started BookKeeper client."""
     from bookkeeper.client import BookKeeper
+    from bookkeeper.meta.zk import refuse_unreachable
     from tools.config import client_options, zk_timeout_s
 
     async def go() -> Any:
+        await refuse_unreachable(zk)
         async with BookKeeper(zk=zk, root=zk_root, zk_timeout_s=zk_timeout_s(),
                               **client_options()) as client:
             return await action(client)
@@ -142,12 +166,14 @@ def cluster_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -> Any:
     """Run `action(namespace)` on a started dlog Namespace of `cluster` (zk, zk root, namespace)."""
+    from bookkeeper.meta.zk import refuse_unreachable
     from dlog import Namespace
     from tools.config import client_options, zk_timeout_s
 
     zk, zk_root, namespace = cluster
 
     async def go() -> Any:
+        await refuse_unreachable(zk)
         async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
                              **client_options()) as ns:
             return await action(ns)
