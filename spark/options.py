@@ -25,7 +25,7 @@ SOURCE_OPTIONS = CONNECTION_OPTIONS + (
     "minRecordsPerTrigger", "maxTriggerDelay", "failOnDataLoss", "minPartitions", "subscription",
 )
 BATCH_SOURCE_OPTIONS = SOURCE_OPTIONS + ("endingOffsets",)
-SINK_OPTIONS = CONNECTION_OPTIONS + ("stream", "path", "sinkId", "checkpointLocation")
+SINK_OPTIONS = CONNECTION_OPTIONS + ("stream", "path", "sinkId", "checkpointLocation", "createStream")
 
 ZK_DEFAULT = "127.0.0.1:2181"
 NAMESPACE_DEFAULT = "default"
@@ -71,10 +71,19 @@ class SourceOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamCreation:
+    """How the sink creates its stream when it is missing (`createStream`); the stream gets the
+    defaults of `dlog stream create`."""
+
+    enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class SinkOptions:
     connection: ConnectionOptions
     stream: str
     sink_id: str | None  # None: a batch write, no replay detection
+    creation: StreamCreation = StreamCreation()
 
 
 def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
@@ -118,7 +127,11 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
                               "(its last committed batch id is kept per sink id, which makes replays "
                               "of a batch after a restart write nothing)")
         check_subscription_name(sink_id)
-    return SinkOptions(_connection(values), stream, sink_id)
+    return SinkOptions(_connection(values), stream, sink_id, _stream_creation(values))
+
+
+def _stream_creation(values: Mapping[str, str]) -> StreamCreation:
+    return StreamCreation(enabled=_boolean(values, "createStream", False))
 
 
 def parse_duration_ms(text: str, name: str) -> int:

@@ -31,6 +31,8 @@ from pyspark.sql.datasource import (
 
 from bookkeeper.client.ledger import LedgerHandle
 from bookkeeper.clock import wall_ms
+from bookkeeper.errors import ConfigError
+from dlog.segments.store import StreamNotFoundError
 from dlog.segments.codec import RecordSetCodec, split_batch
 from spark.connection import Connection, connection
 from spark.options import SinkOptions
@@ -56,6 +58,28 @@ class DlogCommitMessage(WriterCommitMessage):
     first_timestamp_ms: int = 0
     last_timestamp_ms: int = 0
     created_ms: int = 0
+
+
+# ------------------------------------------------------------------------------ the stream
+
+
+def prepare_stream(options: SinkOptions) -> None:
+    """The sink's stream must exist when a query or a batch write starts (Spark makes the writer
+    then, and again for each commit): one clear error at once rather than a failed task per
+    partition in the first micro-batch. With `createStream` a missing stream is created."""
+    conn = connection(options.connection)
+    try:
+        conn.call(conn.namespace.config(options.stream))
+        return
+    except StreamNotFoundError:
+        pass  # answered below, outside the except block: Spark then shows one error, not a chain
+    if not options.creation.enabled:
+        raise ConfigError(
+            f"the dlog sink's stream {options.stream!r} does not exist in namespace "
+            f"{options.connection.namespace!r}: create it with `dlog stream create {options.stream}`, "
+            'or set .option("createStream", "true")')
+    conn.call(conn.namespace.create_stream(options.stream, exist_ok=True))
+    log.info("dlog sink: created stream %s", options.stream)
 
 
 # ------------------------------------------------------------------------------ write tasks
@@ -149,6 +173,7 @@ async def _append_all(ledger: LedgerHandle, payloads: list[bytes]) -> None:
 
 class DlogStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
+        prepare_stream(options)
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DlogCommitMessage:
@@ -165,6 +190,7 @@ class DlogStreamWriter(DataSourceStreamArrowWriter):
 
 class DlogBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
+        prepare_stream(options)
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DlogCommitMessage:

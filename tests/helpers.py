@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,3 +114,11 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert result.returncode != 0 and len(lines) == 1 and "Traceback" not in stderr, stderr
     return lines[0]
+
+
+def readme_blocks(language: str) -> list[str]:
+    """The README's fenced code blocks of `language` ("" for plain ones), in order: tests run them
+    as printed, so the README cannot drift from what works."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+            if lang == language]
