@@ -10,6 +10,7 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "make: installing dlog and its dependencies into $(VENV) (a few minutes the first time)"
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
@@ -25,7 +26,8 @@ redis: install
 	@scripts/ensure-redis.sh
 
 demo: install java
-	$(VENV)/bin/python -m tools.demo
+	@echo "make: starting the demo (ZooKeeper, 3 bookies, then Spark)"
+	@$(VENV)/bin/python -m tools.demo
 
 test: install java chromium redis
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -11,13 +11,14 @@ Exit status 0 only when every step's check passed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -58,6 +59,21 @@ def demo_events(count: int) -> list[bytes]:
     return [b'{"n":%d,"user":"u%05d","action":"%s","item":%d,"session":"%012x"}'
             % (index, rng.randrange(10**5), rng.choice(ACTIONS).encode(), rng.randrange(10**6),
                rng.getrandbits(48)) for index in range(count)]
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path) -> Iterator[None]:
+    """Point this process's stderr (descriptor 2) at a file while processes started now inherit it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log_file:
+        os.dup2(log_file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def progress() -> Progress:
@@ -186,11 +202,14 @@ class Demo:
         from pyspark.sql import functions as F
 
         started = time.perf_counter()
-        spark = (SparkSession.builder.master("local[2]").appName("dlog-demo")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-                 .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-                 .getOrCreate())
+        log_path = self.directory / "spark.log"
+        console.print(f"  starting Spark (a JVM: some seconds; its log goes to {log_path})")
+        with stderr_to(log_path):  # the JVM and its Python workers inherit it: no log amid our lines
+            spark = (SparkSession.builder.master("local[2]").appName("dlog-demo")
+                     .config("spark.ui.enabled", "false")
+                     .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+                     .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+                     .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         try:
             options = {"zk": self.cluster.zk_address, "namespace": "demo"}

@@ -198,17 +198,10 @@ class Collector:
     # ------------------------------------------------------------------ bookies
 
     async def _bookies(self) -> list[dict[str, Any]]:
-        from bookkeeper.bookie.registration import list_bookies
+        from bookkeeper.bookie.registration import list_bookies_and_down
 
-        registered = await list_bookies(self._zk, self.options.bookkeeper_root)
-        try:
-            cookies = await self._zk.children(layout.cookies_path(self.options.bookkeeper_root))
-        except MetadataNotFoundError:
-            cookies = []
-        known = {item.get("id") for item in registered}
-        down = [{"id": name, "address": name, "state": "down", "http": None, "rack": None}
-                for name in sorted(cookies) if name not in known]
-        return await asyncio.gather(*(self._bookie(item) for item in [*registered, *down]))
+        bookies = await list_bookies_and_down(self._zk, self.options.bookkeeper_root)
+        return await asyncio.gather(*(self._bookie(item) for item in bookies))
 
     async def _bookie(self, info: dict[str, Any]) -> dict[str, Any]:
         bookie_id = str(info.get("id"))

@@ -154,3 +154,18 @@ async def list_bookies(zk: AsyncZooKeeper, root: str) -> list[dict[str, Any]]:
         if found is not None:
             bookies.append(json.loads(found[0]))
     return bookies
+
+
+async def list_bookies_and_down(zk: AsyncZooKeeper, root: str) -> list[dict[str, Any]]:
+    """Registered bookies (state writable or read_only), then bookies that have a cookie but are not
+    registered: state "down" (stopped, crashed or partitioned away; a decommissioned bookie has no
+    cookie left)."""
+    registered = await list_bookies(zk, root)
+    try:
+        cookies = await zk.children(layout.cookies_path(root))
+    except MetadataNotFoundError:
+        cookies = []
+    known = {item.get("id") for item in registered}
+    down = [{"id": name, "address": name, "state": "down", "http": None, "rack": None}
+            for name in sorted(cookies) if name not in known]
+    return [*registered, *down]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from bookkeeper.client.ledger import LedgerHandle, ReadHandle, RecoveryDriver
 from bookkeeper.client.placement import choose_ensemble
@@ -105,9 +105,17 @@ class BookKeeper:
 
     async def create_ledger(self, ensemble: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
                             password: bytes = b"", digest: DigestType = DigestType.CRC32C,
-                            custom: dict[str, str] | None = None) -> LedgerHandle:
+                            custom: dict[str, str] | None = None,
+                            bookies: Sequence[str] | None = None) -> LedgerHandle:
+        """A new ledger on `ensemble` bookies chosen by placement, or on exactly `bookies` (ids) when
+        given (`dlog cluster check` writes through each bookie that way)."""
         check_quorum(ensemble, write_quorum, ack_quorum)
-        bookies = choose_ensemble(self._bookies.values(), ensemble, self.rng)
+        if bookies is not None:
+            if len(set(bookies)) != ensemble:
+                raise ConfigError(f"an ensemble of {ensemble} needs {ensemble} distinct bookies, got {list(bookies)}")
+            bookies = tuple(bookies)
+        else:
+            bookies = choose_ensemble(self._bookies.values(), ensemble, self.rng)
         metadata = LedgerMetadata(ensemble, write_quorum, ack_quorum, ((0, bookies),),
                                   digest_type=digest, password_hash=password_hash(password),
                                   ctime_ms=int(time.time() * 1000),

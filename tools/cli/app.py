@@ -9,16 +9,14 @@ import click
 
 from tools.cli.bench import bench
 from tools.cli.bookie import bookie
+from tools.cli.health import cluster, ping_command
 from tools.cli.ledger import ledger
-from tools.cli.records import (
-    export_command,
-    read_command,
-    truncate_command,
-    write_command,
-)
+from tools.cli.read import read_command
+from tools.cli.records import export_command, truncate_command, write_command
 from tools.cli.retention import retention
 from tools.cli.standalone import standalone, ui_command
 from tools.cli.stream import stream
+from tools.cli.subscription import subscription
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,6 +28,6 @@ def main() -> None:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 
 
-for command in (bookie, ledger, stream, write_command, read_command, truncate_command, retention,
-                export_command, standalone, ui_command, bench):
+for command in (bookie, ledger, stream, subscription, write_command, read_command, truncate_command,
+                retention, export_command, cluster, ping_command, standalone, ui_command, bench):
     main.add_command(command)

@@ -10,6 +10,9 @@ mode refuses before measuring anything.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,7 +33,11 @@ def print_bench(result: dict[str, Any], as_json: bool) -> None:
     tables = {key: value for key, value in result.items()
               if isinstance(value, list) and value and isinstance(value[0], dict)}
     header = {key: value for key, value in result.items() if key not in tables}
-    click.echo(" ".join(f"{key}={value}" for key, value in header.items()))
+    line = " ".join(f"{key}={value}" for key, value in header.items())
+    if sys.stdout.isatty():  # on a terminal, wrapped at its width; piped, one line for tools
+        line = textwrap.fill(line, shutil.get_terminal_size().columns, break_long_words=False,
+                             break_on_hyphens=False)
+    click.echo(line)
     for key, rows in tables.items():
         if key != "runs":
             click.echo(key)

@@ -22,6 +22,7 @@ from tools.cli.common import (
     with_zk,
     zk_option,
 )
+from tools.units import format_size, format_time_ms
 
 
 @click.group()
@@ -118,15 +119,20 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
 @json_option
 @fails_cleanly
 def bookie_list(zk: str, zk_root: str, as_json: bool) -> None:
-    """List registered bookies with their address, admin URL and state."""
-    from bookkeeper.bookie.registration import list_bookies
+    """List bookies: registered ones (writable or read-only) and down ones (a cookie in ZooKeeper
+    but no registration: stopped, crashed or cut off)."""
+    from bookkeeper.bookie.registration import list_bookies_and_down
 
-    bookies = asyncio.run(with_zk(zk, lambda client: list_bookies(client, zk_root)))
+    bookies = asyncio.run(with_zk(zk, lambda client: list_bookies_and_down(client, zk_root)))
     if as_json:
         for item in bookies:
             click.echo(json.dumps(item, sort_keys=True))
         return
-    print_table(["id", "address", "state", "http", "rack"], bookies)
+    if not bookies:
+        click.echo(f"no bookies under {zk_root}")
+        return
+    print_table(["id", "address", "state", "http", "rack"],
+                [{**item, "state": str(item.get("state")).replace("_", "-")} for item in bookies])
 
 
 @bookie.command("info")
@@ -148,8 +154,29 @@ def bookie_info(bookie_id: str, zk: str, zk_root: str, as_json: bool) -> None:
         details.update(asyncio.run(http_get_json(details["http"] + "/api/v1/bookie/info")))
     if as_json:
         click.echo(json.dumps(details, sort_keys=True))
-    else:
-        for key, value in sorted(details.items()):
-            click.echo(f"{key:22} {value}")
+        return
+    for key, value in sorted(_flattened(details).items()):
+        click.echo(f"{key:22} {_detail_text(key, value)}")
 
 
+def _flattened(details: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested objects as `outer.inner` keys, so every line is `name  value`."""
+    flat: dict[str, Any] = {}
+    for key, value in details.items():
+        if isinstance(value, dict):
+            flat.update(_flattened(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _detail_text(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_bytes") and isinstance(value, int):
+        return format_size(value)
+    if key.endswith("_ms") and isinstance(value, int):
+        return format_time_ms(value)
+    if key.endswith("usage") and isinstance(value, float):
+        return f"{value:.1%}"
+    return str(value)

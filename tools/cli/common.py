@@ -18,6 +18,7 @@ from tools.units import parse_duration_ms, parse_size
 
 DEFAULT_ZK = "127.0.0.1:2181"
 PIPED_TABLE_WIDTH = 240
+NATURAL_WIDTH_MAX = 10_000  # to measure how wide a table would be unconstrained
 
 
 def zk_option(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -123,7 +124,8 @@ def print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
     cells = [["" if row.get(column) is None else str(row.get(column)) for column in columns] for row in rows]
     for row_cells in cells:
         table.add_row(*row_cells)
-    if console.is_terminal and console.measure(table).maximum > console.width:
+    natural_width = console.measure(table, options=console.options.update_width(NATURAL_WIDTH_MAX)).maximum
+    if console.is_terminal and natural_width > console.width:
         width = max(len(column) for column in columns)
         for index, row_cells in enumerate(cells):
             if index:

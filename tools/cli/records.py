@@ -1,4 +1,5 @@
-"""`dlog write`, `dlog read`, `dlog truncate` and `dlog export`: records in and out of a stream.
+"""`dlog write`, `dlog truncate` and `dlog export`: records in and out of a stream (`dlog read` is
+in tools/cli/read.py).
 
 Bad input (names, offsets, sizes, durations) is refused before anything changes, with one line
 saying what was wrong and what would be right.
@@ -6,8 +7,6 @@ saying what was wrong and what would be right.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import click
 
 from bookkeeper.errors import ConfigError
 from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
+from tools.positions import end_of_stream
 from tools.units import format_size, format_time_ms, plural
 
 
@@ -69,53 +69,10 @@ def _holder_text(holder: dict[str, Any] | None) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {since}"
 
 
-def _record_json(record: Any) -> dict[str, Any]:
-    item: dict[str, Any] = {"offset": str(record.offset)}
-    item["key"] = None if record.key is None else record.key.decode(errors="replace")
-    try:
-        item["value"] = record.value.decode()
-    except UnicodeDecodeError:
-        item["value_b64"] = base64.b64encode(record.value).decode()
-    item["timestamp"] = record.timestamp_ms
-    return item
-
-
-@click.command("read")
-@click.argument("name")
-@click.option("--from", "start", default="earliest", show_default=True,
-              help="earliest, latest or an offset L:E[:S]")
-@click.option("--to", "end", default=None, help="stop after this offset L:E[:S]")
-@click.option("--max", "max_records", default=None, type=click.IntRange(1), help="stop after N records")
-@click.option("--follow", is_flag=True, help="keep reading new records until Ctrl-C")
-@click.option("--skip-truncated", is_flag=True, help="start at the earliest record if --from was truncated")
-@cluster_options
-@json_option
-@fails_cleanly
-def read_command(name: str, start: str, end: str | None, max_records: int | None, follow: bool,
-                 skip_truncated: bool, cluster: tuple[str, str, str], as_json: bool) -> None:
-    """Print records: one value per line, or with --json one object per line."""
-    from dlog import Offset
-
-    if start not in ("earliest", "latest"):
-        Offset.parse(start)
-    stop = Offset.parse(end) if end else None
-
-    async def action(ns: Any) -> None:
-        async with ns.open_reader(name, start, follow=follow, skip_truncated=skip_truncated) as reader:
-            count = 0
-            async for record in reader:
-                click.echo(json.dumps(_record_json(record)) if as_json
-                           else record.value.decode(errors="replace"))
-                count += 1
-                if (max_records and count >= max_records) or (stop is not None and record.offset == stop):
-                    return
-
-    run_namespace(cluster, action)
-
-
 @click.command("truncate")
 @click.argument("name")
-@click.option("--before", required=True, help="remove every record strictly below this offset L:E[:S]")
+@click.option("--before", required=True,
+              help="remove every record strictly below this offset L:E[:S], or every record so far: latest")
 @cluster_options
 @json_option
 @fails_cleanly
@@ -123,11 +80,22 @@ def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_j
     """Remove records below an offset (whole segments are deleted)."""
     from dlog import Offset
 
-    offset = Offset.parse(before)
-    removed = run_namespace(cluster, lambda ns: ns.truncate(name, offset))
-    result = {"stream": name, "before": str(offset), "segments_removed": [s.sequence for s in removed]}
+    offset = None if before == "latest" else Offset.parse(before)
+
+    async def action(ns: Any) -> tuple[Any, list[Any]]:
+        target = offset if offset is not None else await end_of_stream(ns, name)
+        if target is None:
+            return None, []
+        return target, await ns.truncate(name, target)
+
+    target, removed = run_namespace(cluster, action)
+    if target is None:
+        click.echo(json.dumps({"stream": name, "before": None, "segments_removed": []}) if as_json
+                   else f"{name} holds no records: nothing to truncate")
+        return
+    result = {"stream": name, "before": str(target), "segments_removed": [s.sequence for s in removed]}
     click.echo(json.dumps(result) if as_json else
-               f"truncated {name} before {offset}: removed {len(removed)} segments")
+               f"truncated {name} before {target}: removed {plural(len(removed), 'segment')}")
 
 
 @click.command("export")

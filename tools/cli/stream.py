@@ -170,7 +170,20 @@ def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_re
         click.echo(json.dumps(after.public_json(), sort_keys=True))
         return
     for key in changes:
-        click.echo(f"{name}: {key} {getattr(before, key)} -> {getattr(after, key)}")
+        click.echo(f"{name}: {key.removesuffix('_ms')} {_setting_text(key, getattr(before, key))} -> "
+                   f"{_setting_text(key, getattr(after, key))}")
+
+
+def _setting_text(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key.startswith("retention") and value == 0:
+        return "off"
+    if key.endswith("_ms"):
+        return format_duration_ms(value)
+    if key.endswith("_bytes"):
+        return format_size(value)
+    return f"{value:,}" if value else "no limit"
 
 
 @stream.command("delete")

@@ -1,0 +1,131 @@
+"""Cluster health from the shell: `dlog cluster check` and `dlog ping`.
+
+`cluster_check` is BookKeeper's `simpletest`/`bookiesanity` for every bookie at once: for each
+registered writable bookie it creates a ledger whose whole ensemble is that bookie (E=1, Qw=1,
+Qa=1), appends a few entries, closes it, reads them back and compares, then deletes the ledger.
+A bookie that failed a write would be replaced by an ensemble change, so the closed ledger's
+ensembles are checked too: the entries must still be on that bookie. Read-only bookies refuse
+writes by design and are only reported; a bookie with a cookie but no registration is down.
+
+`ping` times round trips: ZooKeeper (an `exists` of the root, after the session is up) and each
+registered bookie (GET_BOOKIE_INFO on one connection, after it is opened). It reports the
+minimum and median of `count` round trips, as `ping` does, so one slow answer does not hide
+the usual one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from typing import Any
+
+from bookkeeper.errors import DlogError
+
+CHECK_ENTRIES = 3
+CHECK_ENTRY_BYTES = 1024
+CHECK_TIMEOUT_S = 30.0  # per bookie, for its whole write-read-delete
+PING_COUNT_MAX = 100
+BOOKIE_CONNECT_TIMEOUT_S = 5.0
+
+
+async def cluster_check(client: Any, zk: Any, root: str, entries: int = CHECK_ENTRIES) -> list[dict[str, Any]]:
+    """One row per bookie: its state and whether a write and read-back through it worked."""
+    from bookkeeper.bookie.registration import list_bookies_and_down
+
+    bookies = await list_bookies_and_down(zk, root)
+    return list(await asyncio.gather(*(_check_bookie(client, info, entries) for info in bookies)))
+
+
+async def _check_bookie(client: Any, info: dict[str, Any], entries: int) -> dict[str, Any]:
+    row = {"bookie": info.get("id"), "address": info.get("address"), "state": info.get("state"),
+           "write": None, "read": None, "write_ms": None, "read_ms": None, "ok": False, "note": None}
+    if info.get("state") == "down":
+        row["note"] = "down: it has a cookie but is not registered (stopped, crashed or cut off)"
+        return row
+    if info.get("state") != "writable":
+        row["ok"] = True  # a read-only bookie refusing writes is what it should do
+        row["note"] = "read-only: it refuses writes by design, so it was not written to"
+        return row
+    try:
+        await asyncio.wait_for(_write_and_read(client, str(info.get("id")), entries, row), CHECK_TIMEOUT_S)
+    except (DlogError, asyncio.TimeoutError) as exc:
+        row["note"] = f"{'timed out' if isinstance(exc, asyncio.TimeoutError) else exc}"
+    row["ok"] = row["write"] == "ok" and row["read"] == "ok"
+    return row
+
+
+async def _write_and_read(client: Any, bookie_id: str, entries: int, row: dict[str, Any]) -> None:
+    password = os.urandom(8).hex().encode()
+    payloads = [os.urandom(CHECK_ENTRY_BYTES) for _ in range(entries)]
+    started = time.perf_counter()
+    handle = await client.create_ledger(1, 1, 1, password=password, bookies=[bookie_id],
+                                        custom={"purpose": "dlog cluster check"})
+    try:
+        for payload in payloads:
+            await handle.append(payload)
+        await handle.close()
+        row["write_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        ensembles = {bookie for _, ensemble in handle.metadata.ensembles for bookie in ensemble}
+        if ensembles != {bookie_id}:
+            row["write"] = "failed"
+            row["note"] = f"its writes went to {', '.join(sorted(ensembles - {bookie_id}))} instead"
+            return
+        row["write"] = "ok"
+        started = time.perf_counter()
+        reader = await client.open_ledger(handle.ledger_id, password=password, recovery=False)
+        read = [entry.data for entry in await reader.read(0, entries - 1)]
+        row["read_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        row["read"] = "ok" if read == payloads else "different bytes"
+    finally:
+        await client.delete_ledger(handle.ledger_id)
+
+
+async def ping(zk_hosts: str, root: str, count: int, timeout_s: float) -> dict[str, Any]:
+    """Round trips to ZooKeeper and to every registered bookie (see the module doc)."""
+    from bookkeeper.bookie.registration import list_bookies
+    from bookkeeper.meta.zk import AsyncZooKeeper, refuse_unreachable
+
+    await refuse_unreachable(zk_hosts)
+    zk = AsyncZooKeeper(zk_hosts, timeout_s=timeout_s)
+    started = time.perf_counter()
+    await zk.start()
+    try:
+        session_ms = (time.perf_counter() - started) * 1000
+        zk_trips = [await _timed(zk.exists(root)) for _ in range(count)]
+        bookies = await list_bookies(zk, root)
+    finally:
+        await zk.close()
+    results = await asyncio.gather(*(_ping_bookie(info, count) for info in bookies))
+    return {"zookeeper": {"address": zk_hosts, "session_ms": round(session_ms, 2), **_summary(zk_trips)},
+            "bookies": list(results)}
+
+
+async def _ping_bookie(info: dict[str, Any], count: int) -> dict[str, Any]:
+    from bookkeeper.client.connection import BookieConnection
+
+    row: dict[str, Any] = {"bookie": info.get("id"), "address": info.get("address"), "state": info.get("state")}
+    try:
+        started = time.perf_counter()
+        connection = await BookieConnection.open(str(info.get("address")), connect_timeout_s=BOOKIE_CONNECT_TIMEOUT_S)
+        row["connect_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        try:
+            trips = [await _timed(asyncio.wait_for(connection.info(), BOOKIE_CONNECT_TIMEOUT_S))
+                     for _ in range(count)]
+        finally:
+            await connection.close()
+    except (DlogError, asyncio.TimeoutError) as exc:
+        return {**row, "error": str(exc) or "timed out"}
+    return {**row, **_summary(trips), "error": None}
+
+
+async def _timed(awaitable: Any) -> float:
+    started = time.perf_counter()
+    await awaitable
+    return (time.perf_counter() - started) * 1000
+
+
+def _summary(trips_ms: list[float]) -> dict[str, Any]:
+    return {"count": len(trips_ms), "min_ms": round(min(trips_ms), 3),
+            "median_ms": round(statistics.median(trips_ms), 3), "max_ms": round(max(trips_ms), 3)}
