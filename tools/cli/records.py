@@ -26,7 +26,7 @@ from tools.units import format_size, format_time_ms, plural
               default="lines", show_default=True,
               help="lines: a value per line (any bytes); raw: all of stdin is one value; base64: a "
                    "base64 value per line; jsonl: {\"key\", \"value\", \"timestamp\"} objects")
-@click.option("--key-separator", default=None,
+@click.option("--key-separator", default=None, metavar="SEP",
               help="with lines or base64: split each line at the first SEP into key and value")
 @click.option("--takeover", is_flag=True, help="fence the stream's current writer and take over")
 @cluster_options

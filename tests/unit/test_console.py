@@ -1,0 +1,122 @@
+"""The pure parts of the console tools: stdin chunks to records by format (lines split anywhere
+across chunks, binary kept, JSON kept as JSON, bad lines named), `--from` texts, ZooKeeper
+addresses, exact and estimated lag in records and bytes, and the CLI's wording of library errors."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from bookkeeper.errors import ConfigError
+from bookkeeper.meta.zk import parse_hosts
+from dlog.describe import subscription_lag
+from tools.cli.common import cli_wording
+from tools.console import RECORD_BYTES_MAX, BadInputError, RecordParser
+from tools.positions import parse_start
+from tools.units import format_duration_ms, parse_duration_ms, plural
+
+
+def parse(input_format: str, *chunks: bytes, separator: str | None = None) -> list[tuple]:
+    parser = RecordParser(input_format, separator)
+    records = [record for chunk in chunks for record in parser.feed(chunk)]
+    return records + list(parser.finish())
+
+
+def test_lines_split_across_chunks_keep_their_bytes():
+    assert parse("lines", b"al", b"pha\nbe", b"ta\r\n\n\xff\xfe\n", b"tail") == [
+        (b"alpha", None, None), (b"beta", None, None), (b"\xff\xfe", None, None), (b"tail", None, None)]
+
+
+def test_a_line_is_written_as_soon_as_its_newline_arrives():
+    parser = RecordParser("lines")
+    assert list(parser.feed(b"first\nsec")) == [(b"first", None, None)]
+    assert list(parser.feed(b"ond\n")) == [(b"second", None, None)]
+    assert list(parser.finish()) == []
+
+
+def test_key_separator_splits_at_the_first_one_and_a_line_without_it_has_no_key():
+    assert parse("lines", b"k::v::w\nplain\n", separator="::") == [(b"v::w", b"k", None), (b"plain", None, None)]
+    assert parse("base64", b"a2V5:dmFsdWU=\n", separator=":") == [(b"value", b"key", None)]
+
+
+def test_raw_is_all_of_stdin_as_one_record():
+    assert parse("raw", b"a\nb", b"\x00c\n") == [(b"a\nb\x00c\n", None, None)]
+    assert parse("raw") == []
+
+
+def test_jsonl_keeps_json_values_as_json_text():
+    assert parse("jsonl", b'{"value": {"a": 1}, "key": "k", "timestamp": 5}\n{"value": [true, null]}\n'
+                          b'{"value": "t\xc3\xa9xt"}\n{"value": 1.5, "key": 7}\n') == [
+        (b'{"a":1}', b"k", 5), (b"[true,null]", None, None), ("téxt".encode(), None, None), (b"1.5", b"7", None)]
+
+
+@pytest.mark.parametrize("chunk, words", [
+    (b'{"value": 0}\n{"value": null}\n', 'line 2: "value" is null'),
+    (b'{"key": "k"}\n', 'line 1 needs a "value" field'),
+    (b'{"value": 1, "ts": 2}\n', "line 1 has unknown field 'ts'"),
+    (b'{"value": 1, "timestamp": "noon"}\n', "line 1: timestamp must be whole milliseconds"),
+    (b'{"value": 0}\n\n{"value": "\xff"}\n', "line 3 is not UTF-8 text"),  # an empty line counts
+    (b"{'value': 0}\n", "line 1 is not JSON"),
+])
+def test_bad_jsonl_names_its_line(chunk, words):
+    with pytest.raises(BadInputError, match=words):
+        parse("jsonl", chunk)
+
+
+def test_a_line_over_the_record_limit_is_refused_before_it_is_buffered_whole():
+    parser = RecordParser("lines")
+    with pytest.raises(BadInputError, match="line 1 is over 2 MiB"):
+        list(parser.feed(b"x" * (RECORD_BYTES_MAX + 1)))
+
+
+def test_options_that_do_not_fit_the_format_are_refused():
+    with pytest.raises(ConfigError, match="--key-separator works with --format lines or base64"):
+        RecordParser("jsonl", ":")
+    with pytest.raises(ConfigError, match="--key-separator is empty"):
+        RecordParser("lines", "")
+
+
+def test_from_texts():
+    now_ms = 1_800_000_000_000
+    assert parse_start("earliest") == "earliest" and parse_start("12:3") == "12:3"
+    assert parse_start("-15m", now_ms=now_ms) == now_ms - 15 * 60_000
+    local = datetime.datetime(2026, 11, 20, 10, 0).astimezone()
+    assert parse_start("2026-11-20T10:00") == int(local.timestamp() * 1000)
+    assert parse_start("2026-11-20T10:00+00:00") == int(datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.timezone.utc)
+                                                      .timestamp() * 1000)
+    with pytest.raises(ConfigError, match="bad --to 'soon'"):
+        parse_start("soon", flag="--to")
+
+
+@pytest.mark.parametrize("address, words", [
+    ("127.0.0.1:abc", "port 'abc' is not a number"), ("h:99999", "port '99999'"), ("", "empty"),
+    (":2181", "has no host"), ("a:1,:2", "has no host"),
+])
+def test_zookeeper_addresses_are_checked(address, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_hosts(address)
+    assert parse_hosts("a:1,b/chroot") == [("a", 1), ("b", 2181)] and parse_hosts("[::1]:5") == [("::1", 5)]
+
+
+SEGMENTS = [
+    {"sequence": 1, "ledger": 10, "state": "truncated", "first_entry": 0, "last_entry": 3, "records": 40, "bytes": 400},
+    {"sequence": 2, "ledger": 11, "state": "completed", "first_entry": 0, "last_entry": 3, "records": 40, "bytes": 800},
+    {"sequence": 3, "ledger": 12, "state": "in_progress", "first_entry": 0, "last_entry": 1, "records": 10, "bytes": 100},
+]
+
+
+def test_lag_in_records_and_bytes_exact_when_the_position_is_known():
+    exact = subscription_lag(SEGMENTS, {"ledger": 11, "entry": 2, "slot": 3}, consumed_in_segment=30)
+    assert (exact["lag_records"], exact["lag_bytes"], exact["position"]) == (10 + 10, 200 + 100, 0.75)
+    estimated = subscription_lag(SEGMENTS, {"ledger": 11, "entry": 2, "slot": 3})
+    assert estimated["lag_records"] == 40 - 20 - 3 + 10
+    behind = subscription_lag(SEGMENTS, {"ledger": 10, "entry": 0, "slot": 0})
+    assert (behind["lag_records"], behind["lag_bytes"], behind["note"]) == (50, 900, "behind the truncation point")
+
+
+def test_units_and_wording():
+    assert parse_duration_ms("0") == 0 and format_duration_ms(7_200_000) == "2h" and format_duration_ms(1500) == "1500ms"
+    assert plural(1, "record") == "1 record" and plural(1000, "entry", "entries") == "1,000 entries"
+    assert cli_wording("x; open with takeover=True to fence it and take over") == "x; pass --takeover to fence it and take over"
+    assert cli_wording("reopen with skip_truncated=True to skip them") == "pass --skip-truncated to skip them"
