@@ -23,7 +23,7 @@ def parse_start(text: str, now_ms: int | None = None, flag: str = "--from") -> s
 
     if text in ("earliest", "latest"):
         return text
-    if re.fullmatch(r"[0-9]+:[0-9]+(:[0-9]+)?", text):
+    if re.match(r"[0-9]+:", text):  # an offset, or a bad one: its own message says what is wrong
         Offset.parse(text)
         return text
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
