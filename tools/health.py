@@ -75,7 +75,7 @@ async def _write_and_read(client: Any, bookie_id: str, entries: int, row: dict[s
         row["write"] = "ok"
         started = time.perf_counter()
         reader = await client.open_ledger(handle.ledger_id, password=password, recovery=False)
-        read = [entry.data for entry in await reader.read(0, entries - 1)]
+        read = [entry.payload for entry in await reader.read(0, entries - 1)]
         row["read_ms"] = round((time.perf_counter() - started) * 1000, 1)
         row["read"] = "ok" if read == payloads else "different bytes"
     finally:
