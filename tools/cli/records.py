@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from bookkeeper.errors import ConfigError
 from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
 from tools.positions import end_of_stream
 from tools.units import format_size, format_time_ms, plural
