@@ -62,10 +62,12 @@ async def _write_and_read(client: Any, bookie_id: str, entries: int, row: dict[s
     started = time.perf_counter()
     handle = await client.create_ledger(1, 1, 1, password=password, bookies=[bookie_id],
                                         custom={"purpose": "dlog cluster check"})
+    closed = False
     try:
         for payload in payloads:
             await handle.append(payload)
         await handle.close()
+        closed = True
         row["write_ms"] = round((time.perf_counter() - started) * 1000, 1)
         ensembles = {bookie for _, ensemble in handle.metadata.ensembles for bookie in ensemble}
         if ensembles != {bookie_id}:
@@ -79,6 +81,8 @@ async def _write_and_read(client: Any, bookie_id: str, entries: int, row: dict[s
         row["read_ms"] = round((time.perf_counter() - started) * 1000, 1)
         row["read"] = "ok" if read == payloads else "different bytes"
     finally:
+        if not closed:
+            handle.stop_ticking()  # a failed write leaves the handle open: nothing may outlive the check
         await client.delete_ledger(handle.ledger_id)
 
 
