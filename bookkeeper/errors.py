@@ -188,6 +188,35 @@ class CookieMismatchError(DlogError):
     code = 220
 
 
+# --- security (codes 500-549; the first three are also wire statuses) ---------------------------
+
+
+class AuthenticationError(BookieError):
+    """Who you are could not be established: no credentials, a bad, expired or tampered token,
+    an untrusted certificate, or AUTH skipped where it is required."""
+
+    code = 500
+
+
+class ForbiddenError(BookieError):
+    """The principal is known but may not do this (wrong namespace, missing role)."""
+
+    code = 501
+
+
+class QuotaExceededError(BookieError):
+    """A namespace quota (streams, stored bytes, write bytes/s) would be passed; the message names it."""
+
+    code = 502
+
+
+class UntrustedBookieError(DlogError):
+    """A bookie registration that cannot be trusted (writable by others, or its TLS identity does
+    not match): no entries are sent to it."""
+
+    code = 503
+
+
 # --- operator tools (codes 400-449) --------------------------------------------------------------
 
 
@@ -212,6 +241,9 @@ _BY_STATUS: dict[int, type[BookieError]] = {
         EntryTooLargeError,
         EntryExistsError,
         LedgerDeletedError,
+        AuthenticationError,
+        ForbiddenError,
+        QuotaExceededError,
     )
 }
 
