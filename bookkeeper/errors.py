@@ -210,6 +210,13 @@ class QuotaExceededError(BookieError):
     code = 502
 
 
+class MetadataPermissionError(MetadataError):
+    """ZooKeeper refused an operation: the node's ACL does not allow this session's identity."""
+
+    code = 504
+    retryable = False
+
+
 class UntrustedBookieError(DlogError):
     """A bookie registration that cannot be trusted (writable by others, or its TLS identity does
     not match): no entries are sent to it."""

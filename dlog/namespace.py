@@ -15,7 +15,6 @@ cluster under `/bookkeeper` of the same ZooKeeper.
 from __future__ import annotations
 
 import logging
-import secrets
 from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
 
 import pyarrow as pa
@@ -23,10 +22,14 @@ import pyarrow as pa
 from bookkeeper.client import BookKeeper
 from bookkeeper.client.ledger import ReadHandle
 from bookkeeper.clock import wall_ms
-from bookkeeper.errors import ConfigError, DlogError, MetadataVersionError, NoSuchLedgerError
+from bookkeeper.errors import (ConfigError, DlogError, MetadataPermissionError, MetadataVersionError,
+                               NoSuchLedgerError)
 from bookkeeper.meta import layout
+from bookkeeper.meta.acl import zk_options
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+from bookkeeper.security.settings import (SecuritySettings, load_client_settings, load_cluster_table,
+                                          seal_new_password, unseal_password)
 from dlog import describe
 from dlog.names import check_stream_name, check_subscription_name
 from dlog.offsets import Offset
@@ -46,13 +49,18 @@ TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as t
 
 
 class Namespace:
-    def __init__(self, zk: str = "127.0.0.1:2181", name: str = "default", *, root: str = "/dlog",
+    def __init__(self, zk: str | None = None, name: str = "default", *, root: str = "/dlog",
                  bookkeeper_root: str = layout.DEFAULT_ROOT, zk_timeout_s: float = 10.0,
-                 read_handles_max: int = READ_HANDLES_MAX, **client_options: Any) -> None:
+                 read_handles_max: int = READ_HANDLES_MAX, security: SecuritySettings | None = None,
+                 config: str | None = None, **client_options: Any) -> None:
+        """`security` (TLS, token, ZooKeeper credentials) defaults to client.toml named by `config`
+        or $DLOG_CONFIG (and $DLOG_TOKEN); `zk` defaults to its [cluster] zk, else 127.0.0.1:2181."""
         if read_handles_max < 1:
             raise ConfigError(f"read_handles_max must be >= 1, got {read_handles_max}")
-        self.zk_hosts = zk
+        self.security = security if security is not None else load_client_settings(config)
+        self.zk_hosts = zk or str(load_cluster_table(config).get("zk") or "127.0.0.1:2181")
         self.name = check_subscription_name(name)
+        self.namespace_root = root
         self.root = f"{root}/{self.name}"
         self.bookkeeper_root = bookkeeper_root
         self.zk_timeout_s = zk_timeout_s
@@ -66,14 +74,27 @@ class Namespace:
         self._handles: dict[int, ReadHandle] = {}
 
     async def start(self) -> Namespace:
-        self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s)
+        self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s,
+                                 **zk_options(self.security, self.bookkeeper_root, self.name,
+                                              self.namespace_root))
         await self.zk.start()
         metadata = ZooKeeperMetadataStore(self.zk, self.bookkeeper_root)
         await metadata.ensure_layout()
-        self.client = await BookKeeper(store=metadata, **self.client_options).start()
+        self.client = await BookKeeper(store=metadata, security=self.security, **self.client_options).start()
         self.store = StreamStore(self.zk, self.root)
-        await self.zk.ensure_path(f"{self.root}/streams")
+        try:
+            await self.zk.ensure_path(f"{self.root}/streams")
+        except MetadataPermissionError as exc:
+            await self.close()
+            raise MetadataPermissionError(
+                f"namespace {self.name!r} is not open to this client's ZooKeeper identity "
+                f"({self.security.zk_user}): an admin creates it and its credentials with "
+                f"`dlog token create --namespace {self.name} ...`") from exc
         return self
+
+    def password_of(self, config: StreamConfig) -> bytes:
+        """The ledger password of a stream's segments (unsealed with the namespace's credentials)."""
+        return unseal_password(config.password, self.security.seal_key(self.name)).encode()
 
     async def close(self) -> None:
         if self.client is not None:
@@ -104,7 +125,8 @@ class Namespace:
         config = StreamConfig(name, ensemble, write_quorum, ack_quorum, roll_records=roll_records,
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
                               schema=schema_to_text(schema) if schema is not None else "",
-                              password=secrets.token_hex(16), created_ms=wall_ms(), **options)
+                              password=seal_new_password(self.security.seal_key(self.name))[0],
+                              created_ms=wall_ms(), **options)
         try:
             await self.store.create_stream(config)
         except StreamExistsError:
@@ -203,7 +225,7 @@ class Namespace:
         close lands."""
         handle = self._handles.get(segment.ledger_id)
         if handle is None:
-            handle = await self.client.open_ledger(segment.ledger_id, password=config.password.encode(),
+            handle = await self.client.open_ledger(segment.ledger_id, password=self.password_of(config),
                                                    recovery=False)
             if len(self._handles) >= self.read_handles_max:
                 self._handles.pop(next(iter(self._handles)))

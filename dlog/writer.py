@@ -163,7 +163,7 @@ class StreamWriter:
             return listing
         client = self.namespace.client
         try:
-            handle = await client.open_ledger(segment.ledger_id, password=self.config.password.encode(),
+            handle = await client.open_ledger(segment.ledger_id, password=self.namespace.password_of(self.config),
                                               recovery=True)
         except NoSuchLedgerError:
             handle = None
@@ -192,7 +192,7 @@ class StreamWriter:
     async def _start_segment(self, listing: SegmentList) -> None:
         ledger = await self.namespace.client.create_ledger(
             self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
-            password=self.config.password.encode(),
+            password=self.namespace.password_of(self.config),
             custom={"stream": self.name, "namespace": self.namespace.name})
         segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=wall_ms())
         await self._commit(listing, create=[segment])
@@ -403,7 +403,7 @@ class StreamWriter:
             assert listing is not None and old_ledger is not None
             ledger = await self.namespace.client.create_ledger(
                 self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
-                password=self.config.password.encode(),
+                password=self.namespace.password_of(self.config),
                 custom={"stream": self.name, "namespace": self.namespace.name})
             segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=wall_ms())
             await self._commit(listing, update=[completed], create=[segment])

@@ -346,7 +346,7 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
     namespace = conn.namespace
     try:
         config = conn.call(namespace.config(partition.stream))
-        handle = conn.call(namespace.client.open_ledger(partition.ledger_id, password=config.password.encode(),
+        handle = conn.call(namespace.client.open_ledger(partition.ledger_id, password=namespace.password_of(config),
                                                         recovery=False))
     except (StreamNotFoundError, NoSuchLedgerError) as error:
         _on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))

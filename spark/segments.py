@@ -95,7 +95,7 @@ async def recover_in_progress(namespace: Namespace, config: StreamConfig, listin
         return listing
     store = namespace.store
     try:
-        handle = await namespace.client.open_ledger(segment.ledger_id, password=config.password.encode(),
+        handle = await namespace.client.open_ledger(segment.ledger_id, password=namespace.password_of(config),
                                                     recovery=True)
     except NoSuchLedgerError:
         handle = None

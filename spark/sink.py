@@ -131,7 +131,7 @@ class _LedgerTask:
         if self.ledger is None:
             self.ledger = self.conn.call(self.conn.namespace.client.create_ledger(
                 self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
-                password=self.config.password.encode(),
+                password=self.conn.namespace.password_of(self.config),
                 custom={"stream": self.options.stream, "namespace": self.conn.namespace.name,
                         "writer": f"spark-sink:{self.options.sink_id or 'batch'}"}))
             self.message.ledger_id = self.ledger.ledger_id

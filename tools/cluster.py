@@ -123,8 +123,11 @@ class LocalCluster:
 
     def __init__(self, directory: Path | str, *, bookies: int = 3, zk_port: int = 0,
                  zk_root: str = "/bookkeeper", bookie_args: list[str] | None = None,
-                 zk_server: EmbeddedZooKeeper | None = None) -> None:
+                 zk_server: EmbeddedZooKeeper | None = None, secure: Any = None) -> None:
+        """`secure`: a tools.secure.SecureDir: bookies serve TLS and require tokens, ZooKeeper
+        takes its admin as super user and bookies register under ACLs."""
         self.directory = Path(directory).resolve()
+        self.secure = secure
         self.bookie_count = bookies
         self.zk_root = zk_root
         self.bookie_args = list(bookie_args or [])
@@ -135,7 +138,8 @@ class LocalCluster:
         self.zk_port = state.get("zk_port") or zk_port or free_port()
         if zk_port and state.get("zk_port") not in (None, zk_port):
             self.zk_port = zk_port
-        self.zk = zk_server or EmbeddedZooKeeper(self.directory / "zookeeper", port=self.zk_port)
+        self.zk = zk_server or EmbeddedZooKeeper(self.directory / "zookeeper", port=self.zk_port,
+                                                 super_digest=secure.super_digest if secure else None)
         ports = state.get("bookie_ports", [])
         self.bookies = []
         self._new_ports: set[int] = set()  # never served: may move to another port
@@ -258,7 +262,8 @@ class LocalCluster:
     def bookie_command(self, bookie: BookieProcess) -> list[str]:
         return [sys.executable, "-m", "tools.cli", "bookie", "start", "--dir", str(bookie.data_dir),
                 "--port", str(bookie.port), "--http-port", "0", "--zk", self.zk_address,
-                "--zk-root", self.zk_root, *self.bookie_args, *bookie.extra_args]
+                "--zk-root", self.zk_root, *(self.secure.bookie_args() if self.secure else []),
+                *self.bookie_args, *bookie.extra_args]
 
     def wait_bookie_ready(self, index: int, timeout_s: float = 60.0) -> BookieProcess:
         """Read the bookie's stdout until its ready line; fail with its log if it exits first."""

@@ -37,6 +37,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +46,8 @@ from aiohttp import web
 
 from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
 from bookkeeper.meta import layout
+from bookkeeper.security.settings import NO_SECURITY, SecuritySettings, unseal_password
+from bookkeeper.security.tls import host_of
 from dlog.describe import subscription_lag
 
 STATIC_DIR = Path(__file__).resolve().parent / "ui_static"
@@ -66,6 +69,28 @@ class UiOptions:
     zk: str
     bookkeeper_root: str = layout.DEFAULT_ROOT
     namespace_root: str = "/dlog"
+    security: SecuritySettings = NO_SECURITY  # an admin's: reads every namespace, TLS to bookies
+
+
+def verified_admin_url(info: dict[str, Any], tls: bool) -> str | None:
+    """A bookie's admin URL, if the page may fetch it: its host must be the host of the bookie's
+    registered address (a registration cannot send the page elsewhere) and, with TLS, https
+    (verified with the cluster CA). Anything else is not fetched."""
+    url, address = info.get("http"), info.get("address")
+    if not isinstance(url, str) or not isinstance(address, str):
+        return None
+    try:
+        parsed = urlsplit(url)
+        port = parsed.port
+    except ValueError:
+        return None
+    if parsed.scheme != ("https" if tls else "http") or port is None or parsed.username or parsed.password:
+        return None
+    if parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        return None
+    if parsed.hostname != host_of(address).lower():
+        return None
+    return f"{parsed.scheme}://{address.rpartition(':')[0]}:{port}"
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -164,15 +189,23 @@ class Collector:
         from bookkeeper.meta.zk import AsyncZooKeeper
         from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
 
+        from bookkeeper.meta.acl import zk_options
+
+        security = self.options.security
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S))
+            headers = {"Authorization": f"Bearer {security.token}"} if security.token else None
+            connector = aiohttp.TCPConnector(ssl=security.tls.context()) if security.tls else None
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
+                                               headers=headers, connector=connector)
         if self._zk is None:
-            zk = AsyncZooKeeper(self.options.zk, timeout_s=ZK_TIMEOUT_S)
+            zk = AsyncZooKeeper(self.options.zk, timeout_s=ZK_TIMEOUT_S,
+                                **zk_options(security, self.options.bookkeeper_root))
             await zk.start()  # closes itself when it fails
             self._zk = zk
         if self._client is None:
             store = ZooKeeperMetadataStore(self._zk, self.options.bookkeeper_root)
-            self._client = await BookKeeper(store=store, read_timeout_s=LEDGER_TIMEOUT_S).start()
+            self._client = await BookKeeper(store=store, read_timeout_s=LEDGER_TIMEOUT_S,
+                                            security=security).start()
 
     async def _collect(self) -> dict[str, Any]:
         result: dict[str, Any] = {"zk": self.options.zk, "bookkeeper_root": self.options.bookkeeper_root,
@@ -201,6 +234,16 @@ class Collector:
         from bookkeeper.bookie.registration import list_bookies_and_down
 
         bookies = await list_bookies_and_down(self._zk, self.options.bookkeeper_root)
+        if self.options.security.zk_user:
+            from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+
+            store = ZooKeeperMetadataStore(self._zk, self.options.bookkeeper_root, trusted_registrations_only=True)
+            registered = [item for item in bookies if item.get("state") != "down"]
+            trusted = set(await store.trusted([str(item.get("id")) for item in registered]))
+            for item in registered:
+                if item.get("id") not in trusted:
+                    item["http"] = None
+                    item["state"] = "untrusted"
         return await asyncio.gather(*(self._bookie(item) for item in bookies))
 
     async def _bookie(self, info: dict[str, Any]) -> dict[str, Any]:
@@ -208,8 +251,10 @@ class Collector:
         row = {"id": bookie_id, "address": info.get("address"), "state": info.get("state"),
                "rack": info.get("rack"), "http": info.get("http"), "admin": "none",
                "disk_used_percent": None, "adds_per_second": None}
-        url = info.get("http")
-        if info.get("state") == "down" or not isinstance(url, str) or not url.startswith("http://"):
+        url = verified_admin_url(info, self.options.security.tls is not None)
+        if info.get("state") in ("down", "untrusted") or url is None:
+            if info.get("http") and info.get("state") not in ("down", "untrusted"):
+                row["admin"] = "unverified"
             return row
         invariant(self._http is not None, "bookies are scraped only after _connect()")
         try:
@@ -259,7 +304,12 @@ class Collector:
         except DlogError as exc:
             return {"name": name, "error": str(exc), "segments": [], "segments_omitted": 0,
                     "records": None, "truncation_point": None, "subscriptions": [], "settings": None}
-        segments = [await self._segment(config, segment) for segment in listing.segments]
+        namespace = store.root.rsplit("/", 1)[1]
+        try:
+            password = unseal_password(config.password, self.options.security.seal_key(namespace)).encode()
+        except DlogError:
+            password = b""  # sealed and no key: in-progress record counts show as unknown
+        segments = [await self._segment(config, segment, password) for segment in listing.segments]
         await self._mark_damaged(segments[-SEGMENTS_SHOWN_MAX:])
         subscriptions = [{"name": sub, "offset": f"{o['ledger']}:{o['entry']}:{o.get('slot', 0)}",
                           **subscription_lag(segments, o)} for sub, o in sorted(offsets.items())]
@@ -280,7 +330,7 @@ class Collector:
                 segment["damaged"] = True
                 segment["note"] = f"DAMAGED: ledger {segment['ledger']} is missing, its records are lost"
 
-    async def _segment(self, config: Any, segment: Any) -> dict[str, Any]:
+    async def _segment(self, config: Any, segment: Any, password: bytes) -> dict[str, Any]:
         item = {"sequence": segment.sequence, "ledger": segment.ledger_id, "state": segment.state.value,
                 "first_entry": segment.first_entry, "last_entry": segment.last_entry,
                 "records": segment.records, "bytes": segment.bytes,
@@ -290,7 +340,7 @@ class Collector:
         if segment.is_in_progress:
             item["bytes"] = None  # a ledger's length is known once it is closed
             try:
-                item["last_entry"], item["records"] = await self._tail(config, segment)
+                item["last_entry"], item["records"] = await self._tail(config, segment, password)
             except (DlogError, asyncio.TimeoutError) as exc:
                 self._handles.pop(segment.ledger_id, None)
                 item["last_entry"] = item["records"] = None
@@ -300,14 +350,14 @@ class Collector:
             self._tail_records.pop(segment.ledger_id, None)
         return item
 
-    async def _tail(self, config: Any, segment: Any) -> tuple[int, int]:
+    async def _tail(self, config: Any, segment: Any, password: bytes) -> tuple[int, int]:
         """The in-progress segment's last confirmed entry and record count."""
         from dlog.segments.codec import RecordSetCodec, default_schema
 
         handle = self._handles.get(segment.ledger_id)
         if handle is None:
             handle = await asyncio.wait_for(self._client.open_ledger(
-                segment.ledger_id, password=config.password.encode(), recovery=False), LEDGER_TIMEOUT_S)
+                segment.ledger_id, password=password, recovery=False), LEDGER_TIMEOUT_S)
             if len(self._handles) >= HANDLES_MAX:
                 self._handles.pop(next(iter(self._handles)))
             self._handles[segment.ledger_id] = handle

@@ -94,12 +94,15 @@ class BookieCore:
         self.long_poll_timeout_ms_max = long_poll_timeout_ms_max
         self._ledgers: dict[int, _Ledger] = {}
         self._waiter_count = 0
+        # each reply's parked long polls, so a closed connection's are dropped at once (S4)
+        self._waiters_of: dict[Reply, dict[_Waiter, int]] = {}
         # plain counters on the hot path; the metrics collector reads them when scraped
         self.add_count = 0
         self.add_bytes = 0
         self.read_count = 0
         self.read_bytes = 0
         self.fence_count = 0
+        self.dropped_waiters = 0
 
     # ------------------------------------------------------------------ start-up
 
@@ -127,6 +130,10 @@ class BookieCore:
             raise BookieIOError(f"journal record of unknown type {kind}")
 
     # ------------------------------------------------------------------ ledger lookup
+
+    def has_ledger(self, ledger_id: int) -> bool:
+        """Whether this bookie stores anything of the ledger (it was created here before)."""
+        return ledger_id in self._ledgers or self.storage.get_state(ledger_id) is not None
 
     def _ledger(self, ledger_id: int) -> _Ledger | None:
         ledger = self._ledgers.get(ledger_id)
@@ -278,6 +285,7 @@ class BookieCore:
         if waiter.timer is not None:
             waiter.timer.cancel()
         self._waiter_count -= 1
+        self._unindex_waiter(waiter)
         if ledger is None:
             self._fail(waiter.reply, waiter.request_id, waiter.opcode, Status.NO_LEDGER,
                        f"ledger {ledger_id} was deleted")
@@ -326,6 +334,37 @@ class BookieCore:
         waiter.timer = asyncio.get_running_loop().call_later(timeout_s, expire)
         ledger.waiters.append(waiter)
         self._waiter_count += 1
+        self._waiters_of.setdefault(waiter.reply, {})[waiter] = ledger_id
+
+    def _unindex_waiter(self, waiter: _Waiter) -> None:
+        parked = self._waiters_of.get(waiter.reply)
+        if parked is not None:
+            parked.pop(waiter, None)
+            if not parked:
+                del self._waiters_of[waiter.reply]
+
+    def drop_waiters(self, reply: Reply) -> int:
+        """The reply's connection closed: forget its long polls now instead of at their timeout,
+        so they stop counting against `long_poll_waiters_max`. Returns how many were dropped."""
+        parked = self._waiters_of.pop(reply, None)
+        if not parked:
+            return 0
+        by_ledger: dict[int, set[_Waiter]] = {}
+        for waiter, ledger_id in parked.items():
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+            by_ledger.setdefault(ledger_id, set()).add(waiter)
+        for ledger_id, gone in by_ledger.items():
+            ledger = self._ledgers.get(ledger_id)
+            if ledger is not None:
+                ledger.waiters = [waiter for waiter in ledger.waiters if waiter not in gone]
+        self._waiter_count -= len(parked)
+        self.dropped_waiters += len(parked)
+        return len(parked)
+
+    @property
+    def waiter_count(self) -> int:
+        return self._waiter_count
 
     def on_read_lac(self, request: ReadLacRequest, reply: Reply) -> None:
         ledger = self._ledger(request.ledger_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bookkeeper.bookie.guard import ServerSecurity
 from bookkeeper.bookie.server import ServerLimits
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
@@ -42,6 +43,13 @@ class BookieConfig:
     compaction_live_fraction: float = 0.5
     # wire limits
     limits: ServerLimits = field(default_factory=ServerLimits)
+    long_poll_waiters_max: int = 10_000
+    # security (S1-S3): TLS and authentication on the bookie protocol and the admin endpoint,
+    # ZooKeeper digest credentials of the bookie identity
+    security: ServerSecurity = field(default_factory=ServerSecurity)
+    http_open_paths: tuple[str, ...] = ("/health", "/metrics")  # served without a token
+    zk_user: str | None = None
+    zk_password: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -58,6 +66,8 @@ class BookieConfig:
         if self.limits.entry_bytes_max > self.limits.frame_bytes_max:
             raise ConfigError(f"maximum entry size {self.limits.entry_bytes_max} exceeds the "
                               f"maximum frame size {self.limits.frame_bytes_max}")
+        if (self.zk_user is None) != (self.zk_password is None):
+            raise ConfigError("ZooKeeper credentials need both a user and a password")
         if not self.zk_root.startswith("/") or self.zk_root.endswith("/"):
             raise ConfigError(f"zk root {self.zk_root!r} must start with '/' and not end with it")
 

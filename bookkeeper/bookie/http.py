@@ -1,18 +1,31 @@
-"""The bookie's HTTP admin endpoint (aiohttp), served from the bookie's own event loop."""
+"""The bookie's HTTP admin endpoint (aiohttp), served from the bookie's own event loop.
+
+With token authentication on (the bookie's `--token-key`), every path but the open ones
+(`--http-open-paths`, default /health and /metrics) needs `Authorization: Bearer <token>`:
+reading needs any valid token, changing state (read-only switch, GC) the admin role. Bad bodies
+get 400 with one line, never 500: invalid UTF-8, a charset other than UTF-8, malformed or deeply
+nested JSON.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from bookkeeper.errors import DlogError
+from bookkeeper.errors import AuthenticationError, DlogError
+from bookkeeper.security.authz import Action, decide
+from bookkeeper.security.tokens import TokenVerifier
 
 if TYPE_CHECKING:
     from bookkeeper.bookie.service import BookieService
 
 LEDGER_PAGE_MAX = 10_000
+JSON_BODY_BYTES_MAX = 64 * 1024
+JSON_DEPTH_MAX = 32
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE_KEY: web.AppKey[BookieService] = web.AppKey("service")
 
 
@@ -41,11 +54,59 @@ async def get_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE_KEY].state_summary())
 
 
+class BadBody(Exception):
+    """A request body that is not the JSON it should be; the message says why."""
+
+
+async def read_json(request: web.Request, bytes_max: int = JSON_BODY_BYTES_MAX) -> Any:
+    """The body as JSON: UTF-8 only, at most `bytes_max` bytes and `JSON_DEPTH_MAX` levels deep."""
+    charset = (request.charset or "utf-8").lower()
+    if charset not in ("utf-8", "utf8"):
+        raise BadBody(f"charset {request.charset!r} is not supported: send UTF-8 JSON")
+    if request.content_length is not None and request.content_length > bytes_max:
+        raise BadBody(f"body of {request.content_length} bytes is over {bytes_max}")
+    raw = await request.content.read(bytes_max + 1)
+    if len(raw) > bytes_max:
+        raise BadBody(f"body is over {bytes_max} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadBody(f"body is not valid UTF-8 (byte {exc.start})") from None
+    if json_depth(text) > JSON_DEPTH_MAX:
+        raise BadBody(f"JSON nested deeper than {JSON_DEPTH_MAX} levels")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BadBody(f"body is not valid JSON: {exc}") from None
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects, counted outside strings (no parsing needed)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 async def put_state(request: web.Request) -> web.Response:
     try:
-        body: Any = await request.json()
-    except json.JSONDecodeError:
-        return _error(400, 'body must be JSON like {"read_only": true}')
+        body: Any = await read_json(request)
+    except BadBody as exc:
+        return _error(400, f'{exc}; send JSON like {{"read_only": true}}')
     if not isinstance(body, dict) or not isinstance(body.get("read_only"), bool) or len(body) != 1:
         return _error(400, f'body must be {{"read_only": true|false}}, got {body!r}')
     service = request.app[SERVICE_KEY]
@@ -77,8 +138,43 @@ async def run_gc(request: web.Request) -> web.Response:
     return web.json_response(report)
 
 
+def bearer_middleware(verifier: TokenVerifier, open_paths: tuple[str, ...]) -> Any:
+    """Bearer tokens on every path but `open_paths`: GET needs a valid token, anything else the
+    admin role (bookie state, GC)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in open_paths:
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _unauthorized("send Authorization: Bearer <token> (see dlog token create)")
+        try:
+            principal = verifier.verify(token.strip())
+        except AuthenticationError as exc:
+            return _unauthorized(str(exc))
+        action = Action.INFO if request.method in ("GET", "HEAD") else Action.BOOKIE_ADMIN
+        reason = decide(principal, action)
+        if reason is not None:
+            return _error(403, reason)
+        return await handler(request)
+
+    return check
+
+
+def _unauthorized(message: str) -> web.Response:
+    response = _error(401, message)
+    response.headers["WWW-Authenticate"] = 'Bearer realm="dlog"'
+    return response
+
+
 def make_app(service: BookieService) -> web.Application:
-    app = web.Application()
+    middlewares = []
+    key = service.config.security.token_key
+    if key is not None:
+        middlewares.append(bearer_middleware(TokenVerifier(key), service.config.http_open_paths))
+    app = web.Application(middlewares=middlewares, client_max_size=JSON_BODY_BYTES_MAX)
     app[SERVICE_KEY] = service
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

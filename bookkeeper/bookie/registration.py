@@ -40,8 +40,36 @@ async def ensure_cluster(zk: AsyncZooKeeper, root: str) -> str:
         await zk.create(layout.instance_id_path(root), str(uuid.uuid4()).encode())
     except MetadataExistsError:
         pass
+    if zk.acl_policy is not None:
+        await _announce_identity(zk, root)
     data, _ = await zk.get(layout.instance_id_path(root))
     return data.decode()
+
+
+async def _announce_identity(zk: AsyncZooKeeper, root: str) -> None:
+    """Add this bookie's ZooKeeper identity to <root>/security, which clients read to give bookies
+    their rights on ledger nodes (bookkeeper/meta/acl.py); only bookies may write it."""
+    from bookkeeper.errors import MetadataVersionError
+    from bookkeeper.meta.acl import parse_bookie_ids, security_path
+
+    own = zk.acl_policy.own.id.id
+    for _ in range(10):
+        found = await zk.get_or_none(security_path(root))
+        if found is None:
+            try:
+                await zk.create(security_path(root), json.dumps({"bookie_ids": [own]}).encode())
+                return
+            except MetadataExistsError:
+                continue
+        ids = parse_bookie_ids(found[0])
+        if own in ids:
+            return
+        try:
+            await zk.set(security_path(root), json.dumps({"bookie_ids": sorted({*ids, own})}).encode(),
+                         found[1])
+            return
+        except MetadataVersionError:
+            continue
 
 
 def _write_local_cookie(data_dir: Path, cookie: dict[str, Any]) -> None:

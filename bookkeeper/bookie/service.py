@@ -20,14 +20,17 @@ from aiohttp import web
 
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.config import BookieConfig
+from bookkeeper.bookie.guard import Guard
 from bookkeeper.bookie.http import make_app
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.metrics import BookieMetrics
 from bookkeeper.bookie.registration import Registration, check_cookie, ensure_cluster
 from bookkeeper.bookie.server import BookieServer
 from bookkeeper.bookie.storage import LedgerStorage
-from bookkeeper.errors import DlogError, MetadataError
+from bookkeeper.errors import DlogError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
+from bookkeeper.meta.acl import TOMBSTONE
+from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
 
 if TYPE_CHECKING:
@@ -61,9 +64,16 @@ class BookieService:
                                buffered_bytes_max=config.journal_buffered_bytes_max,
                                sync=config.journal_sync, on_commit=self._on_journal_commit,
                                on_fatal=self._on_fatal)
-        self.core = BookieCore(self.journal, self.storage)
+        self.core = BookieCore(self.journal, self.storage,
+                               long_poll_waiters_max=config.long_poll_waiters_max)
+        security = config.security
+        self.guard: Guard | None = None
+        if security.tls is not None or security.token_key is not None:
+            self.guard = Guard(security, {}, self._ledger_namespace if config.zk else None,
+                               self.core.has_ledger)
         self.server = BookieServer(self.core, config.limits, self._info,
-                                   journal_full=lambda: self.journal.full)
+                                   journal_full=lambda: self.journal.full, guard=self.guard,
+                                   tls=security.tls.context() if security.tls is not None else None)
         self.port = config.port
         self.http_port: int | None = None
         self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
@@ -116,7 +126,16 @@ class BookieService:
                             "its cookie ties the data directory to that identity")
         from bookkeeper.meta.zk import AsyncZooKeeper  # kazoo only when registering
 
-        self.zk = AsyncZooKeeper(self.config.zk, session_timeout_s=self.config.zk_session_timeout_s)
+        from bookkeeper.meta.acl import AclPolicy
+
+        auth = None
+        policy = None
+        if self.config.zk_user and self.config.zk_password:
+            auth = [("digest", f"{self.config.zk_user}:{self.config.zk_password}")]
+            policy = AclPolicy.for_identity(self.config.zk_user, self.config.zk_password,
+                                            self.config.zk_root)
+        self.zk = AsyncZooKeeper(self.config.zk, session_timeout_s=self.config.zk_session_timeout_s,
+                                 auth=auth, acl_policy=policy)
         await self.zk.start()
         instance_id = await ensure_cluster(self.zk, self.config.zk_root)
         await check_cookie(self.zk, self.config.zk_root, self.bookie_id, self.data_dir, instance_id)
@@ -126,10 +145,22 @@ class BookieService:
         mark = self.storage.load_mark()
         self.replayed_records = self.journal.replay(mark, self.core.replay_record)
 
+    async def _ledger_namespace(self, ledger_id: int) -> str | None:
+        """The namespace a ledger's metadata names (None: none); NoSuchLedgerError without metadata."""
+        assert self.zk is not None
+        found = await self.zk.get_or_none(layout.ledger_path(self.config.zk_root, ledger_id))
+        if found is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
+        if found[0] == TOMBSTONE:
+            raise NoSuchLedgerError(f"ledger {ledger_id} was deleted")
+        return dict(LedgerMetadata.from_bytes(found[0]).custom).get("namespace")
+
     async def _start_http(self) -> None:
         self._http_runner = web.AppRunner(make_app(self), access_log=None)
         await self._http_runner.setup()
-        site = web.TCPSite(self._http_runner, self.config.host, self.config.http_port)
+        tls = self.config.security.tls
+        site = web.TCPSite(self._http_runner, self.config.host, self.config.http_port,
+                           ssl_context=tls.context() if tls is not None else None)
         await site.start()
         sockets = site._server.sockets  # type: ignore[union-attr]
         self.http_port = sockets[0].getsockname()[1]
@@ -237,15 +268,18 @@ class BookieService:
         started = time.monotonic()
         for ledger_id in sorted(self.storage.ledger_ids()):
             path = layout.ledger_path(self.config.zk_root, ledger_id)
-            if await self.zk.exists(path):
+            if await self._metadata_live(path):
                 continue
             async with self._maintenance:
                 # look again right before deleting: never act on a listing that may be stale
-                if await self.zk.exists(path):
+                if await self._metadata_live(path):
                     continue
                 self.storage.delete_ledger(ledger_id)
                 self.core.forget_ledger(ledger_id)
+                if self.guard is not None:
+                    self.guard.forget(ledger_id)
             deleted.append(ledger_id)
+            await self._remove_tombstone(path)
         async with self._maintenance:
             reclaimed = await asyncio.to_thread(self.storage.compact,
                                                 self.config.compaction_live_fraction)
@@ -255,6 +289,23 @@ class BookieService:
             log.info("gc: deleted %d ledgers, reclaimed %d bytes", len(deleted), reclaimed)
         return {"deleted_ledgers": deleted, "reclaimed_bytes": reclaimed,
                 "seconds": round(time.monotonic() - started, 3)}
+
+    async def _metadata_live(self, path: str) -> bool:
+        """Metadata exists and is not a deletion tombstone (bookkeeper/meta/acl.py)."""
+        assert self.zk is not None
+        found = await self.zk.get_or_none(path)
+        return found is not None and found[0] != TOMBSTONE
+
+    async def _remove_tombstone(self, path: str) -> None:
+        """A client without delete rights left a tombstone: remove the node once it is collected
+        here (other bookies then find no metadata and collect too)."""
+        assert self.zk is not None
+        found = await self.zk.get_or_none(path)
+        if found is not None and found[0] == TOMBSTONE:
+            try:
+                await self.zk.delete(path, found[1])
+            except MetadataError as exc:
+                log.info("could not remove the tombstone %s: %s", path, exc)
 
     # ------------------------------------------------------------------ disk and state
 
@@ -305,7 +356,8 @@ class BookieService:
 
     @property
     def http_url(self) -> str | None:
-        return None if self.http_port is None else f"http://{self.config.host}:{self.http_port}"
+        scheme = "https" if self.config.security.tls is not None else "http"
+        return None if self.http_port is None else f"{scheme}://{self.config.host}:{self.http_port}"
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.bookie_id, "address": f"{self.config.host}:{self.port}",

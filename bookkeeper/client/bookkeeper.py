@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from bookkeeper.client.ledger import LedgerHandle, ReadHandle, RecoveryDriver
 from bookkeeper.client.placement import choose_ensemble
+from bookkeeper.client.connection import ConnectSecurity
 from bookkeeper.client.pool import BookiePool
 from bookkeeper.client.settings import ClientSettings, DriverContext
 from bookkeeper.errors import (
@@ -31,6 +32,7 @@ from bookkeeper.protocol.metadata import LedgerMetadata, check_quorum, password_
 from bookkeeper.protocol.recovery import RecoveryOp
 from bookkeeper.protocol.writer import LedgerWriter
 from bookkeeper.retry import Backoff, retry
+from bookkeeper.security.settings import SecuritySettings, load_client_settings
 
 log = logging.getLogger(__name__)
 RECOVERY_RETRY = Backoff(attempts_max=5, delay_s_first=0.2, delay_s_max=2.0)
@@ -43,7 +45,9 @@ class BookKeeper:
                  speculative_read_ms: int = 500, explicit_lac_interval_ms: int = 50,
                  eager_lac: bool = True,
                  tick_interval_s: float = 0.05, pending_adds_max: int = 10_000,
-                 zk_timeout_s: float = 10.0) -> None:
+                 zk_timeout_s: float = 10.0, security: SecuritySettings | None = None) -> None:
+        """`security`: TLS, token and ZooKeeper credentials; default: read from $DLOG_CONFIG
+        (client.toml) and $DLOG_TOKEN when set, else none (an open cluster on loopback)."""
         if zk is None and store is None:
             raise ConfigError("BookKeeper needs zk='host:port' or a metadata store")
         self._zk = zk
@@ -53,7 +57,9 @@ class BookKeeper:
         self.settings = ClientSettings(add_timeout_s, read_timeout_s, speculative_read_ms,
                                        explicit_lac_interval_ms, eager_lac, tick_interval_s,
                                        pending_adds_max, zk_timeout_s)
-        self.pool = BookiePool(self._address_of, timeout_s=max(add_timeout_s, read_timeout_s) + 1)
+        self.security = security if security is not None else load_client_settings()
+        self.pool = BookiePool(self._address_of, timeout_s=max(add_timeout_s, read_timeout_s) + 1,
+                               security=connect_security(self.security))
         self.context: DriverContext = None  # type: ignore[assignment]  # set in start()
         self._bookies: dict[str, BookieInfo] = {}
         self._writable_watchers: list[Callable[[list[str]], None]] = []
@@ -63,8 +69,11 @@ class BookKeeper:
         if self.store is None:
             from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
 
+            from bookkeeper.meta.acl import zk_options
+
             self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,  # type: ignore[arg-type]
-                                                              timeout_s=self.settings.zk_timeout_s)
+                                                              timeout_s=self.settings.zk_timeout_s,
+                                                              **zk_options(self.security, self._root))
         self.context = DriverContext(self.pool, self.store, self.settings, self.watch_writable)
         self._unwatch = self.store.watch_bookies(self._on_bookies)
         self._on_bookies(await self.store.bookies())
@@ -178,6 +187,15 @@ class BookKeeper:
     async def ledger_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         _check_ledger_id(ledger_id)
         return await self.store.read_ledger(ledger_id)
+
+
+def connect_security(settings: SecuritySettings) -> ConnectSecurity:
+    """How the pool reaches bookies for these settings: TLS context built once, token for AUTH
+    (a client certificate authenticates when there is no token)."""
+    tls = settings.tls.context() if settings.tls is not None else None
+    certificate_auth = (settings.token is None and settings.tls is not None
+                        and settings.tls.cert_file is not None)
+    return ConnectSecurity(tls, settings.token, certificate_auth)
 
 
 def _check_ledger_id(ledger_id: object) -> None:

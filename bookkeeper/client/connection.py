@@ -11,18 +11,26 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import ssl
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from bookkeeper.errors import (
+    AuthenticationError,
     BookieUnavailableError,
+    DlogError,
     ProtocolError,
     RequestTimeoutError,
     error_for_status,
 )
+from bookkeeper.security.tls import host_of, looks_like_tls
 from bookkeeper.protocol import wire
 from bookkeeper.protocol.wire import (
     AddRequest,
     AddResponse,
+    AuthMechanism,
+    AuthRequest,
+    AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
     ErrorResponse,
@@ -39,6 +47,23 @@ from bookkeeper.protocol.wire import (
 )
 
 _REQUEST_IDS = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectSecurity:
+    """How a client reaches bookies: TLS (a context; the bookie's host is checked against its
+    certificate when the context says so) and the credentials of the AUTH exchange."""
+
+    tls: ssl.SSLContext | None = None
+    token: str | None = None
+    certificate_auth: bool = False  # authenticate with the TLS client certificate instead
+
+    @property
+    def authenticates(self) -> bool:
+        return self.token is not None or self.certificate_auth
+
+
+NO_CONNECT_SECURITY = ConnectSecurity()
 
 
 def next_request_id() -> int:
@@ -73,19 +98,51 @@ class BookieConnection(asyncio.Protocol):
         self._room = asyncio.Event()
         self._room.set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._heard_from = False
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    async def open(cls, address: str, *, connect_timeout_s: float = 5.0, **options: Any) -> BookieConnection:
+    async def open(cls, address: str, *, connect_timeout_s: float = 5.0,
+                   security: ConnectSecurity = NO_CONNECT_SECURITY, **options: Any) -> BookieConnection:
+        """Connect (with TLS if configured) and authenticate (AUTH) before any request."""
         host, _, port = address.rpartition(":")
         loop = asyncio.get_running_loop()
         connection = cls(address, **options)
+        tls: dict[str, Any] = {}
+        if security.tls is not None:
+            tls = {"ssl": security.tls, "server_hostname": host_of(address),
+                   "ssl_handshake_timeout": connect_timeout_s}
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: connection, host, int(port)),
-                                   connect_timeout_s)
+            await asyncio.wait_for(loop.create_connection(lambda: connection, host_of(address), int(port),
+                                                          **tls), connect_timeout_s)
+        except ssl.SSLCertVerificationError as exc:
+            raise AuthenticationError(f"bookie {address} is not trusted: {exc.verify_message} (its "
+                                      "certificate must be signed by the CA in ca_file and name its "
+                                      "host)") from exc
+        except ssl.SSLError as exc:
+            raise BookieUnavailableError(f"TLS with bookie {address} failed: {exc.reason or exc} (does "
+                                         "it serve TLS?)") from exc
         except (OSError, asyncio.TimeoutError) as exc:
             raise BookieUnavailableError(f"cannot connect to bookie {address}: {exc!r}") from exc
+        if security.authenticates:
+            await connection.authenticate(security)
         return connection
+
+    async def authenticate(self, security: ConnectSecurity) -> str:
+        """The AUTH exchange; returns the principal the bookie knows us by."""
+        if security.token is not None:
+            request = AuthRequest(self.next_request_id(), AuthMechanism.TOKEN, security.token.encode())
+        else:
+            request = AuthRequest(self.next_request_id(), AuthMechanism.CERTIFICATE)
+        try:
+            response = await self.request(request)
+        except DlogError:
+            await self.close()
+            raise
+        if not isinstance(response, AuthResponse):
+            await self.close()
+            raise AuthenticationError(f"bookie {self.address} answered AUTH with {response!r}")
+        return response.principal
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -97,6 +154,11 @@ class BookieConnection(asyncio.Protocol):
         self._sweeper = self._loop.create_task(self._sweep())
 
     def data_received(self, data: bytes) -> None:
+        if not self._heard_from and looks_like_tls(data[:2]):
+            self._fail_all(ProtocolError(f"bookie {self.address} speaks TLS: set ca_file in the "
+                                         "[security] table of client.toml (--config / $DLOG_CONFIG)"))
+            return
+        self._heard_from = True
         self._decoder.receive_data(data)
         while True:
             try:
@@ -117,6 +179,10 @@ class BookieConnection(asyncio.Protocol):
                 self._complete(response.request_id, response)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None and not self._heard_from:
+            exc = ConnectionResetError(f"bookie {self.address} closed the connection before answering "
+                                       "(a TLS bookie does that to a plaintext client: set ca_file in "
+                                       "client.toml)")
         self._fail_all(exc or ConnectionResetError(f"bookie {self.address} closed the connection"))
 
     # ------------------------------------------------------------------ requests
@@ -205,8 +271,11 @@ class BookieConnection(asyncio.Protocol):
             self._closed_error = cause
         pending, self._pending = self._pending, {}
         for target, _ in pending.values():
-            error = BookieUnavailableError(f"connection to bookie {self.address} lost: {cause}")
-            error.__cause__ = cause
+            if isinstance(cause, DlogError) and not isinstance(cause, ProtocolError):
+                error: BaseException = cause  # e.g. UNAUTHENTICATED: the bookie said why
+            else:
+                error = BookieUnavailableError(f"connection to bookie {self.address} lost: {cause}")
+                error.__cause__ = cause
             if not isinstance(target, asyncio.Future):
                 target(error)
             elif not target.done():

@@ -15,18 +15,22 @@ import time
 from typing import Any, Callable
 
 from bookkeeper.client.connection import (
+    NO_CONNECT_SECURITY,
     BookieConnection,
+    ConnectSecurity,
     EncodedRequest,
     next_request_id,
 )
-from bookkeeper.errors import BookieUnavailableError, TooManyRequestsError
+from bookkeeper.errors import BookieUnavailableError, DlogError, TooManyRequestsError
 from bookkeeper.protocol.wire import Request
 
 
 class BookiePool:
     def __init__(self, resolve: Callable[[str], str] | None = None, *, timeout_s: float = 5.0,
                  connect_timeout_s: float = 3.0, reconnect_backoff_s: float = 0.2,
-                 in_flight_max: int = 10_000, queued_requests_max: int = 10_000) -> None:
+                 in_flight_max: int = 10_000, queued_requests_max: int = 10_000,
+                 security: ConnectSecurity = NO_CONNECT_SECURITY) -> None:
+        self.security = security
         self._resolve = resolve or (lambda bookie_id: bookie_id)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -82,8 +86,8 @@ class BookiePool:
         try:
             connection = await BookieConnection.open(
                 self._resolve(bookie_id), connect_timeout_s=self.connect_timeout_s,
-                timeout_s=self.timeout_s, in_flight_max=self.in_flight_max)
-        except BookieUnavailableError as exc:
+                timeout_s=self.timeout_s, in_flight_max=self.in_flight_max, security=self.security)
+        except DlogError as exc:  # unreachable, or refused our TLS or credentials
             self._failed_at[bookie_id] = time.monotonic()
             for _, _, future in self._queued.pop(bookie_id, []):
                 if not future.done():

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
+    NoAuthError,
     KazooException,
     NodeExistsError,
     NoNodeError,
@@ -37,6 +38,7 @@ from bookkeeper.errors import (
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
+    MetadataPermissionError,
     MetadataVersionError,
 )
 
@@ -96,6 +98,9 @@ def metadata_error(exc: BaseException, action: str) -> MetadataError:
         return MetadataVersionError(f"{action}: version mismatch (someone else changed the node)")
     if isinstance(exc, NotEmptyError):
         return MetadataError(f"{action}: node has children")
+    if isinstance(exc, NoAuthError):
+        return MetadataPermissionError(f"{action}: not allowed by the node's ACL (ZooKeeper "
+                                       "credentials: zk_user/zk_password in client.toml)")
     # Connection loss, session expiry, closed client and any other server error: retryable.
     return MetadataError(f"{action}: {type(exc).__name__} {exc}".rstrip())
 
@@ -172,9 +177,13 @@ class AsyncZooKeeper:
     """An asyncio ZooKeeper client; create and use it on one event loop."""
 
     def __init__(self, hosts: str, *, timeout_s: float = 10.0, session_timeout_s: float = 10.0,
-                 auth: list[tuple[str, str]] | None = None, default_acl: list[Any] | None = None) -> None:
+                 auth: list[tuple[str, str]] | None = None, default_acl: list[Any] | None = None,
+                 acl_policy: Any = None) -> None:
+        """`auth`: kazoo auth_data, e.g. [("digest", "user:password")]; `acl_policy` (an
+        `bookkeeper.meta.acl.AclPolicy`) chooses the ACL of every node this client creates."""
         parse_hosts(hosts)  # a bad address is one clear error now, not kazoo's ValueError
         self.hosts = hosts
+        self.acl_policy = acl_policy
         self.timeout_s = timeout_s
         self.session_timeout_s = session_timeout_s
         # Read from kazoo's threads: tells the reconnect backoff to give up at once.
@@ -244,8 +253,20 @@ class AsyncZooKeeper:
     async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequence: bool = False,
                      makepath: bool = False) -> str:
         """Create a node and return its path (with the counter appended when ``sequence``)."""
-        created = await self._call(f"create {path}", self._client.create_async, path, data,
-                                   ephemeral=ephemeral, sequence=sequence, makepath=makepath)
+        if self.acl_policy is None:
+            created = await self._call(f"create {path}", self._client.create_async, path, data,
+                                       ephemeral=ephemeral, sequence=sequence, makepath=makepath)
+            return str(created)
+        acl = self.acl_policy.acl_for(path)
+        try:
+            created = await self._call(f"create {path}", self._client.create_async, path, data, acl=acl,
+                                       ephemeral=ephemeral, sequence=sequence)
+        except MetadataNotFoundError:
+            if not makepath:
+                raise
+            await self.ensure_path(path.rsplit("/", 1)[0])
+            created = await self._call(f"create {path}", self._client.create_async, path, data, acl=acl,
+                                       ephemeral=ephemeral, sequence=sequence)
         return str(created)
 
     async def get(self, path: str) -> tuple[bytes, int]:
@@ -286,7 +307,25 @@ class AsyncZooKeeper:
         return sorted(names)
 
     async def ensure_path(self, path: str) -> None:
-        await self._call(f"ensure_path {path}", self._client.ensure_path_async, path)
+        if self.acl_policy is None:
+            await self._call(f"ensure_path {path}", self._client.ensure_path_async, path)
+            return
+        # each level gets its own ACL (kazoo's ensure_path would give every level the same one)
+        parts = path.strip("/").split("/")
+        for depth in range(1, len(parts) + 1):
+            prefix = "/" + "/".join(parts[:depth])
+            if await self.exists(prefix):
+                continue
+            try:
+                await self._call(f"create {prefix}", self._client.create_async, prefix, b"",
+                                 acl=self.acl_policy.acl_for(prefix))
+            except MetadataExistsError:
+                continue
+
+    async def get_acls(self, path: str) -> list[Any]:
+        """The node's ACL entries (kazoo ACL tuples: perms, id.scheme, id.id)."""
+        acls, _stat = await self._call(f"get_acls {path}", self._client.get_acls_async, path)
+        return list(acls)
 
     async def multi(self, ops: list[Op]) -> None:
         """Apply every op atomically or none; raise the error of the first op that failed."""
@@ -294,7 +333,7 @@ class AsyncZooKeeper:
             return
         transaction = self._client.transaction()
         for op in ops:
-            _add_to_transaction(transaction, op)
+            _add_to_transaction(transaction, op, self.acl_policy)
         action = f"multi of {len(ops)} ops starting with {ops[0]}"
         results = await self._call(action, transaction.commit_async)
         failure = _first_multi_failure(results)
@@ -399,9 +438,10 @@ def _settle(future: asyncio.Future[Any], value: Any, exception: BaseException | 
         future.set_result(value)
 
 
-def _add_to_transaction(transaction: Any, op: Op) -> None:
+def _add_to_transaction(transaction: Any, op: Op, acl_policy: Any = None) -> None:
     if isinstance(op, CreateOp):
-        transaction.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
+        acl = acl_policy.acl_for(op.path) if acl_policy is not None else None
+        transaction.create(op.path, op.data, acl=acl, ephemeral=op.ephemeral, sequence=op.sequence)
     elif isinstance(op, SetOp):
         transaction.set_data(op.path, op.data, op.version)
     elif isinstance(op, DeleteOp):

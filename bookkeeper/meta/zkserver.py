@@ -183,8 +183,11 @@ class EmbeddedZooKeeper:
     """
 
     def __init__(self, data_dir: Path | str, port: int = 0, host: str = "127.0.0.1", tick_ms: int = 500,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, super_digest: str | None = None) -> None:
+        """`super_digest`: "user:base64(sha1(user:password))" of a ZooKeeper super user (dlog's
+        admins under ACLs, bookkeeper/meta/acl.py)."""
         self.data_dir = Path(data_dir).absolute()
+        self.super_digest = super_digest
         self.host = host
         self.tick_ms = tick_ms
         self.log_path = Path(log_path) if log_path is not None else self.data_dir / "zookeeper.log"
@@ -223,7 +226,11 @@ class EmbeddedZooKeeper:
             self._port = pick_free_port(self.host)
         check_port_free(self.host, self._port, "ZooKeeper", PORT_HINT)
         config_path = self._write_config()
-        self._process = self._spawn([java, *JVM_FLAGS, "-cp", classpath, ZOOKEEPER_MAIN_CLASS, str(config_path)])
+        properties = []
+        if self.super_digest:
+            properties.append(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}")
+        self._process = self._spawn([java, *JVM_FLAGS, *properties, "-cp", classpath, ZOOKEEPER_MAIN_CLASS,
+                                     str(config_path)])
         self._paused = False
         self._wait_until_serving(started_at + timeout_s, timeout_s)
         self.last_start_s = time.monotonic() - started_at

@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from bookkeeper.errors import (
     LedgerIdsExhaustedError,
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
+    MetadataPermissionError,
     MetadataVersionError,
     NoSuchLedgerError,
 )
 from bookkeeper.meta import layout
+from bookkeeper.meta.acl import TOMBSTONE, parse_bookie_ids, security_path, world_writable
 from bookkeeper.meta.store import BookieInfo
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.protocol.metadata import LedgerMetadata
@@ -23,18 +25,23 @@ from bookkeeper.retry import Backoff, retry
 
 log = logging.getLogger(__name__)
 ID_COUNTER = "next"
+ID_SQUATTED_RETRIES = 10
 ID_ALLOCATION_RETRY = Backoff(attempts_max=100, delay_s_first=0.002, delay_s_max=0.04,
                               multiplier=1.3, jitter_fraction=1.0)
 
 
 class ZooKeeperMetadataStore:
-    def __init__(self, zk: AsyncZooKeeper, root: str = layout.DEFAULT_ROOT, *, owns_client: bool = False) -> None:
+    def __init__(self, zk: AsyncZooKeeper, root: str = layout.DEFAULT_ROOT, *, owns_client: bool = False,
+                 trusted_registrations_only: bool | None = None) -> None:
         self.zk = zk
         self.root = root
         self._owns_client = owns_client
+        # with ZooKeeper credentials, only ACL-protected registrations are used (S3)
+        self.trusted_registrations_only = (zk.acl_policy is not None if trusted_registrations_only is None
+                                           else trusted_registrations_only)
 
     @classmethod
-    async def connect(cls, hosts: str, root: str = layout.DEFAULT_ROOT, **options: float) -> ZooKeeperMetadataStore:
+    async def connect(cls, hosts: str, root: str = layout.DEFAULT_ROOT, **options: Any) -> ZooKeeperMetadataStore:
         zk = AsyncZooKeeper(hosts, **options)
         await zk.start()
         store = cls(zk, root, owns_client=True)
@@ -42,6 +49,15 @@ class ZooKeeperMetadataStore:
         return store
 
     async def ensure_layout(self) -> None:
+        if self.zk.acl_policy is not None:
+            # with ACLs the bookies create the cluster's nodes (they own registrations and
+            # cookies); a client only learns what new ledger directories must look like
+            found = await self.zk.get_or_none(security_path(self.root))
+            if found is None:
+                log.warning("%s does not exist yet: start a bookie first", security_path(self.root))
+            else:
+                self.zk.acl_policy.learn_bookies(parse_bookie_ids(found[0]))
+            return
         for path in (layout.ledgers_path(self.root), layout.available_path(self.root),
                      layout.idgen_path(self.root), layout.cookies_path(self.root)):
             await self.zk.ensure_path(path)
@@ -77,15 +93,26 @@ class ZooKeeperMetadataStore:
                            retry_on=lambda error: isinstance(error, MetadataVersionError))
 
     async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
-        ledger_id = await self._allocate_id()
-        await self.zk.create(layout.ledger_path(self.root, ledger_id), metadata.to_bytes(), makepath=True)
-        return ledger_id, 0
+        """Allocate an id and create its metadata; an id someone created metadata for out of turn
+        (a squatter) is skipped, never shared."""
+        for _ in range(ID_SQUATTED_RETRIES):
+            ledger_id = await self._allocate_id()
+            try:
+                await self.zk.create(layout.ledger_path(self.root, ledger_id), metadata.to_bytes(),
+                                     makepath=True)
+            except MetadataExistsError:
+                log.warning("ledger id %d already had metadata nobody allocated: skipped", ledger_id)
+                continue
+            return ledger_id, 0
+        raise MetadataError(f"{ID_SQUATTED_RETRIES} allocated ledger ids in a row already had metadata")
 
     async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         found = await self.zk.get_or_none(layout.ledger_path(self.root, ledger_id))
         if found is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
         data, version = found
+        if data == TOMBSTONE:
+            raise NoSuchLedgerError(f"ledger {ledger_id} was deleted")
         return LedgerMetadata.from_bytes(data), version
 
     async def write_ledger(self, ledger_id: int, metadata: LedgerMetadata, expected_version: int) -> int:
@@ -96,10 +123,18 @@ class ZooKeeperMetadataStore:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
 
     async def delete_ledger(self, ledger_id: int) -> None:
+        path = layout.ledger_path(self.root, ledger_id)
         try:
-            await self.zk.delete(layout.ledger_path(self.root, ledger_id))
+            await self.zk.delete(path)
         except MetadataNotFoundError as exc:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
+        except MetadataPermissionError:
+            # ACLs: only bookies and admins may delete under the ledger directories; the ledger's
+            # own ACL lets its creator mark it deleted, and bookies' GC removes the node (acl.py)
+            found = await self.zk.get_or_none(path)
+            if found is None or found[0] == TOMBSTONE:
+                raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+            await self.zk.set(path, TOMBSTONE, found[1])
 
     async def list_ledgers(self) -> list[int]:
         ids: list[int] = []
@@ -125,10 +160,33 @@ class ZooKeeperMetadataStore:
             names = await self.zk.children(layout.available_path(self.root))
         except MetadataNotFoundError:
             return []
+        if self.trusted_registrations_only:
+            names = await self.trusted(names)
         found = await asyncio.gather(*(self.zk.get_or_none(layout.bookie_path(self.root, name))
                                        for name in names))
         return sorted((_bookie_info(name, item[0]) for name, item in zip(names, found) if item is not None),
                       key=lambda info: info.bookie_id)
+
+    async def trusted(self, names: list[str]) -> list[str]:
+        """The registrations nobody but their owner could have written (S3): the directory and the
+        node must not be writable by anyone; the rest are ignored, loudly."""
+        if world_writable(await self.zk.get_acls(layout.available_path(self.root))):
+            log.warning("%s is writable by anyone: no bookie registration can be trusted",
+                        layout.available_path(self.root))
+            return []
+        acls = await asyncio.gather(*(self.zk.get_acls(layout.bookie_path(self.root, name))
+                                      for name in names), return_exceptions=True)
+        trusted = []
+        for name, acl in zip(names, acls):
+            if isinstance(acl, MetadataNotFoundError):
+                continue
+            if isinstance(acl, BaseException):
+                raise acl
+            if world_writable(acl):
+                log.warning("ignoring bookie registration %s: writable by anyone", name)
+                continue
+            trusted.append(name)
+        return trusted
 
     def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Callable[[], None]:
         """Call back with every registered bookie whenever one comes, goes, or changes its node

@@ -37,6 +37,7 @@ class OpCode(enum.IntEnum):
     READ_LAC = 3
     WRITE_LAC = 4
     GET_BOOKIE_INFO = 5
+    AUTH = 6
 
 
 class Flag(enum.IntFlag):
@@ -65,6 +66,17 @@ class Status(enum.IntEnum):
     TOO_LARGE = 107
     ENTRY_EXISTS = 108
     LEDGER_DELETED = 109
+    UNAUTHENTICATED = 500
+    FORBIDDEN = 501
+    QUOTA_EXCEEDED = 502
+
+
+class AuthMechanism(enum.IntEnum):
+    TOKEN = 1  # credentials: a signed token (JWT), ASCII
+    CERTIFICATE = 2  # credentials: empty; the verified TLS client certificate names the principal
+
+
+AUTH_CREDENTIALS_BYTES_MAX = 8192
 
 
 class BookieState(enum.IntEnum):
@@ -133,7 +145,19 @@ class BookieInfoRequest:
     request_id: int
 
 
-Request = AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest
+@dataclass(frozen=True, slots=True)
+class AuthRequest:
+    """Who the client is: sent first on a connection to a bookie that requires authentication."""
+
+    request_id: int
+    mechanism: int  # AuthMechanism; unknown ones are refused with UNAUTHENTICATED
+    credentials: bytes = b""
+
+    def __repr__(self) -> str:  # never print a token
+        return f"AuthRequest(request_id={self.request_id}, mechanism={self.mechanism}, credentials=<{len(self.credentials)} bytes>)"
+
+
+Request = AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest | AuthRequest
 
 # ---------------------------------------------------------------- responses
 
@@ -188,8 +212,14 @@ class ErrorResponse:
     message: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class AuthResponse:
+    request_id: int
+    principal: str  # the name the bookie knows the connection by
+
+
 Response = (AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse
-            | ErrorResponse)
+            | AuthResponse | ErrorResponse)
 
 # ---------------------------------------------------------------- body layouts
 
@@ -201,6 +231,7 @@ _WRITE_LAC = struct.Struct(f">q{MASTER_KEY_BYTES}sq")
 _READ_RESPONSE_HEAD = struct.Struct(">qqq")
 _INFO = struct.Struct(">qqB")
 _FULL_HEADER = struct.Struct(">IBBHQ")  # length + header, for encoding in one pack
+_AUTH_HEAD = struct.Struct(">B")
 
 
 def _frame(opcode: int, flags_or_status: int, request_id: int, body: bytes) -> bytes:
@@ -242,6 +273,9 @@ def encode_request(request: Request) -> bytes:
         return _frame(OpCode.WRITE_LAC, 0, request.request_id, body)
     if isinstance(request, BookieInfoRequest):
         return _frame(OpCode.GET_BOOKIE_INFO, 0, request.request_id, b"")
+    if isinstance(request, AuthRequest):
+        return _frame(OpCode.AUTH, 0, request.request_id,
+                      _AUTH_HEAD.pack(request.mechanism) + request.credentials)
     raise TypeError(f"not a request: {request!r}")
 
 
@@ -267,6 +301,8 @@ def encode_response(response: Response) -> bytes:
         body = _INFO.pack(response.free_bytes, response.total_bytes, response.state)
         return _frame(OpCode.GET_BOOKIE_INFO, Status.OK, response.request_id,
                       body + response.bookie_id.encode())
+    if isinstance(response, AuthResponse):
+        return _frame(OpCode.AUTH, Status.OK, response.request_id, response.principal.encode())
     if isinstance(response, ErrorResponse):
         message = response.message.encode("utf-8", "replace")[:ERROR_MESSAGE_BYTES_MAX]
         return _frame(response.opcode, response.status, response.request_id, message)
@@ -373,6 +409,13 @@ class RequestDecoder(_FrameReader):
         if opcode == OpCode.GET_BOOKIE_INFO:
             _expect_size(body, 0, refuse)
             return BookieInfoRequest(request_id)
+        if opcode == OpCode.AUTH:
+            (mechanism,) = _AUTH_HEAD.unpack_from(body)
+            credentials = body[_AUTH_HEAD.size:]
+            if len(credentials) > AUTH_CREDENTIALS_BYTES_MAX:
+                raise refuse(f"AUTH credentials of {len(credentials)} bytes are over the maximum "
+                             f"{AUTH_CREDENTIALS_BYTES_MAX}", Status.UNAUTHENTICATED)
+            return AuthRequest(request_id, mechanism, credentials)
         raise refuse(f"unknown opcode {opcode} (known: "
                      f"{', '.join(f'{op.name}={op.value}' for op in OpCode)})")
 
@@ -437,6 +480,8 @@ def _parse_response(opcode: int, status: int, request_id: int, body: bytes) -> R
     if opcode == OpCode.WRITE_LAC:
         (ledger_id,) = _LEDGER.unpack(body)
         return WriteLacResponse(request_id, ledger_id)
+    if opcode == OpCode.AUTH:
+        return AuthResponse(request_id, body.decode("utf-8", "replace"))
     if opcode == OpCode.GET_BOOKIE_INFO:
         free_bytes, total_bytes, state = _INFO.unpack_from(body)
         return BookieInfoResponse(request_id, free_bytes, total_bytes, BookieState(state),

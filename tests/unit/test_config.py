@@ -54,7 +54,8 @@ def test_bad_settings_are_refused(tmp_path, toml, words):
 def test_the_example_file_documents_every_bookie_setting_and_is_valid(tmp_path):
     example = tomllib.loads(Path("docs/dlog.example.toml").read_text())
     settings = {param.name for param in bookie_start.params} - {"config"}
-    documented = set(example["bookie"]) | {"data_dir", "zk", "bookie_id", "rack", "disk_lwm"}
+    documented = set(example["bookie"]) | {"data_dir", "zk", "bookie_id", "rack", "disk_lwm", "tls_cert",
+                                           "tls_key", "tls_ca", "token_key", "zk_user", "zk_password_file"}
     assert documented == settings  # commented-out ones are listed in the file too
     text = Path("docs/dlog.example.toml").read_text()
     assert all(f"{name} =" in text for name in settings)

@@ -69,6 +69,37 @@ def bookie() -> None:
 @click.option("--gc-interval", default=600.0, show_default=True, type=click.FloatRange(0),
               help="seconds between garbage collections (0: only on POST /api/v1/gc)")
 @click.option("--checkpoint-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
+@click.option("--max-connections", default=4096, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="open connections in all; more are refused")
+@click.option("--max-connections-per-host", default=1024, show_default=True,
+              type=click.IntRange(1, 1_000_000), help="open connections from one client host")
+@click.option("--max-unsent", default="16MiB", show_default=True, type=SIZE,
+              help="answer bytes a client has not taken before the bookie stops reading its requests")
+@click.option("--unsent-timeout", default=30.0, show_default=True, type=click.FloatRange(0.01),
+              help="seconds a connection may stay over --max-unsent before it is closed")
+@click.option("--first-frame-timeout", default=10.0, show_default=True, type=click.FloatRange(0.01),
+              help="seconds a new connection (TLS handshake included) has to send a whole frame")
+@click.option("--max-partial-bytes", default="256MiB", show_default=True, type=SIZE,
+              help="bytes held in unfinished frames over all connections")
+@click.option("--max-long-polls", default=10_000, show_default=True, type=click.IntRange(1, 10_000_000),
+              help="long polls parked at once")
+@click.option("--tls-cert", default=None, help="PEM certificate: serve the bookie protocol and the "
+              "admin endpoint over TLS")
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert")
+@click.option("--tls-ca", default=None, help="CA that signs client certificates")
+@click.option("--tls-require-client-cert", is_flag=True, help="mutual TLS: refuse clients without a "
+              "certificate signed by --tls-ca")
+@click.option("--token-key", default=None, help="key that verifies client tokens: an HS256 secret "
+              "file or a PEM public key (RS256/ES256); with it every connection must AUTH")
+@click.option("--allow-anonymous", is_flag=True, help="let connections that skip AUTH act as admin "
+              "(an open bookie; asked for by name)")
+@click.option("--insecure-plaintext", is_flag=True, help="serve without TLS on a non-loopback --host "
+              "(asked for by name)")
+@click.option("--zk-user", default=None, help="ZooKeeper digest user of the bookie identity")
+@click.option("--zk-password-file", default=None, help="file holding that user's password")
+@click.option("--http-open-paths", default="/health,/metrics", show_default=True,
+              help="admin paths served without a token when tokens are required (comma list; "
+                   "empty: none)")
 @click.option("--config", type=click.Path(dir_okay=False, exists=True), default=None,
               help="TOML file whose [bookie] table sets any of these (flags and DLOG_BOOKIE_* "
                    "environment variables override it); default $DLOG_CONFIG")
@@ -88,7 +119,15 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                   write_cache_size: int, max_entry_size: int,
                   max_in_flight: int, idle_timeout: float, disk_threshold: float,
                   disk_lwm: float | None, disk_check_interval: float, gc_interval: float,
-                  checkpoint_interval: float, config: str | None = None) -> Any:
+                  checkpoint_interval: float, max_connections: int = 4096,
+                  max_connections_per_host: int = 1024, max_unsent: int = 16 * 2**20,
+                  unsent_timeout: float = 30.0, first_frame_timeout: float = 10.0,
+                  max_partial_bytes: int = 256 * 2**20, max_long_polls: int = 10_000,
+                  tls_cert: str | None = None, tls_key: str | None = None, tls_ca: str | None = None,
+                  tls_require_client_cert: bool = False, token_key: str | None = None,
+                  allow_anonymous: bool = False, insecure_plaintext: bool = False,
+                  zk_user: str | None = None, zk_password_file: str | None = None,
+                  http_open_paths: str = "/health,/metrics", config: str | None = None) -> Any:
     """The BookieConfig that `dlog bookie start` settings describe."""
     from bookkeeper.bookie.config import BookieConfig
 
@@ -100,8 +139,25 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
 
     limits = ServerLimits(frame_bytes_max=max_entry_size + 1024 + HEADER_BYTES,
                           entry_bytes_max=max_entry_size, in_flight_max=max_in_flight,
-                          idle_timeout_s=idle_timeout)
+                          idle_timeout_s=idle_timeout, connections_max=max_connections,
+                          connections_per_host_max=max_connections_per_host,
+                          unsent_bytes_max=max_unsent, unsent_timeout_s=unsent_timeout,
+                          first_frame_timeout_s=first_frame_timeout,
+                          partial_bytes_max=max_partial_bytes)
+    security = server_security(host, tls_cert, tls_key, tls_ca, tls_require_client_cert, token_key,
+                               allow_anonymous, insecure_plaintext)
+    zk_password = None
+    if zk_user is not None or zk_password_file is not None:
+        if not (zk_user and zk_password_file):
+            raise ConfigError("ZooKeeper credentials need --zk-user and --zk-password-file together")
+        try:
+            zk_password = Path(zk_password_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --zk-password-file {zk_password_file}: {exc.strerror}") from exc
     return BookieConfig(
+        security=security, zk_user=zk_user, zk_password=zk_password,
+        http_open_paths=tuple(path.strip() for path in http_open_paths.split(",") if path.strip()),
+        long_poll_waiters_max=max_long_polls,
         data_dir=data_dir, host=host, port=port, http_port=None if http_port < 0 else http_port,
         zk=zk or None, zk_root=zk_root, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
         journal_group_wait_us=group_wait_us, journal_group_bytes_max=group_bytes,
@@ -112,6 +168,41 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
         disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval,
         checkpoint_interval_s=checkpoint_interval, limits=limits)
 
+
+
+def server_security(host: str, tls_cert: str | None, tls_key: str | None, tls_ca: str | None,
+                    require_client_cert: bool, token_key: str | None, allow_anonymous: bool,
+                    insecure_plaintext: bool) -> Any:
+    """The bookie's ServerSecurity; off loopback, TLS and authentication unless refused by name (S1)."""
+    from bookkeeper.bookie.guard import ServerSecurity
+    from bookkeeper.security.tls import ServerTls
+    from bookkeeper.security.tokens import TokenKey
+
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("TLS needs --tls-cert and --tls-key together")
+    tls = ServerTls(tls_cert, tls_key, tls_ca, require_client_cert) if tls_cert and tls_key else None
+    if tls is not None:
+        tls.context()  # a bad file is one line now, not a failure after start-up
+    key = TokenKey.from_file(token_key) if token_key else None
+    if not is_loopback(host):
+        if tls is None and not insecure_plaintext:
+            raise ConfigError(f"a bookie on {host} (not loopback) serves TLS: pass --tls-cert and "
+                              "--tls-key, or --insecure-plaintext to serve plaintext anyway")
+        if key is None and not require_client_cert and not allow_anonymous:
+            raise ConfigError(f"a bookie on {host} (not loopback) authenticates clients: pass "
+                              "--token-key or --tls-require-client-cert, or --allow-anonymous")
+    return ServerSecurity(tls, key, allow_anonymous)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @bookie.command("list")

@@ -21,12 +21,42 @@ PIPED_TABLE_WIDTH = 240
 NATURAL_WIDTH_MAX = 10_000  # to measure how wide a table would be unconstrained
 
 
+def default_zk() -> str:
+    """$DLOG_ZK, else the [cluster] zk of client.toml ($DLOG_CONFIG / --config), else loopback."""
+    from bookkeeper.security.settings import load_cluster_table
+
+    return os.environ.get("DLOG_ZK") or str(load_cluster_table().get("zk") or DEFAULT_ZK)
+
+
+def _set_environment(variable: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    """An eager option's callback: the value goes to the environment, where the libraries (and
+    the defaults of the options after it) read client settings from (bookkeeper.security)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value:
+            os.environ[variable] = str(value)
+
+    return callback
+
+
+def security_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """--config (client.toml: cluster address, TLS, token, ZooKeeper credentials) and --token."""
+    function = click.option("--token", default=None, expose_value=False, is_eager=True,
+                            callback=_set_environment("DLOG_TOKEN"), show_default="$DLOG_TOKEN",
+                            help="token for bookies and admin endpoints (replaces client.toml's)")(function)
+    return click.option("--config", "client_config", default=None, expose_value=False, is_eager=True,
+                        type=click.Path(dir_okay=False, exists=True),
+                        callback=_set_environment("DLOG_CONFIG"), show_default="$DLOG_CONFIG",
+                        help="client settings file (client.toml): zk, TLS, token, ZooKeeper "
+                             "credentials")(function)
+
+
 def zk_option(function: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--zk", default=lambda: os.environ.get("DLOG_ZK", DEFAULT_ZK),
-                        show_default="$DLOG_ZK or 127.0.0.1:2181",
-                        help="ZooKeeper address, host:port[,host:port...]")(
+    return security_options(click.option("--zk", default=default_zk,
+                                         show_default="$DLOG_ZK, client.toml, or 127.0.0.1:2181",
+                                         help="ZooKeeper address, host:port[,host:port...]")(
         click.option("--zk-root", default=DEFAULT_ROOT, show_default=True,
-                     help="ZooKeeper node under which the cluster lives")(function))
+                     help="ZooKeeper node under which the cluster lives")(function)))
 
 
 def json_option(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,10 +120,12 @@ DURATION = ParsedType("duration", parse_duration_ms)
 
 async def with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
     """Run `action(client)` with a started AsyncZooKeeper client, closed afterwards."""
+    from bookkeeper.meta.acl import zk_options
     from bookkeeper.meta.zk import AsyncZooKeeper, refuse_unreachable
+    from bookkeeper.security.settings import load_client_settings
     from tools.config import zk_timeout_s
 
-    client = AsyncZooKeeper(zk, timeout_s=zk_timeout_s())
+    client = AsyncZooKeeper(zk, timeout_s=zk_timeout_s(), **zk_options(load_client_settings()))
     await refuse_unreachable(zk)
     await client.start()
     try:
@@ -103,11 +135,17 @@ async def with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
 
 
 async def http_get_json(url: str) -> Any:
+    """GET a bookie admin URL with the client's CA and token (client.toml), if any."""
     import aiohttp
 
+    from bookkeeper.security.settings import load_client_settings
+
+    settings = load_client_settings()
+    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+    ssl_context = settings.tls.context() if settings.tls is not None else None
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-            async with session.get(url) as response:
+            async with session.get(url, headers=headers, ssl=ssl_context or True) as response:
                 return await response.json()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise DlogError(f"cannot reach {url}: {exc!r}") from exc
@@ -158,12 +196,12 @@ def cluster_options(function: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, zk: str, zk_root: str, namespace: str, **kwargs: Any) -> Any:
         return function(*args, cluster=(zk, zk_root, namespace), **kwargs)
 
-    wrapper = click.option("--zk", default=lambda: os.environ.get("DLOG_ZK", DEFAULT_ZK),
-                           show_default="$DLOG_ZK or 127.0.0.1:2181", help="ZooKeeper address")(wrapper)
+    wrapper = click.option("--zk", default=default_zk, show_default="$DLOG_ZK, client.toml, or "
+                           "127.0.0.1:2181", help="ZooKeeper address")(wrapper)
     wrapper = click.option("--zk-root", default=DEFAULT_ROOT, show_default=True,
                            help="ZooKeeper node of the BookKeeper cluster")(wrapper)
-    return click.option("--namespace", default="default", show_default=True,
-                        help="namespace (a ZooKeeper subtree /dlog/<namespace>)")(wrapper)
+    return security_options(click.option("--namespace", default="default", show_default=True,
+                                         help="namespace (a ZooKeeper subtree /dlog/<namespace>)")(wrapper))
 
 
 def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -> Any:

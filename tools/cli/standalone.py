@@ -26,8 +26,11 @@ ZK_PORT_DEFAULT = 2181
               show_default=f"the port of the last start in --dir, else {ZK_PORT_DEFAULT}")
 @click.option("--ui-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
               help="status page port on 127.0.0.1 (0: any free port, -1: no status page)")
+@click.option("--secure", is_flag=True, help="TLS and tokens on bookies and admin endpoints, ZooKeeper "
+              "credentials and ACLs; makes a CA, certificates, an admin token and client.toml under "
+              "DIR/secure/")
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int) -> None:
+def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int, secure: bool) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
     A directory runs one cluster at a time (a second start on it is refused), every part must
@@ -38,17 +41,26 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int)
     stop = _stop_on_signals()
     if zk_port is None:
         zk_port = load_state(directory).get("zk_port") or ZK_PORT_DEFAULT
-    cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port)
+    secure_dir = _secure_dir(directory, secure)
+    cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port, secure=secure_dir)
+    client_toml = None
+    if secure_dir is not None:
+        from tools.secure import write_admin_config
+
+        client_toml = write_admin_config(secure_dir, cluster.zk_address)
     try:
         cluster.start()
+        if client_toml is not None:
+            _provision_default_namespace(cluster, client_toml)
     except DlogError as exc:  # a bookie's failure comes with its log's tail: the first line says it
+        cluster.stop()
         raise type(exc)(str(exc).splitlines()[0]) from exc
     ui = None
     try:
         ui_url = None
         if ui_port >= 0:
-            ui, ui_url = _start_ui(cluster, ui_port)
-        _print_ready(cluster, ui_url)
+            ui, ui_url = _start_ui(cluster, ui_port, client_toml)
+        _print_ready(cluster, ui_url, client_toml)
         _supervise(cluster, stop)
     finally:
         if ui is not None:
@@ -64,16 +76,45 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _start_ui(cluster: Any, port: int) -> tuple[Any, str]:
+def _secure_dir(directory: Path, secure: bool) -> Any:
+    """The secure material of `directory` (made on the first --secure start), or None."""
+    from bookkeeper.errors import ConfigError
+
+    path = Path(directory) / "secure"
+    if not secure:
+        if path.exists():
+            raise ConfigError(f"{directory} holds a secure cluster ({path} exists): start it with --secure")
+        return None
+    from tools.secure import create
+
+    return create(path)
+
+
+def _provision_default_namespace(cluster: Any, client_toml: Path) -> None:
+    import asyncio
+
+    from bookkeeper.security.settings import load_client_settings
+    from tools.secure import provision_namespace
+
+    asyncio.run(provision_namespace(cluster.zk_address, load_client_settings(client_toml), "default",
+                                    bookkeeper_root=cluster.zk_root))
+
+
+def _start_ui(cluster: Any, port: int, client_toml: Path | None = None) -> tuple[Any, str]:
+    from bookkeeper.security.settings import NO_SECURITY, load_client_settings
     from tools.ui import UiOptions, UiThread
 
-    ui = UiThread(UiOptions(cluster.zk_address, cluster.zk_root), port=port)
+    security = load_client_settings(client_toml) if client_toml is not None else NO_SECURITY
+    ui = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, security=security), port=port)
     return ui, ui.start()
 
 
-def _print_ready(cluster: Any, ui_url: str | None) -> None:
+def _print_ready(cluster: Any, ui_url: str | None, client_toml: Path | None = None) -> None:
     addresses = ",".join(bookie.address for bookie in cluster.bookies) or "-"
     click.echo(f"dlog standalone ready zk={cluster.zk_address} bookies={addresses} dir={cluster.directory}")
+    if client_toml is not None:
+        click.echo(f"  client config {client_toml} (dlog --config {client_toml} ..., or "
+                   f"export DLOG_CONFIG={client_toml}); admin token in {client_toml.parent / 'admin.token'}")
     if ui_url is not None:
         click.echo(f"  ui {ui_url}")
     for bookie in cluster.bookies:

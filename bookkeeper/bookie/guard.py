@@ -1,0 +1,263 @@
+"""Who is on each bookie connection, and what it may do: the AUTH exchange and the per-request
+authorization (S1, S2).
+
+Theory of operation. A bookie with security on requires AUTH (opcode 6) as the first request of
+every connection: a signed token, or the connection's verified TLS client certificate. Until then
+any other request is answered UNAUTHENTICATED and the connection is closed (a client that does not
+know AUTH learns why in one line). Every later request is checked by `dispatch`: READ and READ_LAC
+need consume (or produce) rights on the ledger's namespace, ADD and WRITE_LAC produce rights, a
+fencing READ produce rights; the namespace is the `namespace` of the ledger's metadata in
+ZooKeeper, looked up once and cached (bounded). A request for a ledger without metadata is refused:
+a bookie never creates a ledger because a peer asked (the fencing READ or ADD that used to do so
+let anyone squat a ledger id under their own key). While a ledger's lookup runs, its requests wait
+in arrival order; lookups are bounded in number.
+
+`authenticate` and `authorize` are separate so a batched frame can run them once per frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from bookkeeper.errors import AuthenticationError, DlogError, NoSuchLedgerError
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    AuthMechanism,
+    AuthRequest,
+    AuthResponse,
+    BookieInfoRequest,
+    ErrorResponse,
+    ReadLacRequest,
+    ReadRequest,
+    Status,
+    WriteLacRequest,
+    encode_response,
+)
+from bookkeeper.security.authz import ANONYMOUS, Action, Principal, decide
+from bookkeeper.security.tls import ServerTls
+from bookkeeper.security.tokens import TokenKey, TokenVerifier, certificate_principal
+
+log = logging.getLogger(__name__)
+NAMESPACE_CACHE_MAX = 100_000
+LOOKUPS_PENDING_MAX = 10_000  # requests waiting for a ledger's metadata, over all connections
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSecurity:
+    """A bookie's security settings. With neither a token key nor required client certificates,
+    and without TLS, the bookie is open (every connection acts as `anonymous`, an admin)."""
+
+    tls: ServerTls | None = None
+    token_key: TokenKey | None = None
+    allow_anonymous: bool = False  # connections that skip AUTH act as an admin: asked by name only
+
+    @property
+    def requires_auth(self) -> bool:
+        certificates = self.tls is not None and self.tls.require_client_cert
+        return (self.token_key is not None or certificates) and not self.allow_anonymous
+
+
+class Connection(Protocol):
+    principal: Principal | None
+    closed: bool
+
+    def send(self, frame: bytes) -> None: ...
+
+    def request_done(self) -> None: ...
+
+    def close_after_answer(self) -> None: ...
+
+    def peer_certificate(self) -> dict[str, Any] | None: ...
+
+    @property
+    def peer(self) -> str: ...
+
+
+def action_of(request: Any) -> Action:
+    kind = type(request)
+    if kind is AddRequest:
+        return Action.ADD
+    if kind is ReadRequest:
+        return Action.FENCE if request.fence else Action.READ
+    if kind is ReadLacRequest:
+        return Action.READ
+    if kind is WriteLacRequest:
+        return Action.WRITE_LAC
+    return Action.INFO
+
+
+class Guard:
+    def __init__(self, security: ServerSecurity, handlers: dict[type, Callable[[Any, Any], None]],
+                 lookup: Callable[[int], Awaitable[str | None]] | None,
+                 knows_ledger: Callable[[int], bool],
+                 cache_max: int = NAMESPACE_CACHE_MAX, pending_max: int = LOOKUPS_PENDING_MAX) -> None:
+        self.security = security
+        self.handlers = handlers
+        self._lookup = lookup
+        self._knows_ledger = knows_ledger
+        self._verifier = TokenVerifier(security.token_key) if security.token_key else None
+        self.cache_max = cache_max
+        self.pending_max = pending_max
+        self._namespaces: dict[int, str | None] = {}
+        self._waiting: dict[int, list[tuple[Any, Connection]]] = {}
+        self._waiting_count = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.auth_failures = 0
+        self.forbidden = 0
+        self.lookups = 0
+
+    # ------------------------------------------------------------------ authentication
+
+    def authenticate(self, request: AuthRequest, connection: Connection) -> None:
+        try:
+            principal = self._principal_of(request, connection)
+        except AuthenticationError as exc:
+            self.auth_failures += 1
+            log.info("AUTH from %s refused: %s", connection.peer, exc)
+            self._refuse(connection, request.request_id, 6, Status.UNAUTHENTICATED, str(exc), close=True)
+            return
+        connection.principal = principal
+        connection.send(encode_response(AuthResponse(request.request_id, principal.name)))
+        connection.request_done()
+
+    def _principal_of(self, request: AuthRequest, connection: Connection) -> Principal:
+        if request.mechanism == AuthMechanism.TOKEN:
+            if self._verifier is None:
+                raise AuthenticationError("this bookie takes no tokens (it authenticates TLS client "
+                                          "certificates: use mechanism CERTIFICATE)")
+            return self._verifier.verify(request.credentials)
+        if request.mechanism == AuthMechanism.CERTIFICATE:
+            return certificate_principal(connection.peer_certificate())
+        raise AuthenticationError(f"unknown AUTH mechanism {request.mechanism} (known: 1 token, "
+                                  "2 certificate)")
+
+    # ------------------------------------------------------------------ every request
+
+    def dispatch(self, request: Any, connection: Connection) -> None:
+        if type(request) is AuthRequest:
+            self.authenticate(request, connection)
+            return
+        principal = connection.principal
+        if principal is None:
+            if self.security.requires_auth:
+                self.auth_failures += 1
+                self._refuse(connection, request.request_id, _opcode(request), Status.UNAUTHENTICATED,
+                             "this bookie requires AUTH (opcode 6, protocol.md) before any other "
+                             "request: configure a token or client certificate (client.toml)", close=True)
+                return
+            principal = connection.principal = ANONYMOUS
+        if principal.expires_s is not None and time.time() > principal.expires_s:
+            self.auth_failures += 1
+            self._refuse(connection, request.request_id, _opcode(request), Status.UNAUTHENTICATED,
+                         "token expired during the connection: reconnect with a new one", close=True)
+            return
+        action = action_of(request)
+        if action is Action.INFO:
+            self.handlers[type(request)](request, connection)
+            return
+        ledger_id = request.ledger_id
+        if principal.is_admin and (self._knows_ledger(ledger_id)
+                                   or action not in (Action.ADD, Action.FENCE)):
+            self.handlers[type(request)](request, connection)
+            return
+        namespace = self._namespaces.get(ledger_id, _MISSING)
+        if namespace is _MISSING:
+            self._wait_for_lookup(ledger_id, request, connection)
+            return
+        self.authorize(request, connection, action, namespace)  # type: ignore[arg-type]
+
+    def authorize(self, request: Any, connection: Connection, action: Action, namespace: str | None) -> None:
+        """Run the request if the connection's principal may act on `namespace`; else refuse it."""
+        reason = decide(connection.principal or ANONYMOUS, action, namespace)
+        if reason is not None:
+            self.forbidden += 1
+            self._refuse(connection, request.request_id, _opcode(request), Status.FORBIDDEN,
+                         f"ledger {request.ledger_id}: {reason}")
+            return
+        self.handlers[type(request)](request, connection)
+
+    # ------------------------------------------------------------------ ledger namespaces
+
+    def _wait_for_lookup(self, ledger_id: int, request: Any, connection: Connection) -> None:
+        if self._lookup is None or ledger_id < 0:
+            self._refuse(connection, request.request_id, _opcode(request), Status.NO_LEDGER,
+                         f"ledger {ledger_id} has no metadata this bookie can check")
+            return
+        if self._waiting_count >= self.pending_max:
+            self._refuse(connection, request.request_id, _opcode(request), Status.TOO_MANY_REQUESTS,
+                         f"{self._waiting_count} requests already wait for ledger metadata "
+                         f"(maximum {self.pending_max})")
+            return
+        waiting = self._waiting.get(ledger_id)
+        self._waiting_count += 1
+        if waiting is not None:
+            waiting.append((request, connection))
+            return
+        self._waiting[ledger_id] = [(request, connection)]
+        task = asyncio.get_running_loop().create_task(self._look_up(ledger_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _look_up(self, ledger_id: int) -> None:
+        self.lookups += 1
+        outcome: str | None | BaseException
+        try:
+            outcome = await self._lookup(ledger_id)  # type: ignore[misc]
+        except (DlogError, OSError) as exc:
+            outcome = exc
+        waiting = self._waiting.pop(ledger_id, [])
+        self._waiting_count -= len(waiting)
+        if not isinstance(outcome, BaseException):
+            if len(self._namespaces) >= self.cache_max:
+                self._namespaces.pop(next(iter(self._namespaces)))
+            self._namespaces[ledger_id] = outcome
+        for request, connection in waiting:
+            if connection.closed:
+                continue
+            if isinstance(outcome, NoSuchLedgerError):
+                self._refuse(connection, request.request_id, _opcode(request), Status.NO_LEDGER,
+                             f"ledger {ledger_id} has no metadata: a bookie never creates a ledger "
+                             "for a request (create it through the client first)")
+            elif isinstance(outcome, BaseException):
+                self._refuse(connection, request.request_id, _opcode(request), Status.TOO_MANY_REQUESTS,
+                             f"cannot check ledger {ledger_id}'s metadata now: {outcome}")
+            else:
+                self.authorize(request, connection, action_of(request), outcome)
+
+    def forget(self, ledger_id: int) -> None:
+        """The ledger was deleted: its cached namespace goes too."""
+        self._namespaces.pop(ledger_id, None)
+
+    @property
+    def cached_namespaces(self) -> int:
+        return len(self._namespaces)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting_count
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _refuse(connection: Connection, request_id: int, opcode: int, status: Status, message: str,
+                *, close: bool = False) -> None:
+        connection.send(encode_response(ErrorResponse(request_id, opcode, status, message)))
+        connection.request_done()
+        if close:
+            connection.close_after_answer()
+
+
+def _opcode(request: Any) -> int:
+    return {AddRequest: 1, ReadRequest: 2, ReadLacRequest: 3, WriteLacRequest: 4,
+            BookieInfoRequest: 5, AuthRequest: 6}.get(type(request), 0)
