@@ -90,6 +90,28 @@ class SecureDir:
     def token(self, subject: str, roles: list[str], ttl_s: float | None = None) -> str:
         return create_token(TokenKey.from_file(self.token_key), subject, roles, ttl_s=ttl_s)
 
+    def client_settings(self, namespace: str | None, roles: list[str], *, subject: str = "app",
+                        token: str | None = None) -> SecuritySettings:
+        """A client of `namespace` holding a token with `roles` (or `token`) and the namespace's
+        ZooKeeper credentials, trusting the cluster CA."""
+        from bookkeeper.security.settings import derive_namespace_password, namespace_zk_user
+        from bookkeeper.security.tls import ClientTls
+
+        secret = self.cluster_secret_file.read_text().strip().encode()
+        user = password = None
+        if namespace is not None:
+            user, password = namespace_zk_user(namespace), derive_namespace_password(secret, namespace)
+        return SecuritySettings(tls=ClientTls(str(self.ca_file)),
+                                token=token if token is not None else self.token(subject, roles),
+                                zk_user=user, zk_password=password)
+
+    def admin_settings(self) -> SecuritySettings:
+        from bookkeeper.security.tls import ClientTls
+
+        return SecuritySettings(tls=ClientTls(str(self.ca_file)), token=self.admin_token,
+                                zk_user=ZK_ADMIN_USER, zk_password=self.zk_admin_password,
+                                cluster_secret=self.cluster_secret_file.read_text().strip().encode())
+
 
 def create(path: Path, zk: str | None = None,
            hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> SecureDir:

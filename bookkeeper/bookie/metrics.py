@@ -91,13 +91,52 @@ class _ServiceCollector(Collector):
             "dlog_bookie_gc_reclaimed_bytes": ("Bytes reclaimed by compaction",
                                                metrics.gc_reclaimed_bytes_total),
         }
+        counters.update({
+            "dlog_bookie_connections_closed_idle": ("Connections closed for sending no whole frame in "
+                                                    "time or stalling a partial frame", server.idle_closed),
+            "dlog_bookie_connections_closed_unsent": ("Connections closed for not taking their answers "
+                                                      "within unsent_timeout", server.unsent_closed),
+            "dlog_bookie_connections_closed_partial": ("Connections closed because partial frames held "
+                                                       "partial_bytes_max", server.partial_closed),
+            "dlog_bookie_unsent_pauses": ("Times a connection stopped being read for unsent answers",
+                                          server.unsent_blocks),
+            "dlog_bookie_long_polls_dropped": ("Long polls dropped because their connection closed",
+                                               core.dropped_waiters),
+        })
+        guard = self.service.guard
+        if guard is not None:
+            counters["dlog_bookie_auth_failures"] = ("Connections or requests refused as "
+                                                     "unauthenticated", guard.auth_failures)
+            counters["dlog_bookie_forbidden_requests"] = ("Requests refused by authorization",
+                                                          guard.forbidden)
+            counters["dlog_bookie_ledger_namespace_lookups"] = ("Ledger metadata reads for "
+                                                                "authorization", guard.lookups)
         for name, (documentation, value) in counters.items():
             yield CounterMetricFamily(name, documentation, value=value)
+        refused = CounterMetricFamily("dlog_bookie_connections_refused", "Connections refused at a cap",
+                                      labels=["cap"])
+        for cap, value in server.refused_connections.items():
+            refused.add_metric([cap], value)
+        yield refused
         disk = self.service.disk_usage()
         gauges = {
             "dlog_bookie_in_flight_requests": ("Requests received and not yet answered",
                                                server.in_flight),
             "dlog_bookie_connections": ("Open client connections", len(server.connections)),
+            "dlog_bookie_connections_max": ("Open connections at which new ones are refused",
+                                            server.limits.connections_max),
+            "dlog_bookie_connections_per_host_max": ("Open connections from one host at which its new "
+                                                     "ones are refused",
+                                                     server.limits.connections_per_host_max),
+            "dlog_bookie_unsent_bytes": ("Answer bytes clients have not taken yet", server.unsent_bytes),
+            "dlog_bookie_unsent_bytes_max": ("Unsent answer bytes per connection at which it stops "
+                                             "being read", server.limits.unsent_bytes_max),
+            "dlog_bookie_partial_frame_bytes": ("Bytes held in unfinished frames", server.partial_bytes),
+            "dlog_bookie_partial_frame_bytes_max": ("Bytes in unfinished frames at which connections are "
+                                                    "closed", server.limits.partial_bytes_max),
+            "dlog_bookie_long_polls": ("Long polls parked", core.waiter_count),
+            "dlog_bookie_long_polls_max": ("Long polls parked at which more are refused",
+                                           core.long_poll_waiters_max),
             "dlog_bookie_read_only": ("1 when the bookie refuses adds", int(core.read_only)),
             "dlog_bookie_write_cache_bytes": ("Entry bytes not yet checkpointed",
                                               self.service.storage.write_cache_bytes),
@@ -113,5 +152,10 @@ class _ServiceCollector(Collector):
             "dlog_bookie_disk_free_bytes": ("Free bytes on the data directory's file system",
                                             disk["free_bytes"]),
         }
+        if guard is not None:
+            gauges["dlog_bookie_ledger_namespaces_cached"] = ("Ledger namespaces cached for "
+                                                              "authorization", guard.cached_namespaces)
+            gauges["dlog_bookie_ledger_namespace_waiting"] = ("Requests waiting for their ledger's "
+                                                              "metadata", guard.waiting)
         for name, (documentation, value) in gauges.items():
             yield GaugeMetricFamily(name, documentation, value=value)

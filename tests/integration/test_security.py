@@ -1,0 +1,297 @@
+"""Every attack of issue 14 on the bookie protocol and ZooKeeper is refused on a real secure
+cluster (TLS bookies requiring tokens, ZooKeeper ACLs), while an authorized client works end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import time
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import OPEN_ACL_UNSAFE
+
+from bookkeeper.client import BookKeeper
+from bookkeeper.client.connection import BookieConnection, ConnectSecurity
+from bookkeeper.errors import (AuthenticationError, BookieUnavailableError, ForbiddenError,
+                               MetadataPermissionError, NoSuchLedgerError)
+from bookkeeper.meta import layout
+from bookkeeper.meta.acl import world_writable
+from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
+from bookkeeper.protocol.wire import (AuthMechanism, AuthRequest, BookieInfoRequest, ErrorResponse,
+                                      ReadRequest, ResponseDecoder, Status, encode_request)
+from bookkeeper.security.settings import SEALED_PREFIX
+from bookkeeper.security.tls import ClientTls
+from dlog import Namespace
+
+KEY = master_key(b"pw")
+
+
+def tls_context(cluster) -> ssl.SSLContext:
+    return ClientTls(str(cluster.secure_dir.ca_file)).context()
+
+
+def connect_security(cluster, token: str | None) -> ConnectSecurity:
+    return ConnectSecurity(tls_context(cluster), token)
+
+
+def namespace(cluster, name: str, roles: list[str], **options) -> Namespace:
+    settings = cluster.secure_dir.client_settings(name, roles)
+    return Namespace(cluster.zk_address, name, security=settings, **options)
+
+
+def raw_tls(address: str, context: ssl.SSLContext, data: bytes, timeout_s: float = 10.0):
+    """Send raw frames over TLS; the decoded answers and whether the bookie closed."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as plain:
+        with context.wrap_socket(plain, server_hostname=host) as sock:
+            sock.sendall(data)
+            decoder, answers, closed = ResponseDecoder(), [], False
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    chunk = sock.recv(65536)
+                except (socket.timeout, ssl.SSLError, ConnectionResetError):
+                    break
+                if not chunk:
+                    closed = True
+                    break
+                decoder.receive_data(chunk)
+                while (answer := decoder.next_message()) is not None:
+                    answers.append(answer)
+            return answers, closed
+
+
+@pytest.fixture(scope="module")
+def written(secure_cluster):
+    """A stream in namespace `orders` with three records, written by an authorized producer."""
+
+    async def write() -> tuple[int, str]:
+        async with namespace(secure_cluster, "orders", ["produce:orders", "consume:orders"]) as ns:
+            await ns.create_stream("s", ensemble=2, write_quorum=2, ack_quorum=2, exist_ok=True)
+            async with ns.open_writer("s") as writer:
+                offsets = [await writer.write(value) for value in (b"a", b"b", b"c")]
+            config = await ns.config("s")
+            return offsets[0].ledger_id, config.password
+
+    return asyncio.run(write())
+
+
+async def test_an_authorized_client_writes_and_reads_end_to_end(secure_cluster, written):
+    async with namespace(secure_cluster, "orders", ["consume:orders"]) as ns:
+        async with ns.open_reader("s", "earliest") as reader:
+            batch = await reader.read_batch(3, timeout_ms=10_000)
+            values = batch.column("value").to_pylist()
+    assert values == [b"a", b"b", b"c"]
+
+
+async def test_the_stream_password_is_sealed_in_zookeeper(secure_cluster, written):
+    _, stored = written
+    assert stored.startswith(SEALED_PREFIX)
+    async with namespace(secure_cluster, "orders", ["consume:orders"]) as ns:
+        password = ns.password_of(await ns.config("s")).decode()
+    assert password not in stored
+
+
+async def test_a_plain_read_without_credentials_is_refused(secure_cluster, written):
+    """The first attack: a READ with no password returned any ledger's entries."""
+    ledger_id, _ = written
+    address = secure_cluster.bookies[0].address
+    answers, closed = raw_tls(address, tls_context(secure_cluster),
+                              encode_request(ReadRequest(7, ledger_id, 0)))
+    assert isinstance(answers[0], ErrorResponse) and answers[0].status == Status.UNAUTHENTICATED
+    assert "AUTH" in answers[0].message and closed
+
+
+async def test_a_plaintext_client_gets_a_clean_refusal(secure_cluster):
+    connection = await BookieConnection.open(secure_cluster.bookies[0].address)
+    with pytest.raises(BookieUnavailableError) as refused:
+        await connection.info()
+    assert "TLS" in str(refused.value)
+    await connection.close()
+
+
+async def test_a_bookie_with_an_untrusted_certificate_is_refused(secure_cluster, tmp_path):
+    from tools.secure import create
+
+    other_ca = create(tmp_path / "other").ca_file
+    context = ClientTls(str(other_ca)).context()
+    with pytest.raises(AuthenticationError, match="not trusted"):
+        await BookieConnection.open(secure_cluster.bookies[0].address,
+                                    security=ConnectSecurity(context, "x"))
+
+
+@pytest.mark.parametrize("case", ["expired", "tampered", "other key", "garbage"])
+async def test_bad_tokens_are_refused(secure_cluster, case):
+    from bookkeeper.security.tokens import TokenKey, create_token
+
+    secure = secure_cluster.secure_dir
+    key = TokenKey.from_file(secure.token_key)
+    token = {
+        "expired": create_token(key, "app", ["admin"], ttl_s=1, now_s=time.time() - 3600),
+        "tampered": _tampered(create_token(key, "app", ["consume:orders"])),
+        "other key": create_token(TokenKey("HS256", b"k" * 32), "app", ["admin"]),
+        "garbage": "not.a.token",
+    }[case]
+    with pytest.raises(AuthenticationError):
+        await BookieConnection.open(secure_cluster.bookies[0].address,
+                                    security=connect_security(secure_cluster, token))
+
+
+def _tampered(token: str) -> str:
+    import base64
+
+    header, claims, signature = token.split(".")
+    decoded = json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
+    decoded["roles"] = ["admin"]
+    forged = base64.urlsafe_b64encode(json.dumps(decoded).encode()).rstrip(b"=").decode()
+    return f"{header}.{forged}.{signature}"
+
+
+async def test_a_token_for_another_namespace_or_role_is_forbidden(secure_cluster, written):
+    ledger_id, _ = written
+    secure = secure_cluster.secure_dir
+    address = secure_cluster.bookies[0].address
+    other = await BookieConnection.open(address, security=connect_security(
+        secure_cluster, secure.token("intruder", ["produce:billing", "consume:billing"])))
+    reader = await BookieConnection.open(address, security=connect_security(
+        secure_cluster, secure.token("reader", ["consume:orders"])))
+    try:
+        with pytest.raises(ForbiddenError, match="orders"):
+            await other.read(ledger_id, 0)
+        with pytest.raises(ForbiddenError):  # a consumer may not fence (take over) the writer
+            await reader.read(ledger_id, -1, fence_key=KEY)
+        with pytest.raises(ForbiddenError):
+            await reader.write_lac(ledger_id, KEY, 5)
+        assert (await reader.read(ledger_id, 0)).packed_entry  # but it may read
+    finally:
+        await other.close()
+        await reader.close()
+
+
+async def test_add_or_fence_of_a_ledger_without_metadata_never_creates_it(secure_cluster):
+    """A fencing READ or ADD for an id with no metadata used to create the ledger under the
+    caller's key, so its real owner could never write it."""
+    admin = await BookieConnection.open(secure_cluster.bookies[0].address,
+                                        security=connect_security(secure_cluster,
+                                                                  secure_cluster.secure_dir.admin_token))
+    squatted = 9_000_000_000
+    digest = Digest.for_ledger(DigestType.CRC32C, b"pw")
+    try:
+        with pytest.raises(NoSuchLedgerError, match="no metadata"):
+            await admin.read(squatted, -1, fence_key=KEY)
+        with pytest.raises(NoSuchLedgerError, match="no metadata"):
+            await admin.add(squatted, 0, KEY, pack_entry(digest, squatted, 0, -1, 1, b"x"))
+        with pytest.raises(NoSuchLedgerError):  # nothing was created
+            await admin.read_lac(squatted)
+    finally:
+        await admin.close()
+
+
+async def test_a_client_that_skips_auth_learns_why(secure_cluster):
+    answers, closed = raw_tls(secure_cluster.bookies[0].address, tls_context(secure_cluster),
+                              encode_request(BookieInfoRequest(3)))
+    assert answers[0].status == Status.UNAUTHENTICATED and closed
+    garbage_auth = encode_request(AuthRequest(4, 99, b""))
+    answers, closed = raw_tls(secure_cluster.bookies[0].address, tls_context(secure_cluster), garbage_auth)
+    assert answers[0].status == Status.UNAUTHENTICATED and "mechanism" in answers[0].message
+    assert AuthMechanism.TOKEN == 1
+
+
+def _anonymous_zk(cluster) -> KazooClient:
+    client = KazooClient(hosts=cluster.zk_address, timeout=10)
+    client.start(timeout=10)
+    return client
+
+
+def test_zookeeper_nodes_are_not_world_writable(secure_cluster, written):
+    client = _anonymous_zk(secure_cluster)
+    admin = KazooClient(hosts=secure_cluster.zk_address, timeout=10,
+                        auth_data=[("digest", f"admin:{secure_cluster.secure_dir.zk_admin_password}")])
+    admin.start(timeout=10)
+    try:
+        checked = 0
+        stack = [secure_cluster.zk_root, "/dlog"]
+        while stack:
+            path = stack.pop()
+            acls, _ = admin.get_acls(path)
+            relative = path[len(secure_cluster.zk_root):]
+            if relative.startswith("/idgen"):
+                assert not any(acl.perms & 8 for acl in acls if acl.id.scheme == "world")  # no delete
+            elif relative.startswith("/ledgers") and not path.rsplit("/", 1)[1].startswith("L"):
+                world = [acl.perms for acl in acls if acl.id.scheme == "world"]
+                assert world == [5], (path, acls)  # read + create only: never delete
+            else:
+                assert not world_writable(acls), (path, acls)
+            checked += 1
+            stack += [f"{path.rstrip('/')}/{child}" for child in admin.get_children(path)]
+        assert checked > 15
+    finally:
+        client.stop()
+        admin.stop()
+
+
+def test_without_credentials_zookeeper_refuses_every_attack(secure_cluster, written):
+    """Reading a stream's config, fencing by rewriting metadata, deleting a stream's nodes,
+    rewriting or forging a bookie registration: all refused by ACLs."""
+    ledger_id, _ = written
+    root = secure_cluster.zk_root
+    client = _anonymous_zk(secure_cluster)
+    try:
+        with pytest.raises(NoAuthError):
+            client.get("/dlog/orders/streams/s")
+        with pytest.raises(NoAuthError):
+            client.delete("/dlog/orders/streams/s", recursive=True)
+        with pytest.raises(NoAuthError):
+            client.set(layout.ledger_path(root, ledger_id), b"{}")
+        with pytest.raises(NoAuthError):
+            client.delete(layout.ledger_path(root, ledger_id))
+        bookie = secure_cluster.bookies[0].bookie_id
+        with pytest.raises(NoAuthError):
+            client.set(layout.bookie_path(root, bookie), json.dumps({"address": "127.0.0.1:1"}).encode())
+        with pytest.raises(NoAuthError):
+            client.create(layout.bookie_path(root, "127.0.0.1:1"), b"{}")
+        with pytest.raises(NoAuthError):
+            client.delete(layout.cookie_path(root, bookie))
+    finally:
+        client.stop()
+
+
+async def test_a_namespace_principal_cannot_touch_another_namespace(secure_cluster, written):
+    with pytest.raises(MetadataPermissionError):
+        async with namespace(secure_cluster, "billing", ["admin:billing"]) as ns:
+            await ns.store.zk.get("/dlog/orders/streams/s")
+
+
+async def test_registrations_anyone_could_write_are_not_trusted(secure_cluster):
+    """An admin mistake (a registration with an open ACL) must not let clients send entries to
+    whatever address it names."""
+    root = secure_cluster.zk_root
+    admin = KazooClient(hosts=secure_cluster.zk_address, timeout=10,
+                        auth_data=[("digest", f"admin:{secure_cluster.secure_dir.zk_admin_password}")])
+    admin.start(timeout=10)
+    fake = layout.bookie_path(root, "127.0.0.1:1")
+    admin.create(fake, json.dumps({"id": "127.0.0.1:1", "address": "127.0.0.1:1"}).encode(),
+                 acl=OPEN_ACL_UNSAFE, ephemeral=True)
+    try:
+        async with BookKeeper(secure_cluster.zk_address, root=root,
+                              security=secure_cluster.secure_dir.admin_settings()) as client:
+            ids = {info.bookie_id for info in await client.store.bookies()}
+        assert "127.0.0.1:1" not in ids and len(ids) == 2
+    finally:
+        admin.delete(fake)
+        admin.stop()
+
+
+async def test_ledger_deletion_by_a_namespace_leaves_a_tombstone_gc_collects(secure_cluster):
+    async with namespace(secure_cluster, "billing", ["admin:billing"]) as ns:
+        await ns.create_stream("gone", ensemble=2, write_quorum=2, ack_quorum=2)
+        async with ns.open_writer("gone") as writer:
+            offset = await writer.write(b"x")
+        deleted = await ns.delete_stream("gone")
+        assert deleted == [offset.ledger_id]
+        with pytest.raises(NoSuchLedgerError):
+            await ns.client.open_ledger(offset.ledger_id, recovery=False)
