@@ -79,8 +79,13 @@ class Namespace:
                                               self.namespace_root))
         await self.zk.start()
         metadata = ZooKeeperMetadataStore(self.zk, self.bookkeeper_root)
-        await metadata.ensure_layout()
-        self.client = await BookKeeper(store=metadata, security=self.security, **self.client_options).start()
+        try:
+            await metadata.ensure_layout()
+            self.client = await BookKeeper(store=metadata, security=self.security,
+                                           **self.client_options).start()
+        except BaseException:
+            await self.zk.close()
+            raise
         self.store = StreamStore(self.zk, self.root)
         try:
             await self.zk.ensure_path(f"{self.root}/streams")
@@ -88,7 +93,7 @@ class Namespace:
             await self.close()
             raise MetadataPermissionError(
                 f"namespace {self.name!r} is not open to this client's ZooKeeper identity "
-                f"({self.security.zk_user}): an admin creates it and its credentials with "
+                f"({self.security.zk_user or 'none: no client.toml given'}): an admin creates it and its credentials with "
                 f"`dlog token create --namespace {self.name} ...`") from exc
         return self
 

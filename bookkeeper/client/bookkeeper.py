@@ -21,7 +21,10 @@ from bookkeeper.client.connection import ConnectSecurity
 from bookkeeper.client.pool import BookiePool
 from bookkeeper.client.settings import ClientSettings, DriverContext
 from bookkeeper.errors import (
+    AuthenticationError,
     ConfigError,
+    DlogError,
+    ForbiddenError,
     LedgerRecoveryError,
     UnauthorizedError,
 )
@@ -77,7 +80,23 @@ class BookKeeper:
         self.context = DriverContext(self.pool, self.store, self.settings, self.watch_writable)
         self._unwatch = self.store.watch_bookies(self._on_bookies)
         self._on_bookies(await self.store.bookies())
+        if self.pool.security.authenticates and self._bookies:
+            await self._check_credentials()
         return self
+
+    async def _check_credentials(self) -> None:
+        """Connect to one bookie now, so bad TLS settings or a refused token fail here with the
+        bookie's reason instead of as bookie failures later (the connection is kept for use)."""
+        from bookkeeper.protocol.wire import BookieInfoRequest
+
+        bookie_id = sorted(self._bookies)[0]
+        try:
+            await self.pool.send(bookie_id, BookieInfoRequest(self.pool.next_request_id()))
+        except (AuthenticationError, ForbiddenError):
+            await self.close()
+            raise
+        except DlogError as exc:  # unreachable: writes will route around it
+            log.debug("credential check with bookie %s failed: %s", bookie_id, exc)
 
     async def close(self) -> None:
         if self._unwatch is not None:

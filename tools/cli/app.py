@@ -17,6 +17,7 @@ from tools.cli.retention import retention
 from tools.cli.standalone import standalone, ui_command
 from tools.cli.stream import stream
 from tools.cli.subscription import subscription
+from tools.cli.token import token
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,5 +30,5 @@ def main() -> None:
 
 
 for command in (bookie, ledger, stream, subscription, write_command, read_command, truncate_command,
-                retention, export_command, cluster, ping_command, standalone, ui_command, bench):
+                retention, export_command, cluster, ping_command, standalone, ui_command, bench, token):
     main.add_command(command)

@@ -1,0 +1,74 @@
+"""`dlog token create`: signed tokens for clients, and optionally their whole client.toml."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from bookkeeper.errors import ConfigError
+from tools.cli.common import DURATION, fails_cleanly, zk_option
+
+
+@click.group()
+def token() -> None:
+    """Make tokens (signed with the key named by client.toml's token_key_file)."""
+
+
+@token.command("create")
+@click.option("--role", "roles", multiple=True, required=True,
+              type=click.Choice(["produce", "consume", "admin", "bookie"]),
+              help="repeatable; with --namespace, produce/consume/admin are that namespace's")
+@click.option("--namespace", default=None, help="the namespace the roles are for (none: cluster-wide admin)")
+@click.option("--subject", default=None, help="the principal's name (default: app-<namespace> or admin)")
+@click.option("--ttl", default=None, type=DURATION, help="lifetime, e.g. 30d (default: no expiry)")
+@click.option("--key", "key_file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="signing key (default: token_key_file of client.toml)")
+@click.option("--client-config", "client_config_out", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="also write a client.toml for this principal (token, CA, the namespace's ZooKeeper "
+                   "credentials) and create the namespace in ZooKeeper if needed")
+@zk_option
+@fails_cleanly
+def token_create(roles: tuple[str, ...], namespace: str | None, subject: str | None, ttl: int | None,
+                 key_file: str | None, client_config_out: Path | None, zk: str, zk_root: str) -> None:
+    """Print a token with the given roles."""
+    from bookkeeper.security.settings import load_client_settings
+    from bookkeeper.security.tokens import TokenKey, create_token
+    from dlog.names import check_subscription_name
+
+    settings = load_client_settings()
+    key_path = key_file or settings.token_key_file
+    if key_path is None:
+        raise ConfigError("no signing key: pass --key FILE or use an admin's client.toml (token_key_file)")
+    if namespace is not None:
+        check_subscription_name(namespace)
+        scoped = [f"{role}:{namespace}" if role in ("produce", "consume", "admin") else role for role in roles]
+    else:
+        if set(roles) - {"admin", "bookie"}:
+            raise ConfigError("produce and consume need --namespace NAME")
+        scoped = list(roles)
+    name = subject or (f"app-{namespace}" if namespace else "admin")
+    text = create_token(TokenKey.from_file(key_path), name, scoped,
+                        ttl_s=ttl / 1000 if ttl is not None else None)
+    if client_config_out is not None:
+        _write_client_config(client_config_out, settings, namespace, text, zk, zk_root)
+        click.echo(f"wrote {client_config_out}", err=True)
+    click.echo(text)
+
+
+def _write_client_config(path: Path, settings, namespace: str | None, text: str, zk: str,  # type: ignore[no-untyped-def]
+                         zk_root: str) -> None:
+    from tools.secure import provision_namespace, write_client_toml
+
+    if settings.tls is None or settings.tls.ca_file is None:
+        raise ConfigError("--client-config needs an admin's client.toml with ca_file")
+    credentials = settings.namespace_credentials(namespace) if namespace else None
+    if namespace is not None:
+        if credentials is None:
+            raise ConfigError("--client-config for a namespace needs cluster_secret_file in client.toml")
+        asyncio.run(provision_namespace(zk, settings, namespace, bookkeeper_root=zk_root))
+    write_client_toml(path, zk=zk, ca_file=Path(settings.tls.ca_file), token=text,
+                      zk_user=credentials[0] if credentials else None,
+                      zk_password=credentials[1] if credentials else None)
