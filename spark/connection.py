@@ -28,7 +28,7 @@ CLOSE_TIMEOUT_S = 10.0
 CONNECTIONS_MAX = 16
 
 _lock = threading.Lock()
-_connections: dict[tuple[str, str, str, str], Connection] = {}
+_connections: dict[tuple[str, ...], Connection] = {}
 
 
 class Connection:
@@ -39,8 +39,15 @@ class Connection:
         self.pid = os.getpid()
         self._bridge = LoopThread("dlog-spark-loop")
         self.loop = self._bridge.loop
+        from bookkeeper.security.settings import NO_SECURITY, SecuritySettings, load_client_settings
+
+        # only what the options say: a worker's environment ($DLOG_CONFIG) is not the query's
+        if options.config:
+            security = load_client_settings(options.config, token=options.token)
+        else:
+            security = SecuritySettings(token=options.token) if options.token else NO_SECURITY
         self.namespace = Namespace(options.zk, options.namespace, root=options.namespace_root,
-                                   bookkeeper_root=options.zk_root)
+                                   bookkeeper_root=options.zk_root, security=security)
         try:
             self.call(self.namespace.start())
         except BaseException:

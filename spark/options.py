@@ -19,7 +19,7 @@ from bookkeeper.errors import ConfigError
 from dlog.names import check_stream_name, check_subscription_name
 from dlog.offsets import parse_spark_offsets
 
-CONNECTION_OPTIONS = ("zk", "namespace", "zkRoot", "namespaceRoot")
+CONNECTION_OPTIONS = ("zk", "namespace", "zkRoot", "namespaceRoot", "config", "token")
 SOURCE_OPTIONS = CONNECTION_OPTIONS + (
     "stream", "streams", "streamPattern", "path", "startingOffsets", "maxRecordsPerTrigger",
     "minRecordsPerTrigger", "maxTriggerDelay", "failOnDataLoss", "minPartitions", "subscription",
@@ -44,10 +44,18 @@ class ConnectionOptions:
     namespace: str = NAMESPACE_DEFAULT
     zk_root: str = ZK_ROOT_DEFAULT
     namespace_root: str = NAMESPACE_ROOT_DEFAULT
+    config: str | None = None  # client.toml: TLS, token, ZooKeeper credentials (docs/security.md)
+    token: str | None = None  # replaces the file's token
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.zk, self.zk_root, self.namespace_root, self.namespace)
+    def key(self) -> tuple[str, ...]:
+        return (self.zk, self.zk_root, self.namespace_root, self.namespace, self.config or "",
+                self.token or "")
+
+    def __repr__(self) -> str:  # Spark may log options: never a token
+        token = "<set>" if self.token else None
+        return (f"ConnectionOptions(zk={self.zk!r}, namespace={self.namespace!r}, zk_root={self.zk_root!r}, "
+                f"namespace_root={self.namespace_root!r}, config={self.config!r}, token={token})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +167,7 @@ def _known(options: Mapping[str, str], known: tuple[str, ...], operation: str) -
 
 
 def _connection(values: Mapping[str, str]) -> ConnectionOptions:
-    zk = values.get("zk", ZK_DEFAULT).strip()
+    zk = values.get("zk", _zk_from_config(values.get("config"))).strip()
     if not zk:
         raise ConfigError("option 'zk' is empty: give the ZooKeeper address, e.g. 127.0.0.1:2181")
     namespace = values.get("namespace", NAMESPACE_DEFAULT)
@@ -170,7 +178,19 @@ def _connection(values: Mapping[str, str]) -> ConnectionOptions:
         if not root.startswith("/") or root.endswith("/") or "//" in root:
             raise ConfigError(f"bad {name} {root!r}: use an absolute ZooKeeper path like {default}")
         roots.append(root)
-    return ConnectionOptions(zk, namespace, roots[0], roots[1])
+    config = values.get("config") or None
+    if config is not None and not os.path.isfile(config):
+        raise ConfigError(f"option 'config' {config!r} is not a file: give the path of a client.toml")
+    token = values.get("token") or None
+    return ConnectionOptions(zk, namespace, roots[0], roots[1], config, token)
+
+
+def _zk_from_config(config: str | None) -> str:
+    if not config or not os.path.isfile(config):
+        return ZK_DEFAULT
+    from bookkeeper.security.settings import load_cluster_table
+
+    return str(load_cluster_table(config).get("zk") or ZK_DEFAULT)
 
 
 def _stream_selection(values: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]:

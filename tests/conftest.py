@@ -42,3 +42,29 @@ async def zk(zk_server: EmbeddedZooKeeper) -> AsyncIterator[AsyncZooKeeper]:
     await client.start()
     yield client
     await client.close()
+
+
+# ------------------------------------------------------------------------------ a secure cluster
+
+
+@pytest.fixture(scope="session")
+def secure_cluster(tmp_path_factory):
+    """A secure cluster for the whole session (started by the first test that asks): its own
+    ZooKeeper with dlog's admin as super user, two TLS bookies requiring tokens and registering
+    under ACLs, and the namespaces `orders` and `billing` provisioned."""
+    import asyncio
+
+    from tools.cluster import LocalCluster
+    from tools.secure import create, provision_namespace
+
+    directory = tmp_path_factory.mktemp("secure")
+    secure = create(directory / "secure")
+    cluster = LocalCluster(directory / "cluster", bookies=2, secure=secure,
+                           bookie_args=["--gc-interval", "0"])
+    cluster.start()
+    admin = secure.admin_settings()
+    for namespace in ("orders", "billing"):
+        asyncio.run(provision_namespace(cluster.zk_address, admin, namespace))
+    cluster.secure_dir = secure
+    yield cluster
+    cluster.stop()
