@@ -9,6 +9,7 @@ import random
 import statistics
 import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from bookkeeper.errors import DlogError
@@ -57,23 +58,49 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 
 
 @contextmanager
-def local_cluster(bookies: int, bookie_args: list[str] | None = None) -> Iterator[LocalCluster]:
+def local_cluster(bookies: int, bookie_args: list[str] | None = None,
+                  secure: bool = False) -> Iterator[LocalCluster]:
+    """A cluster in a scratch directory; `secure`: TLS bookies requiring tokens, ZooKeeper ACLs,
+    and the bench namespace provisioned (what `dlog standalone --secure` runs)."""
     with tempfile.TemporaryDirectory(prefix="dlog-bench-") as directory:
-        cluster = LocalCluster(directory, bookies=bookies, bookie_args=bookie_args)
+        secure_dir = None
+        if secure:
+            from tools.secure import create
+
+            secure_dir = create(Path(directory) / "secure")
+        cluster = LocalCluster(directory, bookies=bookies, bookie_args=bookie_args, secure=secure_dir)
         cluster.start()
         try:
+            if secure_dir is not None:
+                from tools.secure import provision_namespace
+
+                asyncio.run(provision_namespace(cluster.zk_address, secure_dir.admin_settings(), NAMESPACE))
             yield cluster
         finally:
             cluster.stop()
+
+
+def client_security(cluster: LocalCluster, *, admin: bool = False) -> Any:
+    """The bench client's security settings: none on an open cluster; on a secure one a producer
+    and consumer of the bench namespace (or an admin, for ledgers of no namespace)."""
+    from bookkeeper.security.settings import NO_SECURITY
+
+    secure = cluster.secure
+    if secure is None:
+        return NO_SECURITY
+    if admin:
+        return secure.admin_settings()
+    return secure.client_settings(NAMESPACE, [f"produce:{NAMESPACE}", f"consume:{NAMESPACE}"], subject="bench")
 
 
 def bookie_args(fsync: bool) -> list[str]:
     return [] if fsync else ["--no-fsync"]
 
 
-def stream_header(mode: str, fsync: bool) -> dict[str, Any]:
+def stream_header(mode: str, fsync: bool, secure: bool = False) -> dict[str, Any]:
     return {"mode": mode, "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2",
-            "durability": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC}
+            "durability": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC,
+            **({"security": "TLS + token auth + authorization + ZooKeeper ACLs"} if secure else {})}
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -122,13 +149,13 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def run_streams(fsync: bool, action: Any) -> Any:
+def run_streams(fsync: bool, action: Any, secure: bool = False) -> Any:
     """Start a 3-bookie cluster, open the bench namespace, and run `action(ns)` in it."""
     from dlog import Namespace
 
     async def go(cluster: LocalCluster) -> Any:
-        async with Namespace(cluster.zk_address, NAMESPACE) as ns:
+        async with Namespace(cluster.zk_address, NAMESPACE, security=client_security(cluster)) as ns:
             return await action(ns, cluster)
 
-    with local_cluster(3, bookie_args(fsync)) as cluster:
+    with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
         return asyncio.run(go(cluster))

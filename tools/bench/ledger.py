@@ -17,6 +17,7 @@ from bookkeeper.protocol.wire import (
 from tools.bench.common import (
     PASSWORD,
     bookie_args,
+    client_security,
     event_payload,
     local_cluster,
     percentiles,
@@ -110,7 +111,7 @@ async def _ledger_runs(cluster: LocalCluster, entries: int, in_flight: int, late
     from bookkeeper.client import BookKeeper
 
     runs = []
-    async with BookKeeper(zk=cluster.zk_address) as client:
+    async with BookKeeper(zk=cluster.zk_address, security=client_security(cluster, admin=True)) as client:
         handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
         payloads = [event_payload(index, 100) for index in range(entries)]
         semaphore = asyncio.Semaphore(in_flight)
@@ -177,11 +178,13 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, A
 
 def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: int = 5_000,
                  rate_per_s: int = 1000, fsync: bool = True,
-                 sweep_rates_per_s: Sequence[int] = ()) -> dict[str, Any]:
+                 sweep_rates_per_s: Sequence[int] = (), secure: bool = False) -> dict[str, Any]:
     """Throughput, sequential latency, and tail latency at `rate_per_s` (and at each sweep rate,
     for a chart of latency against offered throughput)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
-    with local_cluster(3, bookie_args(fsync)) as cluster:
+    with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
         runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries, rates))
-    return {"mode": "ledger", "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2", "runs": runs}
+    return {"mode": "ledger", "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2",
+            **({"security": "TLS + token auth + ZooKeeper ACLs (admin token)"} if secure else {}),
+            "runs": runs}
 

@@ -144,7 +144,7 @@ def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_ra
 
 
 def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
-                write_records: int = 300_000, fsync: bool = True) -> dict[str, Any]:
+                write_records: int = 300_000, fsync: bool = True, secure: bool = False) -> dict[str, Any]:
     """Stream writes: write_batch of Arrow batches, and per-record write() of `write_records`."""
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
@@ -152,7 +152,8 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
         return [await _write_batch_run(ns, "batches", values, batch_records),
                 await _write_records_run(ns, "records", values[:min(records, write_records)])]
 
-    return {**stream_header("write", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs)}
+    return {**stream_header("write", fsync, secure), "record_bytes": 100,
+            "runs": run_streams(fsync, runs, secure)}
 
 
 def bench_read(records: int = 1_000_000, batch_records: int = 10_000, fsync: bool = True) -> dict[str, Any]:

@@ -52,6 +52,8 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     print_table(columns, rows)
 
 
+secure_option = click.option("--secure", is_flag=True, help="on a secure cluster (TLS, tokens, "
+                             "authorization, ZooKeeper ACLs), to measure their cost")
 no_fsync_option = click.option("--no-fsync", is_flag=True, help="measure without fdatasync (NOT durable)")
 
 
@@ -97,11 +99,12 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @rates_option(LEDGER_SWEEP_RATES)
 @plot_option
 @no_fsync_option
+@secure_option
 @json_option
 @fails_cleanly
 def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
                          sweep_rates: tuple[int, ...], plot_dir: Path | None, no_fsync: bool,
-                         as_json: bool) -> None:
+                         secure: bool, as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
     from tools.bench.ledger import bench_ledger
 
@@ -109,7 +112,7 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
     if plot_dir is not None and not sweep_rates:
         sweep_rates = LEDGER_SWEEP_RATES
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
-                          sweep_rates_per_s=sweep_rates)
+                          sweep_rates_per_s=sweep_rates, secure=secure)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "ledger-tail-latency.png",
                                             "ledger append to tailing reader latency", "appends"))]
@@ -140,14 +143,16 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
 @click.option("--write-records", default=300_000, show_default=True, type=click.IntRange(100),
               help="records written one by one with write() (at most --records)")
 @no_fsync_option
+@secure_option
 @json_option
 @fails_cleanly
 def bench_write_command(records: int, batch_records: int, write_records: int, no_fsync: bool,
-                        as_json: bool) -> None:
+                        secure: bool, as_json: bool) -> None:
     """Stream writes: write_batch() of Arrow batches and per-record write(), records/s and MB/s."""
     from tools.bench.streams import bench_write
 
-    print_bench(bench_write(records, batch_records, write_records, fsync=not no_fsync), as_json)
+    print_bench(bench_write(records, batch_records, write_records, fsync=not no_fsync, secure=secure),
+                as_json)
 
 
 @bench.command("read")
