@@ -23,11 +23,12 @@ from bookkeeper.client import BookKeeper
 from bookkeeper.client.ledger import ReadHandle
 from bookkeeper.clock import wall_ms
 from bookkeeper.errors import (ConfigError, DlogError, MetadataPermissionError, MetadataVersionError,
-                               NoSuchLedgerError)
+                               NoSuchLedgerError, QuotaExceededError)
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import zk_options
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+from bookkeeper.security.quota import Quota
 from bookkeeper.security.settings import (SecuritySettings, load_client_settings, load_cluster_table,
                                           seal_new_password, unseal_password)
 from dlog import describe
@@ -127,6 +128,7 @@ class Namespace:
             options["roll_bytes"] = roll_bytes
         if roll_age_ms is not None:
             options["roll_age_ms"] = roll_age_ms
+        await self._check_stream_quota(name)
         config = StreamConfig(name, ensemble, write_quorum, ack_quorum, roll_records=roll_records,
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
                               schema=schema_to_text(schema) if schema is not None else "",
@@ -139,6 +141,18 @@ class Namespace:
                 raise
             return await self.store.config(name)
         return config
+
+    async def _check_stream_quota(self, name: str) -> None:
+        found = await self.zk.get_or_none(layout.quota_path(self.bookkeeper_root, self.name))  # type: ignore[union-attr]
+        if found is None:
+            return
+        quota = Quota.from_bytes(found[0])
+        if quota.streams_max <= 0:
+            return
+        streams = await self.store.list_streams()
+        if len(streams) >= quota.streams_max and name not in streams:
+            raise QuotaExceededError(f"namespace {self.name!r} has {len(streams)} streams: its quota "
+                                     f"streams_max is {quota.streams_max} (dlog quota set)")
 
     async def config(self, name: str) -> StreamConfig:
         return await self.store.config(name)

@@ -39,12 +39,15 @@ from bookkeeper.protocol.wire import (
     encode_response,
 )
 from bookkeeper.security.authz import ANONYMOUS, Action, Principal, decide
+from bookkeeper.security.quota import UNLIMITED, Quota, TokenBucket
 from bookkeeper.security.tls import ServerTls
 from bookkeeper.security.tokens import TokenKey, TokenVerifier, certificate_principal
 
 log = logging.getLogger(__name__)
 NAMESPACE_CACHE_MAX = 100_000
 LOOKUPS_PENDING_MAX = 10_000  # requests waiting for a ledger's metadata, over all connections
+QUOTA_REFRESH_S = 10.0  # a namespace's quota is read again this long after it was read
+QUOTAS_CACHED_MAX = 10_000
 _MISSING = object()
 
 
@@ -75,6 +78,8 @@ class Connection(Protocol):
 
     def peer_certificate(self) -> dict[str, Any] | None: ...
 
+    def throttle(self, delay_s: float) -> None: ...
+
     @property
     def peer(self) -> str: ...
 
@@ -96,7 +101,8 @@ class Guard:
     def __init__(self, security: ServerSecurity, handlers: dict[type, Callable[[Any, Any], None]],
                  lookup: Callable[[int], Awaitable[str | None]] | None,
                  knows_ledger: Callable[[int], bool],
-                 cache_max: int = NAMESPACE_CACHE_MAX, pending_max: int = LOOKUPS_PENDING_MAX) -> None:
+                 cache_max: int = NAMESPACE_CACHE_MAX, pending_max: int = LOOKUPS_PENDING_MAX,
+                 quota_lookup: Callable[[str], Awaitable[Quota]] | None = None) -> None:
         self.security = security
         self.handlers = handlers
         self._lookup = lookup
@@ -108,9 +114,14 @@ class Guard:
         self._waiting: dict[int, list[tuple[Any, Connection]]] = {}
         self._waiting_count = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._quota_lookup = quota_lookup
+        # namespace -> (quota, when read, its write bucket); refreshed in the background
+        self._quotas: dict[str, tuple[Quota, float, TokenBucket | None]] = {}
+        self._quota_reads: set[str] = set()
         self.auth_failures = 0
         self.forbidden = 0
         self.lookups = 0
+        self.throttled = 0
 
     # ------------------------------------------------------------------ authentication
 
@@ -180,7 +191,50 @@ class Guard:
             self._refuse(connection, request.request_id, _opcode(request), Status.FORBIDDEN,
                          f"ledger {request.ledger_id}: {reason}")
             return
+        if action is Action.ADD and namespace is not None and self._quota_lookup is not None:
+            self._pace(namespace, len(request.packed_entry), connection)
         self.handlers[type(request)](request, connection)
+
+    # ------------------------------------------------------------------ quotas
+
+    def _pace(self, namespace: str, size_bytes: int, connection: Connection) -> None:
+        """Charge the namespace's write bucket; a connection over it is slowed, not refused."""
+        now_s = time.monotonic()
+        cached = self._quotas.get(namespace)
+        if cached is None or now_s - cached[1] > QUOTA_REFRESH_S:
+            self._refresh_quota(namespace)
+        if cached is None or cached[2] is None:
+            return
+        delay_s = cached[2].charge(size_bytes, now_s)
+        if delay_s > 0:
+            self.throttled += 1
+            connection.throttle(delay_s)
+
+    def _refresh_quota(self, namespace: str) -> None:
+        if namespace in self._quota_reads:
+            return
+        self._quota_reads.add(namespace)
+        task = asyncio.get_running_loop().create_task(self._read_quota(namespace))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read_quota(self, namespace: str) -> None:
+        try:
+            quota = await self._quota_lookup(namespace)  # type: ignore[misc]
+        except (DlogError, OSError) as exc:
+            log.warning("cannot read the quota of namespace %s: %s", namespace, exc)
+            quota = self._quotas.get(namespace, (UNLIMITED,))[0]
+        finally:
+            self._quota_reads.discard(namespace)
+        previous = self._quotas.get(namespace)
+        bucket = previous[2] if previous is not None else None
+        if quota.write_bytes_per_s <= 0:
+            bucket = None
+        elif bucket is None or bucket.rate_per_s != quota.write_bytes_per_s:
+            bucket = TokenBucket(quota.write_bytes_per_s, time.monotonic())
+        if namespace not in self._quotas and len(self._quotas) >= QUOTAS_CACHED_MAX:
+            self._quotas.pop(next(iter(self._quotas)))
+        self._quotas[namespace] = (quota, time.monotonic(), bucket)
 
     # ------------------------------------------------------------------ ledger namespaces
 

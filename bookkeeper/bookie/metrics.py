@@ -111,6 +111,8 @@ class _ServiceCollector(Collector):
                                                           guard.forbidden)
             counters["dlog_bookie_ledger_namespace_lookups"] = ("Ledger metadata reads for "
                                                                 "authorization", guard.lookups)
+            counters["dlog_bookie_quota_throttles"] = ("Times a connection was slowed for its "
+                                                       "namespace's write quota", guard.throttled)
         for name, (documentation, value) in counters.items():
             yield CounterMetricFamily(name, documentation, value=value)
         refused = CounterMetricFamily("dlog_bookie_connections_refused", "Connections refused at a cap",

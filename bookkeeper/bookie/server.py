@@ -102,6 +102,7 @@ class ClientConnection(asyncio.Protocol):
         self.principal: Principal | None = None
         self.host = "?"
         self._paused = False  # reading paused: in flight or journal
+        self._throttled = False  # reading paused: the namespace's write quota (guard)
         self._writes_blocked = False  # parsing and reading stopped: too many unsent answer bytes
         self._transport_full = False  # the transport asked us to stop writing (pause_writing)
         self._out: list[bytes] = []
@@ -166,7 +167,7 @@ class ClientConnection(asyncio.Protocol):
         guard = server.guard
         handlers = server.handlers
         unsent_bytes_max = self.limits.unsent_bytes_max
-        while not self.closed and not self._close_after_flush:
+        while not self.closed and not self._close_after_flush and not self._throttled:
             if self._out_bytes + self._transport_buffered() >= unsent_bytes_max:
                 self._block_on_writes()
                 break
@@ -238,14 +239,30 @@ class ClientConnection(asyncio.Protocol):
                 and not self.server.journal_full()):
             self._paused = False
             self.server.paused.discard(self)
-            if not self._writes_blocked:
+            if not self._writes_blocked and not self._throttled:
                 self.transport.resume_reading()  # type: ignore[union-attr]
             if self.decoder.pending_bytes:
                 self._loop.call_soon(self._process_if_open)
 
     def _process_if_open(self) -> None:
-        if not self.closed and not self._paused and not self._writes_blocked:
+        if not self.closed and not self._paused and not self._writes_blocked and not self._throttled:
             self._process()
+
+    def throttle(self, delay_s: float) -> None:
+        """Stop reading this connection for `delay_s` (a namespace over its write quota)."""
+        if self._throttled or self.closed:
+            return
+        self._throttled = True
+        self.transport.pause_reading()  # type: ignore[union-attr]
+        self._loop.call_later(delay_s, self._unthrottle)
+
+    def _unthrottle(self) -> None:
+        self._throttled = False
+        if self.closed:
+            return
+        if not self._paused and not self._writes_blocked:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self._loop.call_soon(self._process_if_open)
 
     # ------------------------------------------------------------------ unsent answers (S4)
 
@@ -265,7 +282,7 @@ class ClientConnection(asyncio.Protocol):
         if self._unsent_timer is not None:
             self._unsent_timer.cancel()
             self._unsent_timer = None
-        if not self._paused:
+        if not self._paused and not self._throttled:
             self.transport.resume_reading()  # type: ignore[union-attr]
         self._loop.call_soon(self._process_if_open)
 
@@ -339,7 +356,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _check_idle(self) -> None:
         self._idle_timer = None
-        if self.closed or not self.decoder.pending_bytes or self._paused or self._writes_blocked:
+        if (self.closed or not self.decoder.pending_bytes or self._paused or self._writes_blocked
+                or self._throttled):
             return  # a frame we stopped parsing on purpose is not the client's stall
         idle_s = self._loop.time() - self._partial_since
         if idle_s >= self.limits.idle_timeout_s:

@@ -31,6 +31,7 @@ from bookkeeper.errors import DlogError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import TOMBSTONE
 from bookkeeper.protocol.metadata import LedgerMetadata
+from bookkeeper.security.quota import UNLIMITED, Quota
 from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
 
 if TYPE_CHECKING:
@@ -70,7 +71,8 @@ class BookieService:
         self.guard: Guard | None = None
         if security.tls is not None or security.token_key is not None:
             self.guard = Guard(security, {}, self._ledger_namespace if config.zk else None,
-                               self.core.has_ledger)
+                               self.core.has_ledger,
+                               quota_lookup=self._namespace_quota if config.zk else None)
         self.server = BookieServer(self.core, config.limits, self._info,
                                    journal_full=lambda: self.journal.full, guard=self.guard,
                                    tls=security.tls.context() if security.tls is not None else None)
@@ -154,6 +156,11 @@ class BookieService:
         if found[0] == TOMBSTONE:
             raise NoSuchLedgerError(f"ledger {ledger_id} was deleted")
         return dict(LedgerMetadata.from_bytes(found[0]).custom).get("namespace")
+
+    async def _namespace_quota(self, namespace: str) -> Quota:
+        assert self.zk is not None
+        found = await self.zk.get_or_none(layout.quota_path(self.config.zk_root, namespace))
+        return Quota.from_bytes(found[0]) if found is not None else UNLIMITED
 
     async def _start_http(self) -> None:
         self._http_runner = web.AppRunner(make_app(self), access_log=None)

@@ -40,6 +40,11 @@ def ledgers_path(root: str) -> str:
     return f"{root}/ledgers"
 
 
+def quota_path(root: str, namespace: str) -> str:
+    """A namespace's quota (bookkeeper/security/quota.py); written by admins only."""
+    return f"{root}/quotas/{namespace}"
+
+
 def idgen_path(root: str) -> str:
     return f"{root}/idgen"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import ssl
 import time
@@ -295,3 +296,49 @@ async def test_ledger_deletion_by_a_namespace_leaves_a_tombstone_gc_collects(sec
         assert deleted == [offset.ledger_id]
         with pytest.raises(NoSuchLedgerError):
             await ns.client.open_ledger(offset.ledger_id, recovery=False)
+
+
+async def test_namespace_quotas_limit_streams_and_pace_writes(secure_cluster):
+    """Quotas are set by admins only (the quota node's ACL); streams_max is checked at creation
+    and write_bytes_per_s paced by every bookie, which slows the writer instead of failing it."""
+    import urllib.request
+
+    from bookkeeper.errors import QuotaExceededError
+    from bookkeeper.meta.acl import zk_options
+    from bookkeeper.meta.zk import AsyncZooKeeper
+    from bookkeeper.security.quota import Quota
+
+    def throttles() -> float:
+        total = 0.0
+        context = tls_context(secure_cluster)
+        for bookie in secure_cluster.bookies:
+            text = urllib.request.urlopen(bookie.http + "/metrics", timeout=5, context=context).read().decode()
+            total += next(float(line.split()[1]) for line in text.splitlines()
+                          if line.startswith("dlog_bookie_quota_throttles_total "))
+        return total
+
+    root = secure_cluster.zk_root
+    path = layout.quota_path(root, "billing")
+    admin = secure_cluster.secure_dir.admin_settings()
+    zk = AsyncZooKeeper(secure_cluster.zk_address, **zk_options(admin, root))
+    await zk.start()
+    try:
+        await zk.create(path, Quota(streams_max=1, write_bytes_per_s=32 * 1024).to_bytes(), makepath=True)
+    finally:
+        await zk.close()
+    async with namespace(secure_cluster, "billing", ["admin:billing", "produce:billing"]) as ns:
+        with pytest.raises(MetadataPermissionError):  # a namespace cannot raise its own quota
+            await ns.zk.set(path, Quota().to_bytes())
+        for name in await ns.list_streams():
+            await ns.delete_stream(name)
+        await ns.create_stream("paid", ensemble=2, write_quorum=2, ack_quorum=2)
+        with pytest.raises(QuotaExceededError, match="streams_max is 1"):
+            await ns.create_stream("second", ensemble=2, write_quorum=2, ack_quorum=2)
+        # bookies read a quota again within 10 s (QUOTA_REFRESH_S): write until the pacing shows
+        async with ns.open_writer("paid") as writer:
+            deadline = time.monotonic() + 40
+            while throttles() == 0:
+                assert time.monotonic() < deadline, "writes were never paced by the quota"
+                for _ in range(4):
+                    await writer.write(os.urandom(16 * 1024))  # incompressible
+                await writer.flush()

@@ -131,3 +131,21 @@ def test_stream_passwords_are_sealed_and_need_the_namespace_credentials():
     with pytest.raises(ConfigError, match="sealed"):
         unseal_password(stored, None)
     assert unseal_password("clear-legacy", None) == "clear-legacy"
+
+
+def test_the_write_bucket_paces_to_its_rate_with_a_one_second_burst():
+    from bookkeeper.security.quota import DELAY_S_MAX, TokenBucket
+
+    bucket = TokenBucket(1000, now_s=0.0)
+    assert bucket.charge(1000, 0.0) == 0.0  # the burst
+    assert bucket.charge(500, 0.0) == pytest.approx(0.5)  # 500 bytes over: wait half a second
+    assert bucket.charge(0, 0.5) == 0.0  # refilled to zero debt
+    assert bucket.charge(100_000, 0.5) == DELAY_S_MAX  # never one pause longer than the cap
+
+
+@pytest.mark.parametrize("data", [b"not json", b'{"streams_max": -1}', b'{"write_bytes_per_s": "x"}'])
+def test_bad_quota_nodes_are_refused(data):
+    from bookkeeper.security.quota import Quota
+
+    with pytest.raises(ConfigError, match="quota"):
+        Quota.from_bytes(data)

@@ -11,6 +11,7 @@ from tools.cli.bench import bench
 from tools.cli.bookie import bookie
 from tools.cli.health import cluster, ping_command
 from tools.cli.ledger import ledger
+from tools.cli.quota import quota
 from tools.cli.read import read_command
 from tools.cli.records import export_command, truncate_command, write_command
 from tools.cli.retention import retention
@@ -30,5 +31,6 @@ def main() -> None:
 
 
 for command in (bookie, ledger, stream, subscription, write_command, read_command, truncate_command,
-                retention, export_command, cluster, ping_command, standalone, ui_command, bench, token):
+                retention, export_command, cluster, ping_command, standalone, ui_command, bench, token,
+                quota):
     main.add_command(command)

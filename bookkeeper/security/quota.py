@@ -1,0 +1,62 @@
+"""Namespace quotas: what they are, and the pure token bucket that paces a namespace's writes.
+
+A namespace's quota lives in ZooKeeper at `<bookkeeper root>/quotas/<namespace>` (JSON, written by
+admins only: the node's ACL): `streams_max` (checked when a stream is created), `write_bytes_per_s`
+(enforced by every bookie on the ADDs of that namespace's ledgers: a connection over it is not
+refused but slowed, by not reading it until the bucket refills). Zero or missing means unlimited.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from bookkeeper.errors import ConfigError
+
+BURST_S = 1.0  # a bucket holds this many seconds of its rate
+DELAY_S_MAX = 5.0  # never pause a connection longer than this at once
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    streams_max: int = 0
+    write_bytes_per_s: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("streams_max", "write_bytes_per_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"quota {name} must be a whole number >= 0 (0: unlimited), got {value!r}")
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"streams_max": self.streams_max,
+                           "write_bytes_per_s": self.write_bytes_per_s}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Quota:
+        try:
+            document = json.loads(data)
+            return cls(int(document.get("streams_max", 0)), int(document.get("write_bytes_per_s", 0)))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"quota node is not valid quota JSON: {exc}") from exc
+
+
+UNLIMITED = Quota()
+
+
+class TokenBucket:
+    """Bytes allowed at `rate_per_s` with a burst of BURST_S seconds; `charge` takes the bytes now
+    and returns how long the caller should wait before taking more (0: none)."""
+
+    def __init__(self, rate_per_s: int, now_s: float) -> None:
+        self.rate_per_s = rate_per_s
+        self.tokens = rate_per_s * BURST_S
+        self.updated_s = now_s
+
+    def charge(self, size_bytes: int, now_s: float) -> float:
+        self.tokens = min(self.rate_per_s * BURST_S, self.tokens + (now_s - self.updated_s) * self.rate_per_s)
+        self.updated_s = now_s
+        self.tokens -= size_bytes
+        if self.tokens >= 0:
+            return 0.0
+        return min(DELAY_S_MAX, -self.tokens / self.rate_per_s)
