@@ -92,3 +92,15 @@ def host_of(address: str) -> str:
     """The host part of `host:port` (IPv6 in brackets allowed)."""
     host = address.rpartition(":")[0]
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or "localhost") only reaches this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -175,7 +175,7 @@ def server_security(host: str, tls_cert: str | None, tls_key: str | None, tls_ca
                     insecure_plaintext: bool) -> Any:
     """The bookie's ServerSecurity; off loopback, TLS and authentication unless refused by name (S1)."""
     from bookkeeper.bookie.guard import ServerSecurity
-    from bookkeeper.security.tls import ServerTls
+    from bookkeeper.security.tls import ServerTls, is_loopback
     from bookkeeper.security.tokens import TokenKey
 
     if (tls_cert is None) != (tls_key is None):
@@ -192,17 +192,6 @@ def server_security(host: str, tls_cert: str | None, tls_key: str | None, tls_ca
             raise ConfigError(f"a bookie on {host} (not loopback) authenticates clients: pass "
                               "--token-key or --tls-require-client-cert, or --allow-anonymous")
     return ServerSecurity(tls, key, allow_anonymous)
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @bookie.command("list")

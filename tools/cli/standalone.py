@@ -138,14 +138,25 @@ def _supervise(cluster: Any, stop: threading.Event) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="port to listen on (0: any free port)")
+@click.option("--insecure-plaintext", is_flag=True, help="serve the page (plaintext, no login) on a "
+              "non-loopback --host anyway")
 @fails_cleanly
-def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int) -> None:
-    """Serve the cluster status page (bookies, stream segments, subscription lag) until Ctrl-C."""
+def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int,
+               insecure_plaintext: bool) -> None:
+    """Serve the cluster status page (bookies, stream segments, subscription lag) until Ctrl-C.
+    With --config (an admin's client.toml) it reads a secure cluster."""
+    from bookkeeper.errors import ConfigError
+    from bookkeeper.security.settings import load_client_settings
+    from bookkeeper.security.tls import is_loopback
     from tools.ui import UiOptions, serve
+
+    if not is_loopback(host) and not insecure_plaintext:
+        raise ConfigError(f"the status page has no TLS and no login: serve it on 127.0.0.1, or pass "
+                          f"--insecure-plaintext to serve it on {host} anyway")
 
     def on_ready(url: str) -> None:
         click.echo(f"dlog ui serving {url} (Ctrl-C stops it)")
         sys.stdout.flush()
 
-    serve(UiOptions(zk, zk_root, namespace_root), host, port, on_ready)
+    serve(UiOptions(zk, zk_root, namespace_root, security=load_client_settings()), host, port, on_ready)
 
