@@ -32,6 +32,7 @@ from bookkeeper.protocol.wire import (
     AuthResponse,
     BookieInfoRequest,
     ErrorResponse,
+    OpCode,
     ReadLacRequest,
     ReadRequest,
     Status,
@@ -131,7 +132,8 @@ class Guard:
         except AuthenticationError as exc:
             self.auth_failures += 1
             log.info("AUTH from %s refused: %s", connection.peer, exc)
-            self._refuse(connection, request.request_id, 6, Status.UNAUTHENTICATED, str(exc), close=True)
+            self._refuse(connection, request.request_id, OpCode.AUTH, Status.UNAUTHENTICATED, str(exc),
+                         close=True)
             return
         connection.principal = principal
         connection.send(encode_response(AuthResponse(request.request_id, principal.name)))
@@ -312,6 +314,10 @@ class Guard:
             connection.close_after_answer()
 
 
+_OPCODES: dict[type, int] = {AddRequest: OpCode.ADD, ReadRequest: OpCode.READ,
+                             ReadLacRequest: OpCode.READ_LAC, WriteLacRequest: OpCode.WRITE_LAC,
+                             BookieInfoRequest: OpCode.GET_BOOKIE_INFO, AuthRequest: OpCode.AUTH}
+
+
 def _opcode(request: Any) -> int:
-    return {AddRequest: 1, ReadRequest: 2, ReadLacRequest: 3, WriteLacRequest: 4,
-            BookieInfoRequest: 5, AuthRequest: 6}.get(type(request), 0)
+    return _OPCODES.get(type(request), 0)

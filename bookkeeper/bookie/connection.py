@@ -1,0 +1,340 @@
+"""The bookie's end of one client connection: an asyncio Protocol around the sans-IO codec.
+
+How it bounds what one client can make the bookie hold is told in server.py's docstring (S4);
+the limits themselves are `ServerLimits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+from bookkeeper.protocol.wire import ErrorResponse, FrameError, RequestDecoder, Status, encode_response
+from bookkeeper.security.authz import Principal
+
+if TYPE_CHECKING:
+    from bookkeeper.bookie.server import BookieServer
+
+log = logging.getLogger("bookkeeper.bookie.server")
+
+
+class ClientConnection(asyncio.Protocol):
+    """The bookie's end of one client's TCP connection: parses frames, hands them to the core,
+    writes the answers back; paused while too much is in flight or unsent."""
+
+    def __init__(self, server: BookieServer) -> None:
+        self.server = server
+        self.core = server.core
+        self.limits = server.limits
+        self.decoder = RequestDecoder(self.limits.frame_bytes_max, self.limits.entry_bytes_max)
+        self.transport: asyncio.Transport | None = None
+        self.in_flight = 0
+        self.closed = False
+        self.principal: Principal | None = None
+        self.host = "?"
+        self._paused = False  # reading paused: in flight or journal
+        self._throttled = False  # reading paused: the namespace's write quota (guard)
+        self._writes_blocked = False  # parsing and reading stopped: too many unsent answer bytes
+        self._transport_full = False  # the transport asked us to stop writing (pause_writing)
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        self._partial_since = 0.0
+        self._partial_counted = 0  # this connection's share of the server's partial bytes
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._first_frame_timer: asyncio.TimerHandle | None = None
+        self._unsent_timer: asyncio.TimerHandle | None = None
+        self._close_after_flush = False
+        self._loop = asyncio.get_running_loop()
+
+    # ------------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.host = str(peer[0]) if peer else "?"
+        refusal = self.server.admit(self)
+        if refusal is not None:
+            self.server.refusals.warning(refusal, "refusing connection from %s: %s", self.host, refusal)
+            transport.abort()  # type: ignore[attr-defined]
+            self.closed = True
+            return
+        self.transport.set_write_buffer_limits(high=self.limits.unsent_bytes_max)  # type: ignore[union-attr]
+        self._first_frame_timer = self._loop.call_later(self.limits.first_frame_timeout_s,
+                                                        self._no_first_frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.release(self)
+        self._set_partial(0)
+        self.core.drop_waiters(self)
+        for timer in (self._idle_timer, self._first_frame_timer, self._unsent_timer):
+            if timer is not None:
+                timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.decoder.receive_data(data)
+        self._process()
+
+    def pause_writing(self) -> None:
+        self._transport_full = True
+        self._block_on_writes()
+
+    def resume_writing(self) -> None:
+        self._transport_full = False
+        self._maybe_unblock_writes()
+
+    # ------------------------------------------------------------------ parsing
+
+    def _process(self) -> None:
+        """Parse and dispatch whole frames while the connection may take more work."""
+        decoder = self.decoder
+        server = self.server
+        guard = server.guard
+        handlers = server.handlers
+        unsent_bytes_max = self.limits.unsent_bytes_max
+        while not self.closed and not self._close_after_flush and not self._throttled:
+            if self._out_bytes + self._transport_buffered() >= unsent_bytes_max:
+                self._block_on_writes()
+                break
+            try:
+                request = decoder.next_message()
+            except FrameError as exc:
+                if self._refuse(exc):
+                    return
+                continue
+            if request is None:
+                break
+            if self._first_frame_timer is not None:
+                self._first_frame_timer.cancel()
+                self._first_frame_timer = None
+            self.in_flight += 1
+            if guard is None:
+                handlers[type(request)](request, self)
+            else:
+                guard.dispatch(request, self)
+            if self.in_flight >= self.limits.in_flight_max:
+                break
+        if self.closed:
+            return
+        self._set_partial(decoder.pending_bytes)
+        if self.closed:
+            return
+        if decoder.pending_bytes:
+            self._watch_partial_frame()
+        if not self._paused and (self.in_flight >= self.limits.in_flight_max or server.journal_full()):
+            self._pause()
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Answers queued or buffered in the transport that the client has not taken yet."""
+        return self._out_bytes + self._transport_buffered()
+
+    def _transport_buffered(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def _set_partial(self, pending_bytes: int) -> None:
+        """Keep the server's total of bytes held in unfinished frames; close this connection if it
+        would pass the global cap."""
+        delta = pending_bytes - self._partial_counted
+        if delta == 0:
+            return
+        self._partial_counted = pending_bytes
+        self.server.partial_bytes += delta
+        if delta > 0 and self.server.partial_bytes > self.limits.partial_bytes_max:
+            self.server.partial_closed += 1
+            self.server.refusals.warning("partial", "closing connection from %s: partial frames hold "
+                                         "%d bytes over all connections (maximum %d)", self.peer,
+                                         self.server.partial_bytes, self.limits.partial_bytes_max)
+            self.send(encode_response(ErrorResponse(0, 0, Status.TOO_MANY_REQUESTS,
+                                                    "the bookie holds too many partial frames; "
+                                                    "send whole frames promptly")))
+            self._flush()
+            self.close()
+            self._set_partial(0)
+
+    def _pause(self) -> None:
+        self._paused = True
+        self.transport.pause_reading()  # type: ignore[union-attr]
+        self.server.paused.add(self)
+        self.server.metrics_backpressure()
+
+    def maybe_resume(self) -> None:
+        if (self._paused and not self.closed and self.in_flight <= self.limits.in_flight_max // 2
+                and not self.server.journal_full()):
+            self._paused = False
+            self.server.paused.discard(self)
+            if not self._writes_blocked and not self._throttled:
+                self.transport.resume_reading()  # type: ignore[union-attr]
+            if self.decoder.pending_bytes:
+                self._loop.call_soon(self._process_if_open)
+
+    def _process_if_open(self) -> None:
+        if not self.closed and not self._paused and not self._writes_blocked and not self._throttled:
+            self._process()
+
+    def throttle(self, delay_s: float) -> None:
+        """Stop reading this connection for `delay_s` (a namespace over its write quota)."""
+        if self._throttled or self.closed:
+            return
+        self._throttled = True
+        self.transport.pause_reading()  # type: ignore[union-attr]
+        self._loop.call_later(delay_s, self._unthrottle)
+
+    def _unthrottle(self) -> None:
+        self._throttled = False
+        if self.closed:
+            return
+        if not self._paused and not self._writes_blocked:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self._loop.call_soon(self._process_if_open)
+
+    # ------------------------------------------------------------------ unsent answers (S4)
+
+    def _block_on_writes(self) -> None:
+        if self._writes_blocked or self.closed:
+            return
+        self._writes_blocked = True
+        self.server.unsent_blocks += 1
+        self.transport.pause_reading()  # type: ignore[union-attr]
+        self._unsent_timer = self._loop.call_later(self.limits.unsent_timeout_s, self._unsent_expired)
+
+    def _maybe_unblock_writes(self) -> None:
+        if (not self._writes_blocked or self.closed or self._transport_full
+                or self._out_bytes + self._transport_buffered() >= self.limits.unsent_bytes_max):
+            return
+        self._writes_blocked = False
+        if self._unsent_timer is not None:
+            self._unsent_timer.cancel()
+            self._unsent_timer = None
+        if not self._paused and not self._throttled:
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self._loop.call_soon(self._process_if_open)
+
+    def _unsent_expired(self) -> None:
+        self._unsent_timer = None
+        if self.closed or not self._writes_blocked:
+            return
+        self.server.unsent_closed += 1
+        self.server.refusals.warning("unsent", "closing connection from %s: %d bytes of answers not "
+                                     "taken for %.0f s (maximum %d)", self.peer,
+                                     self._out_bytes + self._transport_buffered(),
+                                     self.limits.unsent_timeout_s, self.limits.unsent_bytes_max)
+        self.abort()
+
+    # ------------------------------------------------------------------ Reply (used by the core)
+
+    def send(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def request_done(self) -> None:
+        self.in_flight -= 1
+        if self._paused:
+            self.maybe_resume()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and not self.closed:
+            out = self._out
+            self._out = []
+            self._out_bytes = 0
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+            if self._close_after_flush:
+                self.close()
+                return
+            if self._writes_blocked:
+                self._maybe_unblock_writes()
+
+    def close_after_answer(self) -> None:
+        """Close once what is queued has been handed to the transport (it sends it, then closes)."""
+        self._close_after_flush = True
+        if not self._flush_scheduled:
+            self._flush()
+            self.close()
+
+    def peer_certificate(self) -> dict[str, Any] | None:
+        if self.transport is None:
+            return None
+        return self.transport.get_extra_info("peercert")  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ silent and idle partial frames
+
+    def _no_first_frame(self) -> None:
+        self._first_frame_timer = None
+        if self.closed:
+            return
+        self.server.idle_closed += 1
+        self.server.refusals.warning("silent", "closing connection from %s: no whole frame within "
+                                     "%.1f s of connecting", self.peer, self.limits.first_frame_timeout_s)
+        self.abort()
+
+    def _watch_partial_frame(self) -> None:
+        self._partial_since = self._loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_later(self.limits.idle_timeout_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._idle_timer = None
+        if (self.closed or not self.decoder.pending_bytes or self._paused or self._writes_blocked
+                or self._throttled):
+            return  # a frame we stopped parsing on purpose is not the client's stall
+        idle_s = self._loop.time() - self._partial_since
+        if idle_s >= self.limits.idle_timeout_s:
+            self.server.idle_closed += 1
+            log.info("closing connection from %s: partial frame idle for %.1f s", self.peer, idle_s)
+            self.send(encode_response(ErrorResponse(
+                0, 0, Status.BAD_REQUEST,
+                f"partial frame of {self.decoder.pending_bytes} bytes idle for more than "
+                f"{self.limits.idle_timeout_s} s")))
+            self._flush()
+            self.close()
+            return
+        self._idle_timer = self._loop.call_later(self.limits.idle_timeout_s - idle_s,
+                                                 self._check_idle)
+
+    # ------------------------------------------------------------------ misc
+
+    def _refuse(self, exc: FrameError) -> bool:
+        """Answer a refused frame; returns True when the connection must close."""
+        self.server.metrics_protocol_error()
+        self.send(encode_response(ErrorResponse(exc.request_id, exc.opcode, exc.status, str(exc))))
+        if exc.fatal:
+            log.info("closing connection from %s: %s", self.peer, exc)
+            self._flush()
+            self.close()
+            return True
+        return False
+
+    @property
+    def peer(self) -> str:
+        if self.transport is None:
+            return "?"
+        address = self.transport.get_extra_info("peername")
+        return f"{address[0]}:{address[1]}" if address else "?"
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self.closed = True
+
+    def abort(self) -> None:
+        """Drop the connection now, discarding unsent answers (a client that does not read them)."""
+        if self.transport is not None:
+            self.transport.abort()  # type: ignore[attr-defined]
+        self.closed = True
+
+
