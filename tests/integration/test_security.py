@@ -113,6 +113,8 @@ async def test_a_plaintext_client_gets_a_clean_refusal(secure_cluster):
         await connection.info()
     assert "TLS" in str(refused.value)
     await connection.close()
+    bookie_log = (secure_cluster.bookies[0].data_dir / "bookie.log").read_text()
+    assert "Traceback" not in bookie_log  # the bookie's side is quiet too
 
 
 async def test_a_bookie_with_an_untrusted_certificate_is_refused(secure_cluster, tmp_path):
