@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 
 class BlockingNamespace:
-    def __init__(self, zk: str = "127.0.0.1:2181", name: str = "default", **options: Any) -> None:
+    def __init__(self, zk: str | None = None, name: str = "default", **options: Any) -> None:
         self._loop = LoopThread()
         self.namespace = Namespace(zk, name, **options)
         self._loop.call(self.namespace.start())
@@ -129,5 +129,6 @@ class BlockingReader:
         self.close()
 
 
-def connect(zk: str = "127.0.0.1:2181", namespace: str = "default", **options: Any) -> BlockingNamespace:
+def connect(zk: str | None = None, namespace: str = "default", **options: Any) -> BlockingNamespace:
+    """A blocking Namespace; `zk` and security default to client.toml ($DLOG_CONFIG or config=)."""
     return BlockingNamespace(zk, namespace, **options)
