@@ -344,3 +344,38 @@ async def test_namespace_quotas_limit_streams_and_pace_writes(secure_cluster):
                 for _ in range(4):
                     await writer.write(os.urandom(16 * 1024))  # incompressible
                 await writer.flush()
+
+
+async def test_mutual_tls_names_the_principal_by_its_certificate(secure_cluster, tmp_path):
+    """A bookie requiring client certificates: a certificate signed by the cluster CA authenticates
+    (its OU roles are the principal's), a client without one is refused at the handshake."""
+    from tools.cluster import LocalCluster
+    from tools.secure import certificate_pem, make_certificate, private_pem
+
+    secure = secure_cluster.secure_dir
+    cluster = LocalCluster(tmp_path / "mtls", bookies=1, zk_server=secure_cluster.zk, zk_root="/mtls",
+                           secure=secure, bookie_args=["--tls-require-client-cert"])
+    cluster.start()
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+        ca_key = load_pem_private_key((secure.path / "ca.key").read_bytes(), None)
+        ca_cert = x509.load_pem_x509_certificate(secure.ca_file.read_bytes())
+        key, cert = make_certificate(ca_key, ca_cert, "ops-1", roles=("admin",))
+        (tmp_path / "client.pem").write_bytes(certificate_pem(cert))
+        (tmp_path / "client.key").write_bytes(private_pem(key))
+        with_cert = ClientTls(str(secure.ca_file), cert_file=str(tmp_path / "client.pem"),
+                              key_file=str(tmp_path / "client.key")).context()
+        address = cluster.bookies[0].address
+        connection = await BookieConnection.open(address, security=ConnectSecurity(with_cert, None, True))
+        try:
+            assert (await connection.info()).bookie_id == address
+            assert await connection.authenticate(ConnectSecurity(with_cert, None, True)) == "cert:ops-1"
+        finally:
+            await connection.close()
+        with pytest.raises((BookieUnavailableError, AuthenticationError)):
+            plain = await BookieConnection.open(address, security=ConnectSecurity(tls_context(secure_cluster), None, True))
+            await plain.info()
+    finally:
+        cluster.stop()
