@@ -264,4 +264,6 @@ class NetnsCluster(LocalCluster):
         return ["ip", "netns", "exec", bookie.netns, sys.executable, "-m", "tools.cli", "bookie", "start",
                 "--dir", str(bookie.data_dir), "--host", bookie.host, "--port", str(bookie.port),
                 "--http-port", "0", "--zk", self.zk_address, "--zk-root", self.zk_root,
+                # off loopback a bookie is secure unless told by name; these test networks are private
+                "--insecure-plaintext", "--allow-anonymous",
                 *self.bookie_args, *bookie.extra_args]
