@@ -89,10 +89,14 @@ async def _write_and_read(client: Any, bookie_id: str, entries: int, row: dict[s
 async def ping(zk_hosts: str, root: str, count: int, timeout_s: float) -> dict[str, Any]:
     """Round trips to ZooKeeper and to every registered bookie (see the module doc)."""
     from bookkeeper.bookie.registration import list_bookies
+    from bookkeeper.client.bookkeeper import connect_security
+    from bookkeeper.meta.acl import zk_options
     from bookkeeper.meta.zk import AsyncZooKeeper, refuse_unreachable
+    from bookkeeper.security.settings import load_client_settings
 
+    settings = load_client_settings()  # client.toml: a secure cluster's bookies need TLS and AUTH
     await refuse_unreachable(zk_hosts)
-    zk = AsyncZooKeeper(zk_hosts, timeout_s=timeout_s)
+    zk = AsyncZooKeeper(zk_hosts, timeout_s=timeout_s, **zk_options(settings, root))
     started = time.perf_counter()
     await zk.start()
     try:
@@ -101,18 +105,20 @@ async def ping(zk_hosts: str, root: str, count: int, timeout_s: float) -> dict[s
         bookies = await list_bookies(zk, root)
     finally:
         await zk.close()
-    results = await asyncio.gather(*(_ping_bookie(info, count) for info in bookies))
+    security = connect_security(settings)
+    results = await asyncio.gather(*(_ping_bookie(info, count, security) for info in bookies))
     return {"zookeeper": {"address": zk_hosts, "session_ms": round(session_ms, 2), **_summary(zk_trips)},
             "bookies": list(results)}
 
 
-async def _ping_bookie(info: dict[str, Any], count: int) -> dict[str, Any]:
+async def _ping_bookie(info: dict[str, Any], count: int, security: Any) -> dict[str, Any]:
     from bookkeeper.client.connection import BookieConnection
 
     row: dict[str, Any] = {"bookie": info.get("id"), "address": info.get("address"), "state": info.get("state")}
     try:
         started = time.perf_counter()
-        connection = await BookieConnection.open(str(info.get("address")), connect_timeout_s=BOOKIE_CONNECT_TIMEOUT_S)
+        connection = await BookieConnection.open(str(info.get("address")), connect_timeout_s=BOOKIE_CONNECT_TIMEOUT_S,
+                                                 security=security)
         row["connect_ms"] = round((time.perf_counter() - started) * 1000, 2)
         try:
             trips = [await _timed(asyncio.wait_for(connection.info(), BOOKIE_CONNECT_TIMEOUT_S))
