@@ -29,9 +29,9 @@ def cluster(zk_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     local.stop()
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The module's SparkSession. Its JVM, and so every Python worker, starts in a scratch
+def classic_session(tmp_path_factory: pytest.TempPathFactory, master: str,
+                    conf: dict[str, str] | None = None) -> Any:
+    """A classic SparkSession whose JVM, and so every local Python worker, starts in a scratch
     directory: workers then import dlog and find `pyspark_dlog` only through the installed
     package, as a user's would, never because the project happens to be the working directory."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must run this interpreter
@@ -42,20 +42,33 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("spark-cwd"))
     try:
-        session = (SparkSession.builder.master("local[2]").appName("dlog-tests")
+        builder = (SparkSession.builder.master(master).appName("dlog-tests")
                    .config("spark.ui.enabled", "false")
                    .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
                    .config("spark.sql.shuffle.partitions", "2")
                    .config("spark.default.parallelism", "2")
-                   .config("spark.sql.streaming.stopTimeout", "30s")
-                   .getOrCreate())
+                   .config("spark.sql.streaming.stopTimeout", "30s"))
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
     finally:
         os.chdir(here)
     session.sparkContext.setLogLevel("ERROR")
-    yield session
+    return session
+
+
+def stop_session(session: Any) -> None:
     for query in session.streams.active:
         query.stop()
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The module's SparkSession: local[2], tasks in this JVM, Python workers forked from it."""
+    session = classic_session(tmp_path_factory, "local[2]")
+    yield session
+    stop_session(session)
 
 
 class Dlog:
