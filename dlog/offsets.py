@@ -99,7 +99,18 @@ def spark_offset_json(offsets: Mapping[str, tuple[int, int]]) -> str:
 
 def parse_spark_offsets(text: str) -> dict[str, tuple[int, int]]:
     """Inverse of `spark_offset_json`: stream -> (ledger, entry); malformed text is a ConfigError."""
-    expected = 'expected JSON like {"orders": {"entry": 0, "ledger": 12}} (stream -> next entry to read)'
+    return {stream: (ledger_id, entry_id) for stream, (ledger_id, entry_id, _) in _parse_spark(text, False).items()}
+
+
+def parse_spark_positions(text: str) -> dict[str, tuple[int, int, int]]:
+    """Like `parse_spark_offsets`, where a position may also name the first slot to read in its
+    entry (`{"entry": E, "ledger": L, "slot": S}`): stream -> (ledger, entry, slot)."""
+    return _parse_spark(text, True)
+
+
+def _parse_spark(text: str, slots: bool) -> dict[str, tuple[int, int, int]]:
+    expected = ('expected JSON like {"orders": {"entry": 0, "ledger": 12}} (stream -> next entry to read'
+                + (', optionally "slot": the first record to read in it)' if slots else ")"))
     if not isinstance(text, str) or len(text) > SPARK_OFFSETS_CHARS_MAX:
         raise ConfigError(
             f"bad Spark offsets {_shown(text)}: {expected}, in at most {SPARK_OFFSETS_CHARS_MAX} characters"
@@ -110,16 +121,17 @@ def parse_spark_offsets(text: str) -> dict[str, tuple[int, int]]:
         raise ConfigError(f"bad Spark offsets {_shown(text)}: {error}; {expected}") from error
     if not isinstance(document, dict):
         raise ConfigError(f"bad Spark offsets {_shown(text)}: not a JSON object; {expected}")
+    allowed = {"entry", "ledger", "slot"} if slots else {"entry", "ledger"}
     result = {}
     for stream, position in document.items():
         check_stream_name(stream)
-        if not isinstance(position, dict) or set(position) != {"entry", "ledger"}:
+        if not isinstance(position, dict) or not {"entry", "ledger"} <= set(position) <= allowed:
             raise ConfigError(f"bad Spark offset for stream {stream!r}: {position!r}; {expected}")
         try:
-            offset = Offset(position["ledger"], position["entry"])
+            offset = Offset(position["ledger"], position["entry"], position.get("slot", 0))
         except ConfigError as error:
             raise ConfigError(f"bad Spark offset for stream {stream!r}: {error}; {expected}") from error
-        result[stream] = (offset.ledger_id, offset.entry_id)
+        result[stream] = (offset.ledger_id, offset.entry_id, offset.slot)
     return result
 
 

@@ -11,15 +11,19 @@ import logging
 import re
 from collections import OrderedDict
 
+from dataclasses import dataclass
+
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bookkeeper.errors import ConfigError
-from dlog.segments.codec import RecordSetCodec, default_schema
+from dlog.segments.codec import RecordSetCodec, RecordSetHeader, default_schema
 from dlog.segments.metadata import Segment, SegmentState, StreamConfig
 from dlog.segments.store import StreamNotFoundError
 from spark.connection import Connection
 from spark.options import SourceOptions
-from spark.plan import Range, SegmentView, StreamView
+from spark import plan
+from spark.plan import Cursor, Range, SegmentView, StreamView
 
 log = logging.getLogger(__name__)
 HEADER_CACHE_MAX = 100_000
@@ -32,7 +36,7 @@ class Catalog:
         self.namespace = conn.namespace
         self._configs: dict[str, StreamConfig] = {}
         self._segments: dict[str, dict[int, Segment]] = {}  # stream -> ledger -> segment, as last seen
-        self._headers: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, int], EntryInfo] = OrderedDict()
         self._codec = RecordSetCodec(default_schema())  # headers do not depend on the schema
 
     # ------------------------------------------------------------------ streams
@@ -89,35 +93,90 @@ class Catalog:
                 completed=segment.state is not SegmentState.IN_PROGRESS,
                 first_entry=segment.first_entry, end_entry=max(end_entry, segment.first_entry),
                 min_active_entry=segment.min_active_entry, min_active_slot=segment.min_active_slot,
-                records=None if segment.is_in_progress else segment.records))
+                records=None if segment.is_in_progress else segment.records,
+                last_timestamp_ms=None if segment.is_in_progress else segment.last_timestamp_ms))
         return StreamView(name, tuple(views))
 
-    # ------------------------------------------------------------------ record counts
+    # ------------------------------------------------------------------ entry headers
+
+    def entry(self, stream: str, ledger_id: int, entry_id: int) -> EntryInfo:
+        """An entry's record-set header and the ledger's length through it (cached: written
+        entries never change)."""
+        key = (ledger_id, entry_id)
+        found = self._entries.get(key)
+        if found is None:
+            config, segment = self._configs[stream], self._segments[stream][ledger_id]
+            found = self._entries[key] = self.conn.call(self._read_entry(config, segment, entry_id))
+            if len(self._entries) > HEADER_CACHE_MAX:
+                self._entries.popitem(last=False)
+        return found
+
+    async def _read_entry(self, config: StreamConfig, segment: Segment, entry_id: int) -> EntryInfo:
+        handle = await self.namespace.open_segment_ledger(config, segment)
+        if not segment.is_in_progress:
+            handle.advance_lac(segment.last_entry)
+        entry = (await handle.read(entry_id, entry_id))[0]
+        return EntryInfo(self._codec.peek_header(entry.payload), entry.length)
 
     def records_before(self, span: Range, entry_id: int) -> int:
-        """Records of the span's segment before `entry_id` (from entry headers, cached)."""
-        config, segment = self._configs[span.stream], self._segments[span.stream][span.ledger_id]
+        """Records of the span's segment before `entry_id` (from the previous entry's header)."""
+        segment = self._segments[span.stream][span.ledger_id]
         if entry_id <= segment.first_entry:
             return 0
         if not segment.is_in_progress and entry_id > segment.last_entry:
             return segment.records
-        key = (span.ledger_id, entry_id)
-        found = self._headers.get(key)
-        if found is None:
-            found = self.conn.call(self._first_record_index(config, segment, entry_id))
-            self._headers[key] = found
-            if len(self._headers) > HEADER_CACHE_MAX:
-                self._headers.popitem(last=False)
-        return found
+        return self.entry(span.stream, span.ledger_id, entry_id - 1).header.next_record_index
 
-    async def _first_record_index(self, config: StreamConfig, segment: Segment, entry_id: int) -> int:
-        """The index of `entry_id`'s first record; for one past the last readable entry, the
-        count of the records before it (read from the previous entry's header)."""
+    def bytes_before(self, span: Range, entry_id: int) -> int:
+        """Bytes of the span's ledger before `entry_id` (the previous entry's cumulative length)."""
+        segment = self._segments[span.stream][span.ledger_id]
+        if entry_id <= 0:
+            return 0
+        if not segment.is_in_progress:
+            entry_id = min(entry_id, segment.last_entry + 1)
+        return self.entry(span.stream, span.ledger_id, entry_id - 1).length
+
+    # ------------------------------------------------------------------ timestamps
+
+    def at_timestamp(self, view: StreamView, timestamp_ms: int) -> Cursor | None:
+        """Where the first record stamped at or after `timestamp_ms` is (Kafka's offsetsForTimes):
+        segment metadata, then a binary search over entry headers, then one entry decoded for the
+        slot. None when no record is that late."""
+        name = view.name
+
+        def entry_max_ms(index: int, entry_id: int) -> int:
+            return self.entry(name, view.segments[index].ledger_id, entry_id).header.max_timestamp_ms
+
+        cursor = plan.first_entry_at_or_after(view, timestamp_ms, entry_max_ms)
+        if cursor is None:
+            return None
+        segment = self._segments[name][view.segments[cursor.index].ledger_id]
+        batch = self.conn.call(self._decode(self.config(name), segment, cursor.entry))
+        slot = first_slot_at_or_after(batch, timestamp_ms, cursor.slot)
+        if slot is None:  # the header's max rounds sub-millisecond stamps up; none is really that late
+            return plan.after_entry(view, cursor)
+        return plan.Cursor(cursor.index, cursor.entry, slot)
+
+    async def _decode(self, config: StreamConfig, segment: Segment, entry_id: int) -> pa.RecordBatch:
         handle = await self.namespace.open_segment_ledger(config, segment)
         if not segment.is_in_progress:
             handle.advance_lac(segment.last_entry)
-        if entry_id <= handle.last_add_confirmed:
-            entry = (await handle.read(entry_id, entry_id))[0]
-            return self._codec.peek_header(entry.payload).first_record_index
-        previous = (await handle.read(entry_id - 1, entry_id - 1))[0]
-        return self._codec.peek_header(previous.payload).next_record_index
+        entry = (await handle.read(entry_id, entry_id))[0]
+        return RecordSetCodec(self.schema(config.name)).decode(entry.payload)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class EntryInfo:
+    header: RecordSetHeader
+    length: int  # the ledger's length through this entry
+
+
+def first_slot_at_or_after(batch: pa.RecordBatch, timestamp_ms: int, from_slot: int = 0) -> int | None:
+    """The first slot (from `from_slot`) whose record's `timestamp` is at or after `timestamp_ms`."""
+    index = batch.schema.get_field_index("timestamp")
+    if index < 0 or not pa.types.is_timestamp(batch.schema.field(index).type):
+        return None
+    stamps = pc.cast(batch.column(index).slice(from_slot), pa.timestamp("ms"), safe=False)  # floors
+    late = pc.fill_null(pc.greater_equal(stamps, pa.scalar(timestamp_ms, pa.timestamp("ms"))), False)
+    found = pc.index(late, True).as_py()
+    return None if found < 0 else from_slot + found

@@ -10,6 +10,7 @@ read from the default position.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -17,14 +18,17 @@ from dataclasses import dataclass
 
 from bookkeeper.errors import ConfigError
 from dlog.names import check_stream_name, check_subscription_name
-from dlog.offsets import parse_spark_offsets
+from dlog.offsets import parse_spark_positions
 
 CONNECTION_OPTIONS = ("zk", "namespace", "zkRoot", "namespaceRoot", "config", "token")
 SOURCE_OPTIONS = CONNECTION_OPTIONS + (
-    "stream", "streams", "streamPattern", "path", "startingOffsets", "maxRecordsPerTrigger",
-    "minRecordsPerTrigger", "maxTriggerDelay", "failOnDataLoss", "minPartitions", "subscription",
+    "stream", "streams", "streamPattern", "path", "startingOffsets", "startingTimestamp",
+    "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "maxRecordsPerTrigger",
+    "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay", "failOnDataLoss", "minPartitions",
+    "subscription", "includeHeaders",
 )
-BATCH_SOURCE_OPTIONS = SOURCE_OPTIONS + ("endingOffsets",)
+BATCH_SOURCE_OPTIONS = SOURCE_OPTIONS + ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+TIMESTAMP_STRATEGIES = ("error", "latest")
 SINK_OPTIONS = CONNECTION_OPTIONS + ("stream", "path", "sinkId", "checkpointLocation", "createStream")
 
 ZK_DEFAULT = "127.0.0.1:2181"
@@ -66,16 +70,36 @@ class SourceOptions:
     starting: str = "latest"  # "earliest", "latest" or Spark offset JSON
     ending: str = "latest"  # batch reads only
     max_records_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
     min_records_per_trigger: int | None = None
     max_trigger_delay_ms: int = MAX_TRIGGER_DELAY_MS_DEFAULT
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     subscription: str | None = None
+    # Kafka's timestamp options (ms since the epoch). Per stream, a start comes from
+    # startingTimestamp, else startingOffsetsByTimestamp, else startingOffsets; an end likewise.
+    starting_timestamp_ms: int | None = None
+    starting_by_timestamp: tuple[tuple[str, int], ...] = ()
+    timestamp_strategy: str = "error"  # no record at or after a starting timestamp: fail, or "latest"
+    ending_timestamp_ms: int | None = None
+    ending_by_timestamp: tuple[tuple[str, int], ...] = ()
+    include_headers: bool = False
 
     def matches(self, stream: str) -> bool:
         if self.pattern is not None:
             return re.fullmatch(self.pattern, stream) is not None
         return stream in self.streams
+
+    def starting_timestamp_of(self, stream: str) -> int | None:
+        """The timestamp a stream starts at, when a timestamp option names it."""
+        if self.starting_timestamp_ms is not None:
+            return self.starting_timestamp_ms
+        return dict(self.starting_by_timestamp).get(stream)
+
+    def ending_timestamp_of(self, stream: str) -> int | None:
+        if self.ending_timestamp_ms is not None:
+            return self.ending_timestamp_ms
+        return dict(self.ending_by_timestamp).get(stream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +127,7 @@ def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOp
     if ending == "earliest":
         raise ConfigError("endingOffsets 'earliest' is not allowed: use 'latest' or offset JSON")
     max_records = _positive_int(values, "maxRecordsPerTrigger")
+    max_bytes = _positive_int(values, "maxBytesPerTrigger")
     min_records = _positive_int(values, "minRecordsPerTrigger")
     if max_records is not None and min_records is not None and min_records > max_records:
         raise ConfigError(f"minRecordsPerTrigger {min_records} is above maxRecordsPerTrigger {max_records}")
@@ -115,8 +140,20 @@ def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOp
     subscription = values.get("subscription")
     if subscription is not None:
         check_subscription_name(subscription)
-    return SourceOptions(_connection(values), streams, pattern, starting, ending, max_records, min_records,
-                         delay_ms, _boolean(values, "failOnDataLoss", True), min_partitions, subscription)
+    strategy = values.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
+    if strategy not in TIMESTAMP_STRATEGIES:
+        raise ConfigError(f"bad startingOffsetsByTimestampStrategy {values['startingOffsetsByTimestampStrategy']!r}: "
+                          "use error (fail when a stream has no record at or after the timestamp) or latest")
+    starting_by = _timestamps_by_stream(values, "startingOffsetsByTimestamp")
+    ending_by = _timestamps_by_stream(values, "endingOffsetsByTimestamp")
+    for name, _ in starting_by + ending_by:
+        if pattern is None and name not in streams:
+            raise ConfigError(f"a timestamp option names stream {name!r}, which this query does not read")
+    return SourceOptions(_connection(values), streams, pattern, starting, ending, max_records, max_bytes,
+                         min_records, delay_ms, _boolean(values, "failOnDataLoss", True), min_partitions,
+                         subscription, _timestamp(values, "startingTimestamp"), starting_by, strategy,
+                         _timestamp(values, "endingTimestamp"), ending_by,
+                         _boolean(values, "includeHeaders", False))
 
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
@@ -217,8 +254,38 @@ def _offsets_option(values: Mapping[str, str], name: str, default: str) -> str:
     text = values.get(name, default).strip()
     if text.lower() in ("earliest", "latest"):
         return text.lower()
-    parse_spark_offsets(text)  # a ConfigError says what is wrong
+    parse_spark_positions(text)  # a ConfigError says what is wrong
     return text
+
+
+def _timestamp(values: Mapping[str, str], name: str) -> int | None:
+    """Milliseconds since the epoch, as Kafka's timestamp options take them."""
+    if name not in values:
+        return None
+    text = values[name].strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 15:
+        raise ConfigError(f"bad {name} {values[name]!r}: use milliseconds since the epoch, e.g. 1700000000000")
+    return int(text)
+
+
+def _timestamps_by_stream(values: Mapping[str, str], name: str) -> tuple[tuple[str, int], ...]:
+    """JSON {"stream": ms, ...} (Kafka's per-partition form, per stream here)."""
+    if name not in values:
+        return ()
+    expected = f'use JSON like {{"orders": 1700000000000}} (stream -> milliseconds since the epoch)'
+    try:
+        document = json.loads(values[name])
+    except ValueError as error:
+        raise ConfigError(f"bad {name} {values[name][:80]!r}: {error}; {expected}") from error
+    if not isinstance(document, dict) or not document:
+        raise ConfigError(f"bad {name} {values[name][:80]!r}: {expected}")
+    result = []
+    for stream, value in sorted(document.items()):
+        check_stream_name(stream)
+        if type(value) is not int or not 0 <= value < 10**15:
+            raise ConfigError(f"bad {name} timestamp {value!r} for stream {stream!r}: {expected}")
+        result.append((stream, value))
+    return tuple(result)
 
 
 def _positive_int(values: Mapping[str, str], name: str) -> int | None:

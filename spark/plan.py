@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from bookkeeper.errors import DlogError, invariant
 
-Position = tuple[int, int]  # (ledger id, next entry id)
+Position = tuple[int, int, int]  # (ledger id, next entry id, first slot of that entry)
 
 
 class DataLossError(DlogError):
@@ -41,6 +41,7 @@ class SegmentView:
     min_active_entry: int = 0
     min_active_slot: int = 0
     records: int | None = None  # known for completed segments
+    last_timestamp_ms: int | None = None  # the latest record timestamp, known for completed segments
 
     @property
     def start_entry(self) -> int:
@@ -77,7 +78,9 @@ class Resolved:
 
 @dataclass(frozen=True, slots=True)
 class Range:
-    """Entries first..last (inclusive) of one segment's ledger; records from `first_slot` of the first."""
+    """Entries first..last (inclusive) of one segment's ledger; records from `first_slot` of the
+    first and, when `end_slot` is set, only those before it of the last (an end inside an entry:
+    batch reads up to an ending timestamp)."""
 
     stream: str
     sequence: int
@@ -85,6 +88,7 @@ class Range:
     first_entry: int
     last_entry: int
     first_slot: int = 0
+    end_slot: int | None = None
 
     @property
     def entries(self) -> int:
@@ -113,7 +117,7 @@ def resolve(view: StreamView, position: Position | None) -> Resolved:
     """Where reading continues from `position` (None: the earliest record), and what was lost."""
     if position is None:
         return earliest(view)
-    ledger_id, entry_id = position
+    ledger_id, entry_id, slot = position
     index = view.index_of(ledger_id)
     where = f"stream {view.name!r} offset {ledger_id}:{entry_id}"
     if index is None:
@@ -129,11 +133,11 @@ def resolve(view: StreamView, position: Position | None) -> Resolved:
             return _settle(view, Cursor(index + 1, -1), [])  # fully read before it was removed
         return _settle(view, Cursor(index + 1, -1), [f"{where}: the segment of ledger {ledger_id} "
                                                      "was removed by truncation or retention"])
-    if (entry_id, 0) < (segment.start_entry, segment.start_slot):
+    if (entry_id, slot) < (segment.start_entry, segment.start_slot):
         cursor = Cursor(index, segment.start_entry, segment.start_slot)
         return _settle(view, cursor, [f"{where}: records before {ledger_id}:{segment.start_entry}:"
                                       f"{segment.start_slot} were truncated"])
-    return _settle(view, Cursor(index, entry_id, 0), [])
+    return _settle(view, Cursor(index, entry_id, slot), [])
 
 
 def _moved(resolved: Resolved, loss: str) -> Resolved:
@@ -171,7 +175,42 @@ def _settle(view: StreamView, cursor: Cursor, losses: list[str]) -> Resolved:
 def position_of(view: StreamView, cursor: Cursor) -> Position | None:
     if cursor.index >= len(view.segments):
         return None
-    return (view.segments[cursor.index].ledger_id, cursor.entry)
+    return (view.segments[cursor.index].ledger_id, cursor.entry, cursor.slot)
+
+
+def after_entry(view: StreamView, cursor: Cursor) -> Cursor:
+    """The start of the entry after the cursor's (into the next segment past a completed one's end)."""
+    return _settle(view, Cursor(cursor.index, cursor.entry + 1, 0), []).cursor
+
+
+# ------------------------------------------------------------------------------ timestamps
+
+EntryMaxTimestamp = Callable[[int, int], int]  # (segment index, entry id) -> the entry's max timestamp, ms
+
+
+def first_entry_at_or_after(view: StreamView, timestamp_ms: int, entry_max_ms: EntryMaxTimestamp) -> Cursor | None:
+    """The first entry, in stream order, holding a record stamped at or after `timestamp_ms`
+    (Kafka's offsetsForTimes), or None when no record is. Completed segments whose latest
+    timestamp is earlier are skipped from their metadata; inside a segment a binary search over
+    the entries' max timestamps reads O(log entries) entry headers. Exact when timestamps do not
+    go backwards from one entry to the next (the writers' wall clock); otherwise an entry that
+    holds such a record, not necessarily the first."""
+    for index, segment in enumerate(view.segments):
+        first, end = segment.start_entry, segment.end_entry
+        if not segment.live or end <= first:
+            continue
+        if segment.completed and segment.last_timestamp_ms is not None and segment.last_timestamp_ms < timestamp_ms:
+            continue
+        low, high = first, end
+        while low < high:
+            middle = (low + high) // 2
+            if entry_max_ms(index, middle) >= timestamp_ms:
+                high = middle
+            else:
+                low = middle + 1
+        if low < end:
+            return Cursor(index, low, segment.start_slot if low == segment.start_entry else 0)
+    return None
 
 
 # ------------------------------------------------------------------------------ spans and admission
@@ -187,47 +226,59 @@ def spans(view: StreamView, start: Cursor, end: Cursor) -> list[Range]:
         first = start.entry if index == start.index else segment.start_entry
         slot = start.slot if index == start.index else segment.start_slot
         stop = end.entry if index == end.index else segment.end_entry
+        end_slot = None
+        if index == end.index and end.slot > 0 and end.entry < segment.end_entry:
+            stop, end_slot = end.entry + 1, end.slot  # the end is inside entry end.entry
         first = max(first, 0)
-        if stop > first:
-            ranges.append(Range(view.name, segment.sequence, segment.ledger_id, first, stop - 1, slot))
+        if stop > first and not (end_slot is not None and stop - 1 == first and end_slot <= slot):
+            ranges.append(Range(view.name, segment.sequence, segment.ledger_id, first, stop - 1, slot, end_slot))
     return ranges
 
 
-RecordsBefore = Callable[[Range, int], int]
+Measure = Callable[[Range, int], int]
+RecordsBefore = Measure  # records of the range's segment before an entry (from entry headers)
+BytesBefore = Measure  # bytes of the range's ledger before an entry (the entries' cumulative length)
+Budget = tuple[int, Measure]  # at most this much of what the measure counts
 
 
-def cut(ranges: Sequence[Range], budget: int, records_before: RecordsBefore) -> tuple[list[Range], int]:
-    """The longest prefix of `ranges`, in whole entries, holding at most `budget` records, and
-    its record count. `records_before(range, entry)` is the count of the range's segment's
-    records before `entry` (a monotone function; the caller reads entry headers for it)."""
+def _within(span: Range, entry_id: int, budgets: Sequence[Budget], used: Sequence[int]) -> bool:
+    return all(measure(span, entry_id) - measure(span, span.first_entry) <= limit - spent
+               for (limit, measure), spent in zip(budgets, used))
+
+
+def cut(ranges: Sequence[Range], budget: int | Sequence[Budget],
+        records_before: RecordsBefore | None = None) -> tuple[list[Range], int]:
+    """The longest prefix of `ranges`, in whole entries, within every budget, and the amount of
+    the first budget's measure it holds. A budget is (limit, measure); `measure(range, entry)`
+    counts something of the range's segment before `entry` (monotone: the caller reads entry
+    headers for it). `cut(ranges, 65, records_before)` is the one-budget form."""
+    budgets: list[Budget] = [(budget, records_before)] if isinstance(budget, int) else list(budget)  # type: ignore[list-item]
     taken: list[Range] = []
-    total = 0
+    used = [0] * len(budgets)
     for span in ranges:
-        start_records = records_before(span, span.first_entry)
-        whole = records_before(span, span.last_entry + 1) - start_records
-        if total + whole <= budget:
+        whole = [measure(span, span.last_entry + 1) - measure(span, span.first_entry) for _, measure in budgets]
+        if all(spent + amount <= limit for (limit, _), spent, amount in zip(budgets, used, whole)):
             taken.append(span)
-            total += whole
+            used = [spent + amount for spent, amount in zip(used, whole)]
             continue
-        low, high = span.first_entry, span.last_entry + 1  # largest end with count <= room
-        room = budget - total
+        low, high = span.first_entry, span.last_entry + 1  # largest end within every budget
         while high - low > 1:
             middle = (low + high) // 2
-            if records_before(span, middle) - start_records <= room:
+            if _within(span, middle, budgets, used):
                 low = middle
             else:
                 high = middle
         if low > span.first_entry:
             taken.append(Range(span.stream, span.sequence, span.ledger_id, span.first_entry, low - 1,
                                span.first_slot))
-            total += records_before(span, low) - start_records
+            used = [spent + measure(span, low) - measure(span, span.first_entry)
+                    for spent, (_, measure) in zip(used, budgets)]
         break
-    return taken, total
+    return taken, used[0] if used else 0
 
 
-def count(ranges: Sequence[Range], records_before: RecordsBefore) -> int:
-    return sum(records_before(span, span.last_entry + 1) - records_before(span, span.first_entry)
-               for span in ranges)
+def count(ranges: Sequence[Range], measure: Measure) -> int:
+    return sum(measure(span, span.last_entry + 1) - measure(span, span.first_entry) for span in ranges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,27 +289,34 @@ class Admission:
     records: int = 0
 
 
-def admit(backlogs: Mapping[str, list[Range]], max_records: int | None,
-          records_before: RecordsBefore) -> Admission:
-    """Share `max_records` among streams in proportion to their backlogs (whole entries each);
-    at least one entry is always taken when anything is waiting, so a batch never stalls on an
-    entry larger than the limit."""
-    if max_records is None:
-        return Admission({name: list(ranges) for name, ranges in backlogs.items()},
-                         sum(count(r, records_before) for r in backlogs.values()))
-    sizes = {name: count(ranges, records_before) for name, ranges in backlogs.items()}
-    total = sum(sizes.values())
-    if total <= max_records:
-        return Admission({name: list(ranges) for name, ranges in backlogs.items()}, total)
+def admit(backlogs: Mapping[str, list[Range]], max_records: int | None, records_before: RecordsBefore,
+          max_bytes: int | None = None, bytes_before: BytesBefore | None = None) -> Admission:
+    """Share `max_records` and `max_bytes` (either may be None) among streams in proportion to
+    their backlogs, whole entries each; at least one entry is always taken when anything is
+    waiting, so a batch never stalls on an entry larger than a limit."""
+    limits: list[tuple[int, Measure]] = []
+    if max_records is not None:
+        limits.append((max_records, records_before))
+    if max_bytes is not None:
+        invariant(bytes_before is not None, "max_bytes needs bytes_before")
+        limits.append((max_bytes, bytes_before))  # type: ignore[arg-type]
+    record_sizes = {name: count(ranges, records_before) for name, ranges in backlogs.items()}
+    if not limits:
+        return Admission({name: list(ranges) for name, ranges in backlogs.items()}, sum(record_sizes.values()))
+    sizes = [{name: count(ranges, measure) for name, ranges in backlogs.items()} for _, measure in limits]
+    totals = [sum(size.values()) for size in sizes]
+    if all(total <= limit for total, (limit, _) in zip(totals, limits)):
+        return Admission({name: list(ranges) for name, ranges in backlogs.items()}, sum(record_sizes.values()))
     taken: dict[str, list[Range]] = {}
     admitted = 0
     for name in sorted(backlogs):
-        share = max_records * sizes[name] // total if total else 0
-        ranges, records = cut(backlogs[name], share, records_before)
+        shares = [(limit * size[name] // total if total else 0, measure)
+                  for (limit, measure), size, total in zip(limits, sizes, totals)]
+        ranges, _ = cut(backlogs[name], shares)
         taken[name] = ranges
-        admitted += records
-    if admitted == 0 and total > 0:
-        name = max(sizes, key=lambda item: (sizes[item], item))
+        admitted += count(ranges, records_before)
+    if not any(taken.values()) and any(backlogs.values()):
+        name = max((n for n in backlogs if backlogs[n]), key=lambda item: (record_sizes[item], item))
         first = backlogs[name][0]
         one = Range(first.stream, first.sequence, first.ledger_id, first.first_entry, first.first_entry,
                     first.first_slot)

@@ -32,14 +32,15 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxBytes,
     ReadMaxRows,
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
-from bookkeeper.errors import ConfigError, NoSuchEntryError, NoSuchLedgerError
-from dlog.offsets import Offset, parse_spark_offsets
+from bookkeeper.errors import ConfigError, DlogError, NoSuchEntryError, NoSuchLedgerError
+from dlog.offsets import Offset, parse_spark_positions
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.store import StreamNotFoundError
 from spark import plan
@@ -64,11 +65,19 @@ class DlogPartition(InputPartition):
         self.first_entry = span.first_entry
         self.last_entry = span.last_entry
         self.first_slot = span.first_slot
+        self.end_slot = span.end_slot
         self.fail_on_data_loss = fail_on_data_loss
 
     def __repr__(self) -> str:
+        end = "" if self.end_slot is None else f", end_slot={self.end_slot}"
         return (f"DlogPartition({self.stream!r}, ledger={self.ledger_id}, entries={self.first_entry}.."
-                f"{self.last_entry}, first_slot={self.first_slot})")
+                f"{self.last_entry}, first_slot={self.first_slot}{end})")
+
+
+class NoRecordAtTimestampError(DlogError):
+    """A starting timestamp is later than every record of a stream (strategy `error`)."""
+
+    code = 601
 
 
 # ------------------------------------------------------------------------------ shared planning
@@ -102,7 +111,7 @@ class _Planner:
             _on_loss(self.options.fail_on_data_loss, resolved.losses)
         return resolved.cursor, bool(resolved.losses)
 
-    def partitions_between(self, catalog: Catalog, starts: Mapping[str, Position | None],
+    def partitions_between(self, catalog: Catalog, starts: Mapping[str, Cursor | Position | None],
                            ends: Mapping[str, Cursor | Position]) -> list[DlogPartition]:
         ranges: list[Range] = []
         for name in sorted(ends):
@@ -111,7 +120,9 @@ class _Planner:
             except StreamNotFoundError:
                 _on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
                 continue
-            start, _ = self.resolve(view, starts.get(name))
+            start = starts.get(name)
+            if not isinstance(start, Cursor):
+                start, _ = self.resolve(view, start)
             end = ends[name]
             if not isinstance(end, Cursor):
                 end = plan.resolve(view, end).cursor
@@ -132,13 +143,44 @@ def _on_loss(fail: bool, losses: tuple[str, ...]) -> None:
 def _offsets(document: Mapping[str, Any] | None) -> dict[str, Position]:
     if not document:
         return {}
-    return parse_spark_offsets(json.dumps(document))
+    return parse_spark_positions(json.dumps(document))
 
 
 def _offset_document(positions: Mapping[str, Position]) -> dict[str, dict[str, int]]:
     """Spark serializes the dict as is, so build it in sorted key order (equal offsets must be
-    equal JSON text in the checkpoint)."""
-    return {name: {"entry": positions[name][1], "ledger": positions[name][0]} for name in sorted(positions)}
+    equal JSON text in the checkpoint). A slot appears only when a start is inside an entry (a
+    starting timestamp), so entry-aligned offsets keep their usual text."""
+    document = {}
+    for name in sorted(positions):
+        ledger_id, entry_id, slot = positions[name]
+        document[name] = {"entry": entry_id, "ledger": ledger_id, **({"slot": slot} if slot else {})}
+    return document
+
+
+def start_cursor(catalog: Catalog, options: SourceOptions, view: StreamView) -> Cursor | None:
+    """Where a stream starts by a timestamp option (Kafka's startingTimestamp and
+    startingOffsetsByTimestamp), or None when none names it. No record that late: the strategy
+    says fail (`error`) or start at the latest offset (`latest`)."""
+    timestamp_ms = options.starting_timestamp_of(view.name)
+    if timestamp_ms is None:
+        return None
+    found = catalog.at_timestamp(view, timestamp_ms)
+    if found is not None:
+        return found
+    if options.timestamp_strategy == "latest":
+        return plan.latest(view)
+    raise NoRecordAtTimestampError(
+        f"stream {view.name!r} has no record at or after timestamp {timestamp_ms}; set "
+        "startingOffsetsByTimestampStrategy=latest to start at its latest offset instead")
+
+
+def end_cursor(catalog: Catalog, options: SourceOptions, view: StreamView) -> Cursor | None:
+    """Where a batch read ends by a timestamp option (exclusive), or None when none names the
+    stream. No record that late: the latest offset, as Kafka's source does."""
+    timestamp_ms = options.ending_timestamp_of(view.name)
+    if timestamp_ms is None:
+        return None
+    return catalog.at_timestamp(view, timestamp_ms) or plan.latest(view)
 
 
 # ------------------------------------------------------------------------------ streaming
@@ -157,28 +199,33 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ------------------------------------------------------------------ offsets
 
     def initialOffset(self) -> dict:
+        """Per stream: a timestamp option's position, else startingOffsets' (a stream left out
+        of the document starts at its earliest record)."""
         catalog = self._planner.catalog()
-        names = catalog.stream_names()
         starting = self.options.starting
-        if starting == "earliest":
-            return {}
-        if starting == "latest":
-            positions = {}
-            for name in names:
-                view = catalog.view(name)
-                position = plan.position_of(view, plan.latest(view))
-                if position is not None:
-                    positions[name] = position
-            return _offset_document(positions)
-        given = parse_spark_offsets(starting)
+        given = parse_spark_positions(starting) if starting not in ("earliest", "latest") else {}
         unknown = [name for name in given if not self.options.matches(name)]
         if unknown:
             raise ConfigError(f"startingOffsets names stream {unknown[0]!r}, which this query does not read")
-        return _offset_document(given)
+        positions = dict(given)
+        for name in catalog.stream_names():
+            timed = self.options.starting_timestamp_of(name) is not None
+            if not timed and starting != "latest":
+                continue
+            view = catalog.view(name)
+            cursor = start_cursor(catalog, self.options, view) if timed else plan.latest(view)
+            position = plan.position_of(view, cursor) if cursor is not None else None
+            if position is not None:
+                positions[name] = position
+            else:
+                positions.pop(name, None)
+        return _offset_document(positions)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_records_per_trigger is not None:
             return ReadMaxRows(self.options.max_records_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
         if self.options.min_records_per_trigger is not None:
             return ReadMinRows(self.options.min_records_per_trigger)
         return ReadAllAvailable()
@@ -217,11 +264,11 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             views[name], cursors[name] = view, cursor
             backlogs[name] = plan.spans(view, cursor, end) if end is not None else []
         self._latest_seen = latest_seen
-        max_records, min_records = self._limits(limit)
-        if max_records is None and min_records is None:
+        max_records, max_bytes, min_records = self._limits(limit)
+        if max_records is None and max_bytes is None and min_records is None:
             admission = plan.Admission(backlogs)  # no limit: no need to count records
         else:
-            admission = plan.admit(backlogs, max_records, catalog.records_before)
+            admission = plan.admit(backlogs, max_records, catalog.records_before, max_bytes, catalog.bytes_before)
         if min_records is not None and admission.records < min_records:
             waited_ms = (time.monotonic() - self._last_batch_s) * 1000
             if waited_ms < self.options.max_trigger_delay_ms:
@@ -248,17 +295,23 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None  # a stream that appeared after the AvailableNow target was taken
         return min(plan.resolve(view, target).cursor, latest)
 
-    def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
-        """(max, min) records for this trigger. The engine's limit rules: ReadAllAvailable means
-        ignore the options; minRecordsPerTrigger never holds back an AvailableNow run."""
+    def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None, int | None]:
+        """(max records, max bytes, min records) for this trigger. The engine's limit rules:
+        ReadAllAvailable means ignore the options; minRecordsPerTrigger never holds back an
+        AvailableNow run. Spark passes one ReadLimit (getDefaultReadLimit's), so the other
+        maximum comes from the options: both apply when both are set."""
         if isinstance(limit, ReadAllAvailable) or limit is None:
-            return None, None
-        min_records = None if self._target is not None else self.options.min_records_per_trigger
+            return None, None, None
+        options = self.options
+        min_records = None if self._target is not None else options.min_records_per_trigger
         if isinstance(limit, ReadMaxRows):
-            return limit.max_rows, min_records
+            return limit.max_rows, options.max_bytes_per_trigger, min_records
+        if isinstance(limit, ReadMaxBytes):
+            return options.max_records_per_trigger, limit.max_bytes, min_records
         if isinstance(limit, ReadMinRows):
-            return self.options.max_records_per_trigger, None if self._target is not None else limit.min_rows
-        return None, None
+            return (options.max_records_per_trigger, options.max_bytes_per_trigger,
+                    None if self._target is not None else limit.min_rows)
+        return None, None, None
 
     def reportLatestOffset(self) -> dict | None:
         return _offset_document(self._latest_seen) if self._latest_seen else None
@@ -287,11 +340,11 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if subscription is None or not done or done == self._subscribed:
             return
         conn = connection(self.options.connection)
-        for name, (ledger_id, entry_id) in _offsets(done).items():
+        for name, (ledger_id, entry_id, slot) in _offsets(done).items():
             if (self._subscribed or {}).get(name) == done[name]:
                 continue
             try:
-                conn.call(conn.namespace.commit_subscription(name, subscription, Offset(ledger_id, entry_id)))
+                conn.call(conn.namespace.commit_subscription(name, subscription, Offset(ledger_id, entry_id, slot)))
             except StreamNotFoundError:
                 log.warning("dlog source: stream %r is gone; subscription %r not committed", name, subscription)
         self._subscribed = dict(done)
@@ -313,21 +366,24 @@ class DlogBatchReader(DataSourceReader):
         catalog = planner.catalog()
         names = catalog.stream_names()
         starting, ending = self.options.starting, self.options.ending
-        starts: dict[str, Position | None] = {}
+        starts: dict[str, Cursor | Position | None] = {}
         ends: dict[str, Cursor | Position] = {}
-        given_start = parse_spark_offsets(starting) if starting not in ("earliest", "latest") else {}
-        given_end = parse_spark_offsets(ending) if ending != "latest" else {}
+        given_start = parse_spark_positions(starting) if starting not in ("earliest", "latest") else {}
+        given_end = parse_spark_positions(ending) if ending != "latest" else {}
         for offsets, what in ((given_start, "startingOffsets"), (given_end, "endingOffsets")):
             unknown = [name for name in offsets if name not in names]
             if unknown:
                 raise ConfigError(f"{what} names stream {unknown[0]!r}, which this read does not include")
         for name in names:
             view = catalog.view(name)
-            if starting == "latest":
+            start = start_cursor(catalog, self.options, view)
+            if start is not None:
+                starts[name] = start
+            elif starting == "latest":
                 starts[name] = plan.position_of(view, plan.latest(view))
             else:
                 starts[name] = given_start.get(name)
-            ends[name] = given_end.get(name) or plan.latest(view)
+            ends[name] = end_cursor(catalog, self.options, view) or given_end.get(name) or plan.latest(view)
         partitions: list[InputPartition] = list(planner.partitions_between(catalog, starts, ends))
         return partitions
 
@@ -373,5 +429,7 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         for entry in entries:
             slot = partition.first_slot if entry.entry_id == first else 0
             batch = codec.records_from(entry.payload, slot)
+            if entry.entry_id == last and partition.end_slot is not None:
+                batch = batch.slice(0, max(0, partition.end_slot - slot))
             if batch.num_rows:
                 yield shaper.shape(batch, partition.ledger_id, entry.entry_id, slot)

@@ -56,6 +56,7 @@ class LedgerEntry:
     ledger_id: int
     entry_id: int
     payload: bytes
+    length: int = -1  # the ledger's length in bytes up to and including this entry (-1: unknown)
 
 
 class _Driver:
@@ -284,7 +285,7 @@ class _RangeRead(_Driver):
                 if isinstance(result, FailRead):
                     raise result.error
                 assert isinstance(result, CompleteRead)
-                yield LedgerEntry(self.ledger_id, result.entry_id, result.payload)
+                yield LedgerEntry(self.ledger_id, result.entry_id, result.payload, result.length)
         finally:
             self.stop_ticking()
 
@@ -417,7 +418,7 @@ class ReadHandle:
             entry = unpack_entry(self.digest, answer.packed_entry, self.ledger_id, entry_id)
         except DigestMismatchError:
             return None
-        return LedgerEntry(self.ledger_id, entry_id, entry.payload)
+        return LedgerEntry(self.ledger_id, entry_id, entry.payload, entry.length)
 
 
 class RecoveryDriver(_Driver):

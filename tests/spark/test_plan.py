@@ -30,30 +30,30 @@ def records_before(span: Range, entry: int) -> int:
 def test_earliest_and_latest_follow_segment_order_not_ledger_ids():
     assert plan.earliest(STREAM).cursor == Cursor(0, 0)
     assert plan.latest(STREAM) == Cursor(2, 3)
-    assert plan.position_of(STREAM, plan.latest(STREAM)) == (90, 3)
+    assert plan.position_of(STREAM, plan.latest(STREAM)) == (90, 3, 0)
 
 
 def test_the_end_of_a_completed_segment_continues_in_the_next_without_loss():
-    resolved = plan.resolve(STREAM, (40, 5))
+    resolved = plan.resolve(STREAM, (40, 5, 0))
     assert resolved == plan.Resolved(Cursor(1, 0))
     ranges = plan.spans(STREAM, resolved.cursor, plan.latest(STREAM))
     assert [(r.ledger_id, r.first_entry, r.last_entry) for r in ranges] == [(7, 0, 4), (90, 0, 2)]
 
 
 def test_a_position_past_a_lagging_lac_waits_instead_of_reporting_loss():
-    resolved = plan.resolve(STREAM, (90, 5))  # the in-progress segment's snapshot ends at entry 3
+    resolved = plan.resolve(STREAM, (90, 5, 0))  # the in-progress segment's snapshot ends at entry 3
     assert resolved == plan.Resolved(Cursor(2, 5)) and plan.spans(STREAM, resolved.cursor, plan.latest(STREAM)) == []
 
 
 def test_a_removed_segment_that_was_fully_read_is_not_data_loss():
     view = StreamView("s", (segment(1, 40, 5, live=False), segment(2, 7, 5)))
-    assert plan.resolve(view, (40, 5)) == plan.Resolved(Cursor(1, 0))
+    assert plan.resolve(view, (40, 5, 0)) == plan.Resolved(Cursor(1, 0))
 
 
 @pytest.mark.parametrize("position, lost", [
-    ((40, 2), "segment of ledger 40 was removed"),  # inside a removed segment
-    ((99, 0), "ledger 99 is no longer in the stream"),  # unknown ledger
-    ((40, 9), "past the end"),  # beyond a segment's end
+    ((40, 2, 0), "segment of ledger 40 was removed"),  # inside a removed segment
+    ((99, 0, 0), "ledger 99 is no longer in the stream"),  # unknown ledger
+    ((40, 9, 0), "past the end"),  # beyond a segment's end
 ])
 def test_positions_in_removed_data_report_the_loss_and_move_to_the_earliest(position, lost):
     view = StreamView("s", (segment(1, 40, 5, live=False), segment(2, 7, 5)))
@@ -63,7 +63,7 @@ def test_positions_in_removed_data_report_the_loss_and_move_to_the_earliest(posi
 
 def test_skipping_over_a_removed_unread_segment_and_a_partial_truncation_is_loss():
     view = StreamView("s", (segment(1, 40, 5), segment(2, 7, 5, live=False), segment(3, 8, 5, min_active=(2, 3))))
-    resolved = plan.resolve(view, (40, 5))
+    resolved = plan.resolve(view, (40, 5, 0))
     assert resolved.cursor == Cursor(2, 2, 3)
     assert len(resolved.losses) == 2 and "segment 2 (ledger 7)" in resolved.losses[0]
     ranges = plan.spans(view, resolved.cursor, plan.latest(view))
@@ -116,3 +116,84 @@ def test_the_sink_id_defaults_to_a_digest_of_the_checkpoint_location():
     assert parse_sink_options({"path": "a", "sinkid": "job-1"}, streaming=True).sink_id == "job-1"
     with pytest.raises(ConfigError, match="needs option 'sinkId' or option 'checkpointLocation'"):
         parse_sink_options({"stream": "a"}, streaming=True)
+
+
+# ------------------------------------------------------------------------------ timestamps
+
+# Three segments of 5 entries; entry e of segment i holds records stamped 1000*i + 100*e .. +90.
+TIMED = StreamView("t", tuple(SegmentView(i + 1, 10 + i, True, i < 2, 0, 5, records=50 if i < 2 else None,
+                                          last_timestamp_ms=1000 * i + 490 if i < 2 else None)
+                              for i in range(3)))
+
+
+def timed_max_ms(reads: list[tuple[int, int]]):
+    def entry_max_ms(index: int, entry: int) -> int:
+        reads.append((index, entry))
+        return 1000 * index + 100 * entry + 90
+    return entry_max_ms
+
+
+@pytest.mark.parametrize("timestamp_ms, cursor", [
+    (1195, Cursor(1, 2)),  # between entries 1 (..1190) and 2 (1200..) of the second segment
+    (1150, Cursor(1, 1)),  # inside entry 1: that entry (the caller finds the slot)
+    (0, Cursor(0, 0)),  # before the earliest record: the first entry
+    (2490, Cursor(2, 4)),  # the last record of the in-progress segment
+    (2491, None),  # after the latest record
+])
+def test_a_timestamp_resolves_to_the_first_entry_holding_a_record_at_or_after_it(timestamp_ms, cursor):
+    reads: list[tuple[int, int]] = []
+    assert plan.first_entry_at_or_after(TIMED, timestamp_ms, timed_max_ms(reads)) == cursor
+    assert len(reads) <= 2 * 3  # segment metadata skips the early segments; log2(5) headers in one
+    assert all(index >= (cursor.index if cursor else 2) for index, _ in reads)
+
+
+def test_a_timestamp_search_starts_at_the_truncation_point():
+    view = StreamView("t", (segment(1, 40, 5, min_active=(2, 3)),))
+    found = plan.first_entry_at_or_after(view, 0, lambda index, entry: 100 * entry)
+    assert found == Cursor(0, 2, 3)
+
+
+def test_a_start_and_an_end_inside_entries_read_only_the_records_between():
+    ranges = plan.spans(STREAM, Cursor(0, 1, 4), Cursor(1, 2, 6))
+    assert ranges == [Range("s", 1, 40, 1, 4, 4), Range("s", 2, 7, 0, 2, 0, 6)]
+    assert plan.spans(STREAM, Cursor(0, 1, 4), Cursor(0, 1, 4)) == []
+    assert plan.resolve(STREAM, (40, 1, 4)) == plan.Resolved(Cursor(0, 1, 4))
+
+
+# ------------------------------------------------------------------------------ bytes per trigger
+
+
+def bytes_before(span: Range, entry: int) -> int:
+    return entry * 1000  # every entry is 1000 bytes
+
+
+def test_admission_by_bytes_takes_whole_entries_and_combines_with_records():
+    backlog = plan.spans(STREAM, Cursor(0, 0), plan.latest(STREAM))  # 13 entries of 10 records, 1000 bytes
+    by_bytes = plan.admit({"s": backlog}, None, records_before, 3500, bytes_before)
+    assert by_bytes.records == 30 and [(r.ledger_id, r.last_entry) for r in by_bytes.ranges["s"]] == [(40, 2)]
+    both = plan.admit({"s": backlog}, 25, records_before, 3500, bytes_before)  # records bind first
+    assert both.records == 20
+    looser = plan.admit({"s": backlog}, 1000, records_before, 6500, bytes_before)  # bytes bind first
+    assert looser.records == 60 and [(r.ledger_id, r.last_entry) for r in looser.ranges["s"]] == [(40, 4), (7, 0)]
+    tiny = plan.admit({"s": backlog}, None, records_before, 10, bytes_before)  # below one entry
+    assert tiny.records == 10
+
+
+def test_timestamp_and_byte_options_are_checked():
+    options = parse_source_options({"streams": "a,b", "startingoffsetsbytimestamp": '{"a": 5}',
+                                    "endingTimestamp": "9", "maxBytesPerTrigger": "4096",
+                                    "startingOffsetsByTimestampStrategy": "LATEST"}, batch=True)
+    assert options.starting_timestamp_of("a") == 5 and options.starting_timestamp_of("b") is None
+    assert options.ending_timestamp_of("b") == 9 and options.max_bytes_per_trigger == 4096
+    assert options.timestamp_strategy == "latest"
+    both = parse_source_options({"stream": "a", "startingTimestamp": "7", "startingOffsetsByTimestamp": '{"a": 5}'},
+                                batch=False)
+    assert both.starting_timestamp_of("a") == 7  # Kafka's precedence: startingTimestamp wins
+    with pytest.raises(ConfigError, match="bad startingTimestamp '2024-01-01'.*milliseconds since the epoch"):
+        parse_source_options({"stream": "a", "startingTimestamp": "2024-01-01"}, batch=False)
+    with pytest.raises(ConfigError, match="names stream 'c', which this query does not read"):
+        parse_source_options({"stream": "a", "startingOffsetsByTimestamp": '{"c": 5}'}, batch=False)
+    with pytest.raises(ConfigError, match="bad startingOffsetsByTimestampStrategy 'first'"):
+        parse_source_options({"stream": "a", "startingOffsetsByTimestampStrategy": "first"}, batch=False)
+    with pytest.raises(ConfigError, match="unknown option 'endingtimestamp' for a streaming read"):
+        parse_source_options({"stream": "a", "endingtimestamp": "5"}, batch=False)

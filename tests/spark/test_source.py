@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import pytest
 
@@ -120,15 +121,36 @@ def test_batch_read_between_offsets_and_a_pattern_of_streams(spark, dlog_ns):
     assert counts == {"orders/eu": 300, "orders/us": 300}
 
 
-def test_subscription_is_committed_at_the_end_of_each_batch(spark, dlog_ns, tmp_path):
+def test_subscription_is_committed_at_the_end_of_each_batch_and_its_lag_is_visible(spark, dlog_ns, cluster,
+                                                                                    tmp_path):
     ns = dlog_ns.ns
     ns.create_stream("subscribed")
     dlog_ns.write("subscribed", values(500), entry_records=100)
-    run_available_now(stream_reader(spark, dlog_ns, stream="subscribed", startingOffsets="earliest",
-                                    subscription="spark-job"),
-                      "noop", tmp_path / "checkpoint")
+    query = run_available_now(stream_reader(spark, dlog_ns, stream="subscribed", startingOffsets="earliest",
+                                            subscription="spark-job"),
+                              "noop", tmp_path / "checkpoint")
     ledger = ns.stream_info("subscribed")["segments"][-1]["ledger"]
     assert ns.subscriptions("subscribed") == {"spark-job": Offset(ledger, 5, 0)}
+    # Spark's progress shows where the stream ends (reportLatestOffset): the source's only metric
+    # pyspark 4.3 lets a Python source report.
+    source = query.lastProgress["sources"][0]
+    assert json.loads(source["latestOffset"]) == {"subscribed": {"entry": 5, "ledger": ledger}}
+
+    dlog_ns.write("subscribed", values(200, start=500), entry_records=100)
+    lag = ns.subscription_lag("subscribed", "spark-job")["spark-job"]
+    assert lag["lag_records"] == 200 and lag["lag_bytes"] > 0
+    from tools.ui import UiOptions, UiThread
+
+    page = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, dlog_ns.options["namespaceRoot"]))
+    url = page.start()
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/api/cluster", timeout=30) as answer:
+            status = json.loads(answer.read())
+    finally:
+        page.stop()
+    namespace = next(n for n in status["namespaces"] if n["name"] == dlog_ns.options["namespace"])
+    shown = next(s for s in namespace["streams"] if s["name"] == "subscribed")["subscriptions"]
+    assert [(s["name"], s["lag_records"], s["lag_bytes"]) for s in shown] == [("spark-job", 200, lag["lag_bytes"])]
 
 
 def test_unknown_and_bad_options_are_refused_by_name(spark, dlog_ns):
