@@ -272,7 +272,7 @@ def _timestamps_by_stream(values: Mapping[str, str], name: str) -> tuple[tuple[s
     """JSON {"stream": ms, ...} (Kafka's per-partition form, per stream here)."""
     if name not in values:
         return ()
-    expected = f'use JSON like {{"orders": 1700000000000}} (stream -> milliseconds since the epoch)'
+    expected = 'use JSON like {"orders": 1700000000000} (stream -> milliseconds since the epoch)'
     try:
         document = json.loads(values[name])
     except ValueError as error:

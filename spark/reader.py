@@ -1,8 +1,8 @@
-"""The dlog source: a micro-batch stream reader (driver), a batch reader, and the partition read
-that runs in Python workers.
+"""The dlog source: a micro-batch stream reader and a batch reader (driver side; the partition
+read that runs in Python workers is in `spark.partition`).
 
 Theory of operation. Offsets are `{"<stream>": {"entry": E, "ledger": L}}` (next entry to read),
-JSON with sorted keys; a stream missing from an offset is read from its earliest record (new
+JSON with sorted keys (a start inside an entry, from a timestamp option, adds `"slot": S`); a stream missing from an offset is read from its earliest record (new
 streams of a `streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset`
 snapshots every stream, resolves the start (noting data removed under the query, L5), measures
 the backlog up to the latest readable entry (the LAC of an in-progress segment), admits whole
@@ -39,39 +39,17 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from bookkeeper.errors import ConfigError, DlogError, NoSuchEntryError, NoSuchLedgerError
+from bookkeeper.errors import ConfigError, DlogError
 from dlog.offsets import Offset, parse_spark_positions
-from dlog.segments.codec import RecordSetCodec
 from dlog.segments.store import StreamNotFoundError
 from spark import plan
 from spark.catalog import Catalog
 from spark.connection import connection
 from spark.options import SourceOptions
-from spark.plan import Cursor, DataLossError, Position, Range, StreamView
-from spark.schema import BatchShaper, arrow_read_schema
+from spark.partition import DlogPartition, on_loss, read_partition
+from spark.plan import Cursor, Position, Range, StreamView
 
 log = logging.getLogger(__name__)
-READ_CHUNK_ENTRIES = 16
-READ_TIMEOUT_S = 120.0
-
-
-class DlogPartition(InputPartition):
-    """Entries first..last of one ledger of one stream (records from `first_slot` of the first)."""
-
-    def __init__(self, span: Range, fail_on_data_loss: bool) -> None:
-        super().__init__(None)
-        self.stream = span.stream
-        self.ledger_id = span.ledger_id
-        self.first_entry = span.first_entry
-        self.last_entry = span.last_entry
-        self.first_slot = span.first_slot
-        self.end_slot = span.end_slot
-        self.fail_on_data_loss = fail_on_data_loss
-
-    def __repr__(self) -> str:
-        end = "" if self.end_slot is None else f", end_slot={self.end_slot}"
-        return (f"DlogPartition({self.stream!r}, ledger={self.ledger_id}, entries={self.first_entry}.."
-                f"{self.last_entry}, first_slot={self.first_slot}{end})")
 
 
 class NoRecordAtTimestampError(DlogError):
@@ -108,7 +86,7 @@ class _Planner:
         with true, data loss raises)."""
         resolved = plan.resolve(view, position)
         if resolved.losses:
-            _on_loss(self.options.fail_on_data_loss, resolved.losses)
+            on_loss(self.options.fail_on_data_loss, resolved.losses)
         return resolved.cursor, bool(resolved.losses)
 
     def partitions_between(self, catalog: Catalog, starts: Mapping[str, Cursor | Position | None],
@@ -118,7 +96,7 @@ class _Planner:
             try:
                 view = catalog.view(name)
             except StreamNotFoundError:
-                _on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
+                on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
                 continue
             start = starts.get(name)
             if not isinstance(start, Cursor):
@@ -129,15 +107,6 @@ class _Planner:
             ranges += plan.spans(view, start, end)
         return [DlogPartition(span, self.options.fail_on_data_loss)
                 for span in plan.split(ranges, self.options.min_partitions)]
-
-
-def _on_loss(fail: bool, losses: tuple[str, ...]) -> None:
-    text = "; ".join(losses)
-    if fail:
-        raise DataLossError(f"data loss: {text}. Records the query had not read were removed by "
-                            "truncation or retention. Start the query again from a new checkpoint, or set "
-                            "failOnDataLoss=false to skip to the earliest available records")
-    log.warning("dlog source skipped removed records (failOnDataLoss=false): %s", text)
 
 
 def _offsets(document: Mapping[str, Any] | None) -> dict[str, Position]:
@@ -250,7 +219,7 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 view = catalog.view(name)
             except StreamNotFoundError:
-                _on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
+                on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
                 continue
             expected = expected or catalog.schema(name)
             catalog.check_schema(name, expected)
@@ -389,47 +358,3 @@ class DlogBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, self.schema, partition)
-
-
-# ------------------------------------------------------------------------------ workers
-
-
-def read_partition(options: SourceOptions, schema: StructType, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Decode the partition's entries into record batches of the read schema (in a worker)."""
-    if not isinstance(partition, DlogPartition):
-        return  # Spark's placeholder partition of an empty batch read
-    conn = connection(options.connection)
-    namespace = conn.namespace
-    try:
-        config = conn.call(namespace.config(partition.stream))
-        handle = conn.call(namespace.client.open_ledger(partition.ledger_id, password=namespace.password_of(config),
-                                                        recovery=False))
-    except (StreamNotFoundError, NoSuchLedgerError) as error:
-        _on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))
-        return
-    handle.advance_lac(partition.last_entry)  # the planner saw these entries confirmed
-    stream_schema = namespace.schema_of(config)
-    codec = RecordSetCodec(stream_schema)
-    shaper = BatchShaper(partition.stream, stream_schema, arrow_read_schema(schema))
-    first, last = partition.first_entry, partition.last_entry
-
-    def fetch(start: int) -> Any:
-        return conn.submit(handle.read(start, min(last, start + READ_CHUNK_ENTRIES - 1)))
-
-    pending = fetch(first)
-    next_start = first
-    while pending is not None:
-        try:
-            entries = pending.result(READ_TIMEOUT_S)
-        except (NoSuchLedgerError, NoSuchEntryError) as error:
-            _on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
-            return
-        next_start += len(entries)
-        pending = fetch(next_start) if next_start <= last else None  # decode while the next arrives
-        for entry in entries:
-            slot = partition.first_slot if entry.entry_id == first else 0
-            batch = codec.records_from(entry.payload, slot)
-            if entry.entry_id == last and partition.end_slot is not None:
-                batch = batch.slice(0, max(0, partition.end_slot - slot))
-            if batch.num_rows:
-                yield shaper.shape(batch, partition.ledger_id, entry.entry_id, slot)

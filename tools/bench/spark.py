@@ -1,6 +1,7 @@
 """Spark benchmarks of the dlog data source, on a local cluster of real bookie processes.
 
     dlog bench spark --records 10000000
+    dlog bench spark --records 10000000 --standalone     # on a standalone cluster from the wheel
 
 Measured, never asserted. Three runs after the input stream is written (100-byte JSON-like
 values, 1,024 distinct keys):
@@ -28,6 +29,8 @@ from dlog.segments.codec import DEFAULT_SCHEMA
 from tools.cluster import LocalCluster
 
 NAMESPACE = "bench"
+STANDALONE_WORKER_MEMORY = "3g"  # what the worker offers; one executor of this heap:
+STANDALONE_EXECUTOR_MEMORY = "2g"
 KEYS = 1024
 ACTIONS = pa.array(["view", "click", "buy", "share"])
 
@@ -76,17 +79,19 @@ async def _write_input(cluster: LocalCluster, records: int, batch_records: int) 
             "stored_mb": round(sum(s["bytes"] for s in segments) / 1e6, 1)}
 
 
-def _session(cores: int, shuffle_partitions: int) -> Any:
+def _session(master: str, shuffle_partitions: int, conf: dict[str, str] | None = None) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # Spark binds to loopback only, never eth0
-    session = (SparkSession.builder.master(f"local[{cores}]").appName("dlog-bench")
+    builder = (SparkSession.builder.master(master).appName("dlog-bench")
                .config("spark.ui.enabled", "false")
                .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-               .config("spark.driver.memory", "4g")
-               .getOrCreate())
+               .config("spark.driver.memory", "4g"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
 
@@ -142,15 +147,25 @@ async def _stored_records(cluster: LocalCluster, streams: list[str]) -> dict[str
 
 
 def bench_spark(records: int = 10_000_000, *, cores: int = 2, partitions: int = 8, batch_records: int = 20_000,
-                shuffle_partitions: int = 2, fsync: bool = True) -> dict[str, Any]:
-    """Write `records` into a stream, then time the Spark read, sink and pipeline runs."""
+                shuffle_partitions: int = 2, fsync: bool = True, standalone: bool = False) -> dict[str, Any]:
+    """Write `records` into a stream, then time the Spark read, sink and pipeline runs (on
+    local[cores], or with `standalone` on a standalone cluster of one worker with `cores` cores)."""
     with tempfile.TemporaryDirectory(prefix="dlog-bench-spark-") as directory:
-        cluster = LocalCluster(directory, bookies=3, bookie_args=[] if fsync else ["--no-fsync"])
+        cluster = LocalCluster(f"{directory}/bookies", bookies=3, bookie_args=[] if fsync else ["--no-fsync"])
         cluster.start()
+        engine = None
         try:
             runs = [asyncio.run(_write_input(cluster, records, batch_records))]
             options = {"zk": cluster.zk_address, "namespace": NAMESPACE}
-            spark = _session(cores, shuffle_partitions)
+            if standalone:
+                from tools.spark_cluster import SparkStandalone
+
+                engine = SparkStandalone(f"{directory}/spark", worker_cores=cores,
+                                         worker_memory=STANDALONE_WORKER_MEMORY).start()
+                spark = _session(engine.master_url, shuffle_partitions,
+                                 engine.application_conf(STANDALONE_EXECUTOR_MEMORY, small_jvm=False))
+            else:
+                spark = _session(f"local[{cores}]", shuffle_partitions)
             try:
                 runs += _spark_runs(spark, options, records, partitions, directory)
             finally:
@@ -160,6 +175,9 @@ def bench_spark(records: int = 10_000_000, *, cores: int = 2, partitions: int = 
             from spark.connection import close_all
 
             close_all()
+            if engine is not None:
+                engine.stop()
             cluster.stop()
     return {"mode": "spark", "records": records, "value_bytes": 100, "cores": cores, "read_partitions": partitions,
+            "engine": "standalone (1 worker)" if standalone else f"local[{cores}]",
             "bookies": 3, "quorum": "E3/Qw2/Qa2", "fsync": fsync, "runs": runs, "stored_records": stored}

@@ -293,11 +293,16 @@ def bench_journal_command(records: int, in_flights: tuple[int, ...], record_size
 @click.option("--cores", default=2, show_default=True, type=click.IntRange(1, 256), help="Spark local[N]")
 @click.option("--partitions", default=8, show_default=True, type=click.IntRange(1, 10_000),
               help="minPartitions of reads, partitions of the sink")
+@click.option("--standalone", is_flag=True,
+              help="run on a Spark standalone cluster started from the pyspark wheel (a master and one "
+                   "worker of --cores cores; executors in their own processes) instead of local[N]")
 @no_fsync_option
 @json_option
 @fails_cleanly
-def bench_spark_command(records: int, cores: int, partitions: int, no_fsync: bool, as_json: bool) -> None:
+def bench_spark_command(records: int, cores: int, partitions: int, standalone: bool, no_fsync: bool,
+                        as_json: bool) -> None:
     """The Spark source and sink: streaming read, sink and read-to-sink pipeline rows/s."""
     from tools.bench.spark import bench_spark
 
-    print_bench(bench_spark(records, cores=cores, partitions=partitions, fsync=not no_fsync), as_json)
+    print_bench(bench_spark(records, cores=cores, partitions=partitions, fsync=not no_fsync,
+                            standalone=standalone), as_json)
