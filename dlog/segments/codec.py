@@ -7,7 +7,9 @@ payload that starts right after it keeps the 8-byte alignment Arrow IPC buffers 
          0     4  magic b"DLRS"
          4     1  format version, u8 (1)
          5     1  codec, u8 (0 = none, 1 = zstd)
-         6     2  flags, u16 (0; any other value is refused, so a future flag cannot be misread)
+         6     2  flags, u16: bit 0 = HEADERS (the batch has the `headers` column after the
+                  default schema's; untyped streams only); any other bit is refused, so a
+                  future flag cannot be misread
          8     4  record_count, u32: rows in the batch
         12     8  first_record_index, u64: index of this entry's first record within its segment,
                   so the last entry of a segment gives the segment's record count
@@ -19,7 +21,11 @@ payload that starts right after it keeps the 8-byte alignment Arrow IPC buffers 
 
 The payload holds no schema: readers know the stream's schema from the stream config and pass it
 to `pyarrow.ipc.read_record_batch`, so decoding is a handful of C++ calls whatever the record
-count. `dlog bench codec` (tools/bench/codec.py) on ~120-byte JSON-like values: one frame over the whole message
+count. Record headers (Kafka's: a list of (string key, binary value) per record) exist for
+untyped streams only and cost nothing when unused: an entry whose records have none is written
+without the column, exactly as before headers existed, and decodes to the three default
+columns; an entry with the HEADERS flag decodes to four (`headers` last). Readers take columns by
+name, so both kinds mix freely in one stream. `dlog bench codec` (tools/bench/codec.py) on ~120-byte JSON-like values: one frame over the whole message
 decodes up to 2x faster than Arrow's own per-buffer IPC compression at 1,000-record batches and
 encodes as fast, but Arrow's per-buffer frames are 4-12% smaller; levels 1 and 3 compress alike
 and level 1 encodes 1.4-1.7x faster.
@@ -36,7 +42,7 @@ import enum
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +80,10 @@ class Compression(enum.IntEnum):
     ZSTD = 1
 
 
+FLAG_HEADERS = 0x0001
+KNOWN_FLAGS = FLAG_HEADERS
+
+
 CODEC_VALUES = frozenset(int(codec) for codec in Compression)
 
 
@@ -86,6 +96,7 @@ class RecordSetHeader:
     min_timestamp_ms: int
     max_timestamp_ms: int
     uncompressed_bytes: int
+    flags: int = 0
 
     @property
     def next_record_index(self) -> int:
@@ -105,6 +116,28 @@ DEFAULT_SCHEMA = pa.schema(
         pa.field("timestamp", pa.timestamp("ms"), nullable=False),
     ]
 )
+# Record headers: per record a list of (string key, binary value), or null. Spark's Arrow form of
+# array<struct<key: string, value: binary>> (list field "element"), so the source hands it as is.
+HEADER_TYPE = pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])
+HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE, nullable=False))
+HEADERS_FIELD = pa.field("headers", HEADERS_TYPE, nullable=True)
+HEADERS_SCHEMA = DEFAULT_SCHEMA.append(HEADERS_FIELD)
+
+
+def schema_with_headers(schema: pa.Schema) -> pa.Schema | None:
+    """The schema of entries with headers for a stream of `schema` (untyped streams only)."""
+    return HEADERS_SCHEMA if schema.equals(DEFAULT_SCHEMA) else None
+
+
+def without_empty_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A headers batch whose records carry no header at all, as a plain default-schema batch."""
+    index = batch.schema.get_field_index("headers")
+    if index < 0 or not batch.schema.equals(HEADERS_SCHEMA):
+        return batch
+    column = batch.column(index)
+    if column.null_count == len(column) or pc.sum(pc.list_value_length(column)).as_py() in (None, 0):
+        return batch.drop_columns(["headers"])
+    return batch
 
 
 class RecordSetCodec:
@@ -114,7 +147,7 @@ class RecordSetCodec:
     Pickling keeps only the settings (Spark ships readers to workers by pickle).
     """
 
-    __slots__ = ("schema", "compression_level", "compress", "uncompressed_bytes_max", "_local")
+    __slots__ = ("schema", "compression_level", "compress", "uncompressed_bytes_max", "_headers_schema", "_local")
 
     def __init__(
         self,
@@ -140,6 +173,7 @@ class RecordSetCodec:
         self.compression_level = compression_level
         self.compress = bool(compress)
         self.uncompressed_bytes_max = uncompressed_bytes_max
+        self._headers_schema = schema_with_headers(schema)
         self._local = threading.local()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -147,7 +181,13 @@ class RecordSetCodec:
         return (_rebuild_codec, settings)
 
     def encode(self, batch: pa.RecordBatch, first_record_index: int) -> bytes:
-        """One entry holding ``batch``; ``first_record_index`` is its first record's index in the segment."""
+        """One entry holding ``batch``; ``first_record_index`` is its first record's index in the
+        segment. A batch of an untyped stream may carry the `headers` column (HEADERS flag)."""
+        flags = 0
+        if self._headers_schema is not None and batch.schema.get_field_index("headers") >= 0:
+            batch = without_empty_headers(batch)
+        if self._headers_schema is not None and batch.schema.equals(self._headers_schema):
+            flags = FLAG_HEADERS
         check_batch(batch, self.schema)
         invariant(
             type(first_record_index) is int and 0 <= first_record_index <= U64_MAX - batch.num_rows,
@@ -167,7 +207,7 @@ class RecordSetCodec:
             codec, payload = Compression.NONE, memoryview(message)
         min_timestamp_ms, max_timestamp_ms = _timestamp_range_ms(batch)
         header = HEADER.pack(
-            MAGIC, FORMAT_VERSION, codec, 0, batch.num_rows, first_record_index,
+            MAGIC, FORMAT_VERSION, codec, flags, batch.num_rows, first_record_index,
             min_timestamp_ms, max_timestamp_ms, message.size,
         )  # fmt: skip
         return b"".join((header, payload))
@@ -184,8 +224,8 @@ class RecordSetCodec:
             raise CorruptRecordSetError(f"record set format version {version} is unknown (known: {FORMAT_VERSION})")
         if codec not in CODEC_VALUES:
             raise CorruptRecordSetError(f"record set codec {codec} is unknown (known: 0 none, 1 zstd)")
-        if flags != 0:
-            raise CorruptRecordSetError(f"record set flags {flags:#06x} are unknown (only 0 is defined)")
+        if flags & ~KNOWN_FLAGS:
+            raise CorruptRecordSetError(f"record set flags {flags:#06x} are unknown (known: {KNOWN_FLAGS:#06x})")
         if ts_min > ts_max:
             raise CorruptRecordSetError(f"record set min timestamp {ts_min} is after its max timestamp {ts_max}")
         if first > U64_MAX - count:
@@ -197,7 +237,7 @@ class RecordSetCodec:
         payload_bytes = view.nbytes - HEADER_BYTES
         if codec == Compression.NONE and payload_bytes != raw_bytes:
             raise CorruptRecordSetError(f"record set has {payload_bytes} payload bytes, its header says {raw_bytes}")
-        return RecordSetHeader(version, Compression(codec), count, first, ts_min, ts_max, raw_bytes)
+        return RecordSetHeader(version, Compression(codec), count, first, ts_min, ts_max, raw_bytes, flags)
 
     def records_from(self, payload: bytes | bytearray | memoryview, first_slot: int) -> pa.RecordBatch:
         """The entry's records from `first_slot` on: what a reader hands out of an entry it enters
@@ -212,10 +252,16 @@ class RecordSetCodec:
         An uncompressed entry's batch shares memory with ``data``: do not change ``data`` after.
         """
         header = self.peek_header(data)
+        schema = self.schema
+        if header.flags & FLAG_HEADERS:
+            if self._headers_schema is None:
+                raise CorruptRecordSetError("record set has record headers but the stream is typed "
+                                            f"({describe_schema(self.schema)}); only untyped streams have headers")
+            schema = self._headers_schema
         payload = memoryview(data)[HEADER_BYTES:]
         if header.codec == Compression.ZSTD:
             payload = self._decompress(payload, header.uncompressed_bytes)
-        batch = _read_batch(pa.py_buffer(payload), self.schema)
+        batch = _read_batch(pa.py_buffer(payload), schema)
         if batch.num_rows != header.record_count:
             raise CorruptRecordSetError(
                 f"record set header says {header.record_count} records, batch has {batch.num_rows}"
@@ -306,6 +352,10 @@ def check_batch(batch: pa.RecordBatch, schema: pa.Schema) -> None:
         raise ConfigError(f"expected a pyarrow.RecordBatch, got {type(batch).__name__}")
     if batch.schema.equals(schema) and not _nulls_in_required(batch, schema):
         return  # the common case: one C++ comparison
+    if "headers" in batch.schema.names and schema_with_headers(schema) is not None:
+        schema = HEADERS_SCHEMA  # an untyped stream's batch may carry record headers
+        if batch.schema.equals(schema) and not _nulls_in_required(batch, schema):
+            return
     expected = f"the stream's schema is ({describe_schema(schema)})"
     names = batch.schema.names
     for name in names:
@@ -353,13 +403,22 @@ def records_to_batch(
     keys: Sequence[Any] | pa.Array | None = None,
     timestamps_ms: Sequence[int] | pa.Array | None = None,
     schema: pa.Schema = DEFAULT_SCHEMA,
+    headers: Sequence[Headers | None] | None = None,
 ) -> pa.RecordBatch:
     """A batch of a key/value/timestamp schema from Python lists (one `pa.array` call per column).
 
     Missing keys are null; missing timestamps are the wall clock now, the same for every record.
+    `headers` (untyped streams): per record None or a list of (str key, bytes value) pairs; the
+    batch has a `headers` column only when some record has one.
     """
     count = len(values)
-    sources = {"value": values, "key": keys, "timestamp": timestamps_ms}
+    sources: dict[str, Any] = {"value": values, "key": keys, "timestamp": timestamps_ms}
+    if headers is not None and any(headers):
+        if schema_with_headers(schema) is None:
+            raise ConfigError(f"record headers exist for untyped streams only; this stream's schema is "
+                              f"({describe_schema(schema)})")
+        schema = HEADERS_SCHEMA
+        sources["headers"] = headers_column(headers, count)
     columns = []
     for field in schema:
         if field.name not in sources:
@@ -371,6 +430,29 @@ def records_to_batch(
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     check_batch(batch, schema)
     return batch
+
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+def headers_column(headers: Sequence[Headers | None], count: int) -> pa.Array:
+    """The `headers` column of `count` records: each None or a list of (str key, bytes value)."""
+    if len(headers) != count:
+        raise ConfigError(f"got {count} values but {len(headers)} header lists; pass one per record (or None)")
+    rows: list[list[dict[str, Any]] | None] = []
+    for index, pairs in enumerate(headers):
+        if pairs is None:
+            rows.append(None)
+            continue
+        items = list(pairs.items()) if isinstance(pairs, Mapping) else list(pairs)
+        row = []
+        for pair in items:
+            if (not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str)
+                    or not (pair[1] is None or isinstance(pair[1], (bytes, bytearray, memoryview)))):
+                raise ConfigError(f"record {index}: a header is a (str key, bytes value) pair, got {pair!r}")
+            row.append({"key": pair[0], "value": None if pair[1] is None else bytes(pair[1])})
+        rows.append(row)
+    return pa.array(rows, type=HEADERS_TYPE)
 
 
 def _column(field: pa.Field, source: Sequence[Any] | pa.Array | None, count: int) -> pa.Array:

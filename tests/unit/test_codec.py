@@ -213,7 +213,8 @@ def test_header_corruption_is_refused(zstd_entry: bytes) -> None:
     expect_corrupt(b"XXXX" + zstd_entry[4:], "magic")
     expect_corrupt(patch_header(zstd_entry, version=2), "version 2 is unknown")
     expect_corrupt(patch_header(zstd_entry, codec=7), "codec 7 is unknown")
-    expect_corrupt(patch_header(zstd_entry, flags=1), "flags")
+    expect_corrupt(patch_header(zstd_entry, flags=2), "flags")
+    expect_corrupt(patch_header(zstd_entry, flags=1), "not a valid Arrow record batch")  # no headers column
     expect_corrupt(patch_header(zstd_entry, min_timestamp_ms=10, max_timestamp_ms=9), "after its max")
     expect_corrupt(patch_header(zstd_entry, first_record_index=2**64 - 1), "overflows")
     expect_corrupt(patch_header(zstd_entry, uncompressed_bytes=2**32 - 1), "over the limit")
@@ -408,3 +409,33 @@ def test_corrupt_schema_text_is_corrupt_metadata(text: object) -> None:
 def test_corrupt_record_set_error_is_a_dlog_error_with_its_own_code() -> None:
     assert issubclass(CorruptRecordSetError, DlogError) and CorruptRecordSetError.code == 301
     assert not CorruptRecordSetError.retryable
+
+
+# ------------------------------------------------------------------------------ record headers
+
+
+def test_record_headers_round_trip_and_entries_without_any_keep_the_old_format() -> None:
+    from dlog.segments.codec import FLAG_HEADERS, HEADERS_SCHEMA
+
+    codec = RecordSetCodec(default_schema())
+    batch = records_to_batch([b"a", b"b", b"c"], headers=[[("trace", b"1"), ("trace", None)], None, []])
+    assert batch.schema.equals(HEADERS_SCHEMA)
+    header, decoded = codec.decode(codec.encode(batch, 0))
+    assert header.flags == FLAG_HEADERS
+    assert decoded.column("headers").to_pylist() == [[{"key": "trace", "value": b"1"}, {"key": "trace", "value": None}],
+                                                     None, []]
+    plain = records_to_batch([b"a"], headers=[None])  # no record has a header: no column at all
+    assert plain.schema.equals(default_schema())
+    nulls = plain.append_column(HEADERS_SCHEMA.field("headers"), pa.nulls(1, HEADERS_SCHEMA.field("headers").type))
+    header, decoded = codec.decode(codec.encode(nulls, 0))
+    assert header.flags == 0 and decoded.schema.equals(default_schema())  # all-null headers are dropped
+
+
+def test_record_headers_are_refused_where_they_have_no_place() -> None:
+    typed = pa.schema([pa.field("id", pa.int64())])
+    with pytest.raises(ConfigError, match="untyped streams only"):
+        records_to_batch([b"a"], schema=typed, headers=[[("k", b"v")]])
+    with pytest.raises(ConfigError, match=r"a header is a \(str key, bytes value\) pair"):
+        records_to_batch([b"a"], headers=[[("k", "text")]])
+    entry = RecordSetCodec(default_schema()).encode(records_to_batch([b"a"], headers=[[("k", b"v")]]), 0)
+    expect_corrupt(entry, "only untyped streams have headers", schema=pa.schema([pa.field("value", pa.binary())]))
