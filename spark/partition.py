@@ -13,7 +13,7 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
 from bookkeeper.errors import NoSuchEntryError, NoSuchLedgerError
-from dlog.segments.codec import RecordSetCodec
+from dlog.segments.codec import HEADERS_SCHEMA, RecordSetCodec
 from dlog.segments.store import StreamNotFoundError
 from spark.connection import connection
 from spark.options import SourceOptions
@@ -72,8 +72,10 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         return
     handle.advance_lac(partition.last_entry)  # the planner saw these entries confirmed
     stream_schema = namespace.schema_of(config)
-    codec = RecordSetCodec(stream_schema)
-    shaper = BatchShaper(partition.stream, stream_schema, arrow_read_schema(schema))
+    output = arrow_read_schema(schema)
+    headers = "headers" in output.names  # includeHeaders: decode every entry with its headers column
+    codec = RecordSetCodec(stream_schema, headers=headers)
+    shaper = BatchShaper(partition.stream, HEADERS_SCHEMA if headers else stream_schema, output)
     first, last = partition.first_entry, partition.last_entry
 
     def fetch(start: int) -> Any:

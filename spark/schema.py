@@ -20,6 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
     IntegerType,
     LongType,
     StringType,
@@ -29,7 +31,7 @@ from pyspark.sql.types import (
 )
 
 from bookkeeper.errors import ConfigError
-from dlog.segments.codec import describe_schema
+from dlog.segments.codec import HEADERS_SCHEMA, describe_schema, schema_with_headers
 
 METADATA_FIELDS = (
     StructField("stream", StringType(), False),
@@ -39,11 +41,17 @@ METADATA_FIELDS = (
     StructField("timestamp", TimestampType(), True),
 )
 METADATA_NAMES = frozenset(field.name for field in METADATA_FIELDS)
+# Kafka's source column: array<struct<key: string, value: binary>>, last, with includeHeaders.
+HEADERS_FIELD = StructField("headers", ArrayType(StructType([
+    StructField("key", StringType(), False), StructField("value", BinaryType(), True)]), False), True)
 SOURCE_ONLY_COLUMNS = frozenset({"stream", "ledger", "entry", "slot"})  # the sink ignores these
 
 
-def read_schema(stream_schema: pa.Schema) -> StructType:
-    """The Spark schema a stream with this Arrow schema reads as."""
+def read_schema(stream_schema: pa.Schema, include_headers: bool = False) -> StructType:
+    """The Spark schema a stream with this Arrow schema reads as (with `headers` last when asked)."""
+    if include_headers and schema_with_headers(stream_schema) is None:
+        raise ConfigError(f"includeHeaders: record headers exist for untyped streams only; this stream's "
+                          f"schema is ({describe_schema(stream_schema)})")
     fields = list(METADATA_FIELDS)
     for field in stream_schema:
         if field.name == "timestamp" and pa.types.is_timestamp(field.type):
@@ -57,6 +65,8 @@ def read_schema(stream_schema: pa.Schema) -> StructType:
             raise ConfigError(f"the stream's column {field.name!r} of Arrow type {field.type} has no "
                               f"Spark type: {error}") from error
         fields.append(StructField(field.name, data_type, field.nullable))
+    if include_headers:
+        fields.append(HEADERS_FIELD)
     return StructType(fields)
 
 
@@ -130,6 +140,8 @@ def sink_batch(batch: pa.RecordBatch, stream_schema: pa.Schema, stream: str) -> 
     any other extra column is an error, never silently dropped.
     """
     names = batch.schema.names
+    if "headers" in names and schema_with_headers(stream_schema) is not None:
+        stream_schema = HEADERS_SCHEMA  # record headers, as Kafka's sink takes them
     expected = f"stream {stream!r} takes columns ({describe_schema(stream_schema)})"
     for name in names:
         if stream_schema.get_field_index(name) < 0 and name not in SOURCE_ONLY_COLUMNS:
@@ -169,5 +181,10 @@ def _cast_column(column: pa.Array, field: pa.Field, expected: str) -> pa.Array:
     if not field.nullable and result.null_count:
         raise ConfigError(f"column {field.name!r} has {result.null_count} nulls but the stream's column "
                           f"is not nullable; {expected}")
+    if field.name == "headers" and field.type.equals(HEADERS_SCHEMA.field("headers").type):
+        pairs = pc.list_flatten(result)
+        if pairs.null_count or pairs.field("key").null_count:
+            raise ConfigError(f"column 'headers' holds a null header or a header with a null key; each "
+                              f"header is a (key string, value binary) pair with a key; {expected}")
     return result
 

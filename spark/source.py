@@ -39,7 +39,7 @@ class DlogDataSource(DataSource):
             if not schema.equals(first):
                 raise ConfigError(f"streams {names[0]!r} and {name!r} have different schemas; one query "
                                   "reads streams of one schema")
-        return read_schema(first)
+        return read_schema(first, options.include_headers)
 
     def reader(self, schema: StructType) -> DlogBatchReader:
         return DlogBatchReader(parse_source_options(self.options, batch=True), schema)

@@ -23,9 +23,9 @@ The payload holds no schema: readers know the stream's schema from the stream co
 to `pyarrow.ipc.read_record_batch`, so decoding is a handful of C++ calls whatever the record
 count. Record headers (Kafka's: a list of (string key, binary value) per record) exist for
 untyped streams only and cost nothing when unused: an entry whose records have none is written
-without the column, exactly as before headers existed, and decodes to the three default
-columns; an entry with the HEADERS flag decodes to four (`headers` last). Readers take columns by
-name, so both kinds mix freely in one stream. `dlog bench codec` (tools/bench/codec.py) on ~120-byte JSON-like values: one frame over the whole message
+without the column, exactly as before headers existed; an entry with the HEADERS flag has a
+fourth column (`headers`). A codec decodes every entry to one shape: the stream's schema (any
+headers dropped), or with `headers=True` the schema with `headers` (null where an entry has none). `dlog bench codec` (tools/bench/codec.py) on ~120-byte JSON-like values: one frame over the whole message
 decodes up to 2x faster than Arrow's own per-buffer IPC compression at 1,000-record batches and
 encodes as fast, but Arrow's per-buffer frames are 4-12% smaller; levels 1 and 3 compress alike
 and level 1 encodes 1.4-1.7x faster.
@@ -147,7 +147,8 @@ class RecordSetCodec:
     Pickling keeps only the settings (Spark ships readers to workers by pickle).
     """
 
-    __slots__ = ("schema", "compression_level", "compress", "uncompressed_bytes_max", "_headers_schema", "_local")
+    __slots__ = ("schema", "compression_level", "compress", "uncompressed_bytes_max", "headers",
+                 "_headers_schema", "_local")
 
     def __init__(
         self,
@@ -156,6 +157,7 @@ class RecordSetCodec:
         compression_level: int = 1,
         compress: bool = True,
         uncompressed_bytes_max: int = UNCOMPRESSED_BYTES_MAX_DEFAULT,
+        headers: bool = False,
     ) -> None:
         if not isinstance(schema, pa.Schema):
             raise ConfigError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
@@ -174,10 +176,14 @@ class RecordSetCodec:
         self.compress = bool(compress)
         self.uncompressed_bytes_max = uncompressed_bytes_max
         self._headers_schema = schema_with_headers(schema)
+        if headers and self._headers_schema is None:
+            raise ConfigError(f"record headers exist for untyped streams only; this stream's schema is "
+                              f"({describe_schema(schema)})")
+        self.headers = bool(headers)
         self._local = threading.local()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        settings = (self.schema, self.compression_level, self.compress, self.uncompressed_bytes_max)
+        settings = (self.schema, self.compression_level, self.compress, self.uncompressed_bytes_max, self.headers)
         return (_rebuild_codec, settings)
 
     def encode(self, batch: pa.RecordBatch, first_record_index: int) -> bytes:
@@ -266,6 +272,10 @@ class RecordSetCodec:
             raise CorruptRecordSetError(
                 f"record set header says {header.record_count} records, batch has {batch.num_rows}"
             )
+        if self.headers and schema is self.schema:
+            batch = batch.append_column(HEADERS_FIELD, pa.nulls(batch.num_rows, HEADERS_TYPE))
+        elif not self.headers and schema is not self.schema:
+            batch = batch.drop_columns(["headers"])
         return header, batch
 
     def _decompress(self, payload: memoryview, expected_bytes: int) -> bytes:
@@ -297,9 +307,11 @@ class RecordSetCodec:
         return decompressor
 
 
-def _rebuild_codec(schema: pa.Schema, level: int, compress: bool, uncompressed_bytes_max: int) -> RecordSetCodec:
+def _rebuild_codec(schema: pa.Schema, level: int, compress: bool, uncompressed_bytes_max: int,
+                  headers: bool = False) -> RecordSetCodec:
     return RecordSetCodec(
-        schema, compression_level=level, compress=compress, uncompressed_bytes_max=uncompressed_bytes_max
+        schema, compression_level=level, compress=compress, uncompressed_bytes_max=uncompressed_bytes_max,
+        headers=headers,
     )
 
 

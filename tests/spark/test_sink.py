@@ -140,3 +140,37 @@ def test_a_streaming_aggregation_in_complete_mode_appends_its_results(spark, dlo
     rows = (spark.read.format("dlog").options(**dlog_ns.options).option("stream", "counts").load()
             .select("key", "value").collect())
     assert {bytes(r.key): int(bytes(r.value)) for r in rows} == {b"buy": 100, b"view": 150, b"click": 50}
+
+
+def test_record_headers_round_trip_through_the_source_and_the_sink(spark, dlog_ns):
+    from dlog.segments.codec import records_to_batch
+
+    ns = dlog_ns.ns
+    ns.create_stream("traced")
+    ns.create_stream("copied")
+    headers = [[("trace", b"t%d" % i), ("hop", None)] if i % 2 else None for i in range(200)]
+    with ns.open_writer("traced") as writer:
+        writer.write_batch(records_to_batch(values(100), headers=headers[:100]))
+        writer.write_batch(records_to_batch(values(100, start=100)))  # an entry with no headers at all
+
+    def read(stream: str, **options: str):
+        return spark.read.format("dlog").options(**dlog_ns.options).option("stream", stream).options(**options).load()
+
+    assert "headers" not in read("traced").columns  # only with includeHeaders, as Kafka's source
+    frame = read("traced", includeHeaders="true")
+    assert frame.columns[-1] == "headers"
+    expected = {value: ([(h[0], h[1]) for h in pairs] if pairs and index < 100 else None)
+                for index, (value, pairs) in enumerate(zip(values(200), headers))}
+
+    def seen(stream: str) -> dict[bytes, list | None]:
+        rows = read(stream, includeHeaders="true").select("value", "headers").collect()
+        return {bytes(r.value): None if r.headers is None else [(h.key, None if h.value is None else bytes(h.value))
+                                                                 for h in r.headers] for r in rows}
+
+    assert seen("traced") == expected
+    frame.select("key", "value", "timestamp", "headers").write.format("dlog").options(**dlog_ns.options) \
+        .option("stream", "copied").mode("append").save()
+    assert seen("copied") == expected
+    with pytest.raises(Exception, match=r"column 'headers' .*'key' of type string has nulls"):
+        (spark.createDataFrame([(b"v", [(None, b"x")])], "value binary, headers array<struct<key:string,value:binary>>")
+         .write.format("dlog").options(**dlog_ns.options).option("stream", "copied").mode("append").save())

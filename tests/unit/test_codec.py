@@ -417,18 +417,24 @@ def test_corrupt_record_set_error_is_a_dlog_error_with_its_own_code() -> None:
 def test_record_headers_round_trip_and_entries_without_any_keep_the_old_format() -> None:
     from dlog.segments.codec import FLAG_HEADERS, HEADERS_SCHEMA
 
-    codec = RecordSetCodec(default_schema())
+    codec = RecordSetCodec(default_schema(), headers=True)
     batch = records_to_batch([b"a", b"b", b"c"], headers=[[("trace", b"1"), ("trace", None)], None, []])
     assert batch.schema.equals(HEADERS_SCHEMA)
-    header, decoded = codec.decode(codec.encode(batch, 0))
+    entry = codec.encode(batch, 0)
+    header, decoded = codec.decode(entry)
     assert header.flags == FLAG_HEADERS
     assert decoded.column("headers").to_pylist() == [[{"key": "trace", "value": b"1"}, {"key": "trace", "value": None}],
                                                      None, []]
     plain = records_to_batch([b"a"], headers=[None])  # no record has a header: no column at all
     assert plain.schema.equals(default_schema())
     nulls = plain.append_column(HEADERS_SCHEMA.field("headers"), pa.nulls(1, HEADERS_SCHEMA.field("headers").type))
-    header, decoded = codec.decode(codec.encode(nulls, 0))
-    assert header.flags == 0 and decoded.schema.equals(default_schema())  # all-null headers are dropped
+    plain_entry = codec.encode(nulls, 0)
+    assert codec.peek_header(plain_entry).flags == 0  # all-null headers are not written
+    # One shape per codec, whatever the entry: with headers (null where none) or without.
+    assert codec.decode(plain_entry)[1].schema.equals(HEADERS_SCHEMA)
+    assert codec.decode(plain_entry)[1].column("headers").to_pylist() == [None]
+    assert pickle.loads(pickle.dumps(codec)).headers
+    assert RecordSetCodec(default_schema()).decode(entry)[1].schema.equals(default_schema())
 
 
 def test_record_headers_are_refused_where_they_have_no_place() -> None:
