@@ -29,7 +29,10 @@ SOURCE_OPTIONS = CONNECTION_OPTIONS + (
 )
 BATCH_SOURCE_OPTIONS = SOURCE_OPTIONS + ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 TIMESTAMP_STRATEGIES = ("error", "latest")
-SINK_OPTIONS = CONNECTION_OPTIONS + ("stream", "path", "sinkId", "checkpointLocation", "createStream")
+SINK_OPTIONS = CONNECTION_OPTIONS + ("stream", "path", "sinkId", "checkpointLocation", "createStream",
+                                     "ensemble", "writeQuorum", "ackQuorum")
+CREATION_OPTIONS = ("ensemble", "writeQuorum", "ackQuorum")
+ROUTE_COLUMN = "stream"  # without option `stream`, the sink routes each row by this column (Kafka's `topic`)
 
 ZK_DEFAULT = "127.0.0.1:2181"
 NAMESPACE_DEFAULT = "default"
@@ -104,18 +107,24 @@ class SourceOptions:
 
 @dataclass(frozen=True, slots=True)
 class StreamCreation:
-    """How the sink creates its stream when it is missing (`createStream`); the stream gets the
-    defaults of `dlog stream create`."""
+    """Whether the sink creates a missing target stream (`createStream`), and its quorum."""
 
     enabled: bool = False
+    ensemble: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
 
 
 @dataclass(frozen=True, slots=True)
 class SinkOptions:
     connection: ConnectionOptions
-    stream: str
+    stream: str | None  # None: each row's `stream` column names its target (routing)
     sink_id: str | None  # None: a batch write, no replay detection
     creation: StreamCreation = StreamCreation()
+
+    @property
+    def routed(self) -> bool:
+        return self.stream is None
 
 
 def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
@@ -158,12 +167,11 @@ def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOp
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
     values = _known(options, SINK_OPTIONS, "a streaming write" if streaming else "a batch write")
-    stream = values.get("stream") or values.get("path")
-    if not stream:
-        raise ConfigError("the dlog sink needs option 'stream' (the stream to append to)")
+    stream = values.get("stream") or values.get("path") or None
     if "stream" in values and "path" in values and values["stream"] != values["path"]:
         raise ConfigError(f"option 'stream' {values['stream']!r} and the path {values['path']!r} differ: give one")
-    check_stream_name(stream)
+    if stream is not None:
+        check_stream_name(stream)
     sink_id = None
     if streaming:
         sink_id = values.get("sinkId") or _sink_id_from_checkpoint(values.get("checkpointLocation"))
@@ -176,7 +184,19 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
 
 
 def _stream_creation(values: Mapping[str, str]) -> StreamCreation:
-    return StreamCreation(enabled=_boolean(values, "createStream", False))
+    enabled = _boolean(values, "createStream", False)
+    given = [name for name in CREATION_OPTIONS if name in values]
+    if given and not enabled:
+        raise ConfigError(f"option {given[0]!r} only applies with createStream=true (the quorum of streams "
+                          "the sink creates)")
+    default = StreamCreation()
+    ensemble = _positive_int(values, "ensemble") or default.ensemble
+    write_quorum = _positive_int(values, "writeQuorum") or min(default.write_quorum, ensemble)
+    ack_quorum = _positive_int(values, "ackQuorum") or min(default.ack_quorum, write_quorum)
+    if not ack_quorum <= write_quorum <= ensemble:
+        raise ConfigError(f"createStream quorum ensemble={ensemble} writeQuorum={write_quorum} ackQuorum={ack_quorum}: "
+                          "need ackQuorum <= writeQuorum <= ensemble")
+    return StreamCreation(enabled, ensemble, write_quorum, ack_quorum)
 
 
 def parse_duration_ms(text: str, name: str) -> int:

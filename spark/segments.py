@@ -1,6 +1,7 @@
 """Appending finished ledgers to a stream as completed segments, with the sink's batch id.
 
-`commit_batch` is the sink's one metadata change per micro-batch: under the stream's writer lock
+`commit_batch` is the sink's one metadata change per micro-batch (`commit_routed` the same over
+several streams at once, for rows routed by their `stream` column): under the stream's writer lock
 (so no live writer has an in-progress segment that the new segments would follow, L3), it seals
 a dead writer's in-progress segment first (fences it, as `StreamWriter._recover` does, L1/L4),
 then creates one COMPLETED segment per ledger after `max_sequence` and sets the sink node to the
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from bookkeeper.clock import wall_ms
 from bookkeeper.errors import (
+    ConfigError,
     DlogError,
     MetadataExistsError,
     MetadataNotFoundError,
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 30.0
 COMMIT_RETRIES_MAX = 10
+ROUTED_STREAMS_MAX = 100  # target streams of one routed batch: all of them change in one multi
 SINK_NODE_FORMAT = 1
 
 
@@ -85,6 +88,71 @@ async def commit_batch(namespace: Namespace, stream: str, messages: Sequence[Dlo
         raise DlogError(f"stream {stream!r} kept changing; the sink commit gave up after {COMMIT_RETRIES_MAX} tries")
     finally:
         await store.unlock(lock_node)
+
+
+async def commit_routed(namespace: Namespace, batches: Mapping[str, Sequence[DlogCommitMessage]],
+                        batch_id: int | None, sink_id: str | None) -> bool:
+    """A routed batch (rows sent to several streams): append every stream's ledgers and record
+    `batch_id` in every target's sink node, in ONE ZooKeeper multi guarded by each list's
+    version, so the batch lands in all its streams or in none. Returns False for a replay
+    (any target already recorded a batch id >= `batch_id`: since batches land whole, all did)."""
+    streams = sorted(batches)
+    if len(streams) > ROUTED_STREAMS_MAX:
+        raise ConfigError(f"a batch of the dlog sink routes rows to {len(streams)} streams, over the limit of "
+                          f"{ROUTED_STREAMS_MAX} per batch (one ZooKeeper multi holds them all)")
+    store = namespace.store
+    if await _routed_replay(namespace, batches, batch_id, sink_id):
+        return False
+    locks: list[str] = []
+    try:
+        for stream in streams:  # in name order: two routed sinks never wait for each other in a cycle
+            lock_node = await store.lock(stream, LOCK_TIMEOUT_S)
+            if lock_node is None:
+                raise SinkLockedError(f"stream {stream!r} has a live writer (its lock stayed taken for "
+                                      f"{LOCK_TIMEOUT_S} s); the sink appends only while no other writer is open")
+            locks.append(lock_node)
+        for _ in range(COMMIT_RETRIES_MAX):
+            commits = []
+            for stream in streams:
+                config = await store.config(stream)
+                listing = await recover_in_progress(namespace, config, await store.segments(stream))
+                ledgers = [m.ledger_id for m in batches[stream]]
+                if any(listing.by_ledger(ledger_id) is not None for ledger_id in ledgers):
+                    return True  # an earlier try of this very commit went through (in every stream)
+                extra: list[Op] = []
+                if sink_id is not None and batch_id is not None:
+                    recorded = await _sink_node(namespace, stream, sink_id)
+                    extra.append(_sink_op(store.sink_path(stream, sink_id), batch_id, ledgers, recorded))
+                segments = [_segment(listing.max_sequence + 1 + index, message)
+                            for index, message in enumerate(batches[stream])]
+                commits.append((stream, listing, segments, extra))
+            if await _routed_replay(namespace, batches, batch_id, sink_id):
+                return False
+            try:
+                await store.commit_many(commits)
+            except (MetadataVersionError, MetadataExistsError, MetadataNotFoundError):
+                continue  # a list or a sink node changed meanwhile: look again
+            log.info("dlog sink: batch %s appended ledgers %s", batch_id,
+                     {stream: [m.ledger_id for m in batches[stream]] for stream in streams})
+            return True
+        raise DlogError(f"streams {streams} kept changing; the sink commit gave up after {COMMIT_RETRIES_MAX} tries")
+    finally:
+        for lock_node in reversed(locks):
+            await store.unlock(lock_node)
+
+
+async def _routed_replay(namespace: Namespace, batches: Mapping[str, Sequence[DlogCommitMessage]],
+                         batch_id: int | None, sink_id: str | None) -> bool:
+    """Whether a target stream already recorded this batch; if so its ledgers are all deleted."""
+    if sink_id is None or batch_id is None:
+        return False
+    for stream in sorted(batches):
+        recorded = await _sink_node(namespace, stream, sink_id)
+        if recorded is not None and recorded[0] >= batch_id:
+            for target, messages in sorted(batches.items()):
+                await _drop_replay(namespace, target, [m.ledger_id for m in messages], batch_id, recorded[0])
+            return True
+    return False
 
 
 async def recover_in_progress(namespace: Namespace, config: StreamConfig, listing: SegmentList) -> SegmentList:

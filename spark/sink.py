@@ -12,6 +12,11 @@ and a batch that Spark replays after a restart (it committed to dlog but not to 
 finds its id already recorded: it appends nothing and deletes the replay's ledgers. `abort`
 deletes the ledgers of failed batches. A ledger whose task died before it reported stays
 outside every segment list: readers never see it (see the report on orphan ledgers).
+
+Routing (no option `stream`): each row's `stream` column names its target, as Kafka's `topic`
+column does. A task writes one ledger per target stream; the driver appends all of them and
+records the batch id in every target's sink node in ONE multi (`commit_routed`), so a routed
+batch too lands whole or not at all, and a replay finds its id recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -32,12 +38,13 @@ from pyspark.sql.datasource import (
 from bookkeeper.client.ledger import LedgerHandle
 from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError
+from dlog.names import check_stream_name
 from dlog.segments.store import StreamNotFoundError
 from dlog.segments.codec import RecordSetCodec, split_batch
 from spark.connection import Connection, connection
-from spark.options import SinkOptions
+from spark.options import ROUTE_COLUMN, SinkOptions, StreamCreation
 from spark.schema import sink_batch
-from spark.segments import commit_batch, delete_ledgers
+from spark.segments import ROUTED_STREAMS_MAX, commit_batch, commit_routed, delete_ledgers
 
 log = logging.getLogger(__name__)
 FLUSH_BYTES = 2 << 20  # rows gathered into entries of about this many uncompressed bytes
@@ -66,55 +73,122 @@ class DlogCommitMessage(WriterCommitMessage):
 def prepare_stream(options: SinkOptions) -> None:
     """The sink's stream must exist when a query or a batch write starts (Spark makes the writer
     then, and again for each commit): one clear error at once rather than a failed task per
-    partition in the first micro-batch. With `createStream` a missing stream is created."""
-    conn = connection(options.connection)
-    try:
-        conn.call(conn.namespace.config(options.stream))
+    partition in the first micro-batch. With `createStream` a missing stream is created. A routed
+    sink's targets are known row by row: its write tasks check (or create) them."""
+    if options.stream is None:
         return
+    conn = connection(options.connection)
+    conn.call(target_stream(conn.namespace, options.stream, options.creation))
+
+
+async def target_stream(namespace: Any, stream: str, creation: StreamCreation) -> Any:
+    """A target stream's config; with createStream a missing stream is created (by whichever task
+    or query gets there first: creating an existing one is no error) with the sink's quorum."""
+    try:
+        return await namespace.config(stream)
     except StreamNotFoundError:
         pass  # answered below, outside the except block: Spark then shows one error, not a chain
-    if not options.creation.enabled:
+    if not creation.enabled:
         raise ConfigError(
-            f"the dlog sink's stream {options.stream!r} does not exist in namespace "
-            f"{options.connection.namespace!r}: create it with `dlog stream create {options.stream}`, "
-            'or set .option("createStream", "true")')
-    conn.call(conn.namespace.create_stream(options.stream, exist_ok=True))
-    log.info("dlog sink: created stream %s", options.stream)
+            f"the dlog sink's stream {stream!r} does not exist in namespace {namespace.name!r}: create it "
+            f'with `dlog stream create {stream}`, or set .option("createStream", "true")')
+    log.info("dlog sink: creating stream %s", stream)
+    return await namespace.create_stream(stream, ensemble=creation.ensemble, write_quorum=creation.write_quorum,
+                                         ack_quorum=creation.ack_quorum, exist_ok=True)
 
 
 # ------------------------------------------------------------------------------ write tasks
 
 
-class _LedgerTask:
-    """Writes the rows of one task into one new ledger (executor side)."""
+@dataclass
+class DlogRoutedCommitMessage(WriterCommitMessage):
+    """What one write task of a routed sink wrote: one closed ledger per target stream."""
+
+    parts: list[DlogCommitMessage]
+
+
+class _WriteTask:
+    """One Spark write task (executor side): its rows go to one new ledger per target stream,
+    the sink's stream, or with routing each row's `stream` column."""
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
         self.conn: Connection = connection(options.connection)
+        self.ledgers: dict[str, _LedgerTask] = {}
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                if self.options.stream is not None:
+                    self._ledger(self.options.stream).add(batch)
+                    continue
+                for stream, rows in routed(batch):
+                    self._ledger(stream).add(rows)
+            parts = [task.finish() for task in self.ledgers.values()]
+        except BaseException:
+            for task in self.ledgers.values():
+                task.discard()
+            raise
+        if self.options.stream is not None:
+            return parts[0] if parts else DlogCommitMessage(self.options.stream, None, created_ms=wall_ms())
+        return DlogRoutedCommitMessage(parts)
+
+    def _ledger(self, stream: str) -> _LedgerTask:
+        task = self.ledgers.get(stream)
+        if task is None:
+            if len(self.ledgers) >= ROUTED_STREAMS_MAX:
+                raise ConfigError(f"a write task of the dlog sink got rows for more than {ROUTED_STREAMS_MAX} "
+                                  "streams; one batch may route to at most that many")
+            task = self.ledgers[stream] = _LedgerTask(self.conn, self.options, stream)
+        return task
+
+
+def routed(batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The batch's rows grouped by their `stream` column (each target's rows in input order)."""
+    index = batch.schema.get_field_index(ROUTE_COLUMN)
+    if index < 0:
+        raise ConfigError(f"the dlog sink needs option 'stream' (the stream to append to) or a {ROUTE_COLUMN!r} "
+                          "column naming each row's stream")
+    column = batch.column(index)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise ConfigError(f"column {ROUTE_COLUMN!r} is {column.type}; it names each row's target stream, a string")
+    if column.null_count:
+        raise ConfigError(f"column {ROUTE_COLUMN!r} is null in {column.null_count} rows; each row needs its "
+                          "target stream (or set option 'stream' for all rows)")
+    for stream in pc.unique(column).to_pylist():
+        check_stream_name(stream)
+        yield stream, batch.filter(pc.equal(column, stream))
+
+
+class _LedgerTask:
+    """Writes one task's rows for one stream into one new ledger (executor side)."""
+
+    def __init__(self, conn: Connection, options: SinkOptions, stream: str) -> None:
+        self.options = options
+        self.stream = stream
+        self.conn = conn
         namespace = self.conn.namespace
-        self.config = self.conn.call(namespace.config(options.stream))
+        self.config = self.conn.call(target_stream(namespace, stream, options.creation))
         self.schema = namespace.schema_of(self.config)
         self.codec = RecordSetCodec(self.schema)
         self.ledger: LedgerHandle | None = None
-        self.message = DlogCommitMessage(options.stream, None, created_ms=wall_ms())
+        self.message = DlogCommitMessage(stream, None, created_ms=wall_ms())
         self._buffer: list[pa.RecordBatch] = []
         self._buffered_bytes = 0
         self._in_flight: deque[Any] = deque()
 
-    def run(self, batches: Iterator[pa.RecordBatch]) -> DlogCommitMessage:
-        try:
-            for batch in batches:
-                if batch.num_rows:
-                    self._add(sink_batch(batch, self.schema, self.options.stream))
-            self._flush()
-            while self._in_flight:
-                self._in_flight.popleft().result(APPEND_TIMEOUT_S)
-            if self.ledger is not None:
-                self.conn.call(self.ledger.close())
-                self.message.last_entry = self.ledger.last_add_confirmed
-        except BaseException:
-            self._discard()
-            raise
+    def add(self, batch: pa.RecordBatch) -> None:
+        self._add(sink_batch(batch, self.schema, self.stream))
+
+    def finish(self) -> DlogCommitMessage:
+        self._flush()
+        while self._in_flight:
+            self._in_flight.popleft().result(APPEND_TIMEOUT_S)
+        if self.ledger is not None:
+            self.conn.call(self.ledger.close())
+            self.message.last_entry = self.ledger.last_add_confirmed
         return self.message
 
     def _add(self, batch: pa.RecordBatch) -> None:
@@ -132,7 +206,7 @@ class _LedgerTask:
             self.ledger = self.conn.call(self.conn.namespace.client.create_ledger(
                 self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
                 password=self.conn.namespace.password_of(self.config),
-                custom={"stream": self.options.stream, "namespace": self.conn.namespace.name,
+                custom={"stream": self.stream, "namespace": self.conn.namespace.name,
                         "writer": f"spark-sink:{self.options.sink_id or 'batch'}"}))
             self.message.ledger_id = self.ledger.ledger_id
         payloads = []
@@ -150,7 +224,7 @@ class _LedgerTask:
             self._in_flight.popleft().result(APPEND_TIMEOUT_S)
         self._in_flight.append(self.conn.submit(_append_all(self.ledger, payloads)))
 
-    def _discard(self) -> None:
+    def discard(self) -> None:
         """A failed task leaves nothing behind: its ledger is in no segment list, delete it."""
         if self.ledger is None:
             return
@@ -176,13 +250,11 @@ class DlogStreamWriter(DataSourceStreamArrowWriter):
         prepare_stream(options)
         self.options = options
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> DlogCommitMessage:
-        return _LedgerTask(self.options).run(iterator)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return _WriteTask(self.options).run(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        conn = connection(self.options.connection)
-        conn.call(commit_batch(conn.namespace, self.options.stream, _written(messages), batchId,
-                               self.options.sink_id))
+        _commit(self.options, messages, batchId, self.options.sink_id)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _abort(self.options, messages)
@@ -193,25 +265,44 @@ class DlogBatchWriter(DataSourceArrowWriter):
         prepare_stream(options)
         self.options = options
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> DlogCommitMessage:
-        return _LedgerTask(self.options).run(iterator)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return _WriteTask(self.options).run(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        conn = connection(self.options.connection)
-        conn.call(commit_batch(conn.namespace, self.options.stream, _written(messages), None, None))
+        _commit(self.options, messages, None, None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         _abort(self.options, messages)
 
 
 def _written(messages: list[WriterCommitMessage | None]) -> list[DlogCommitMessage]:
-    return [m for m in messages if isinstance(m, DlogCommitMessage) and m.ledger_id is not None]
+    """Every ledger written, in partition order (a routed task's parts in their stream order)."""
+    written: list[DlogCommitMessage] = []
+    for message in messages:
+        parts = message.parts if isinstance(message, DlogRoutedCommitMessage) else [message]
+        written += [m for m in parts if isinstance(m, DlogCommitMessage) and m.ledger_id is not None]
+    return written
+
+
+def _commit(options: SinkOptions, messages: list[WriterCommitMessage | None], batch_id: int | None,
+            sink_id: str | None) -> None:
+    conn = connection(options.connection)
+    if options.stream is not None:
+        conn.call(commit_batch(conn.namespace, options.stream, _written(messages), batch_id, sink_id))
+        return
+    batches: dict[str, list[DlogCommitMessage]] = {}
+    for message in _written(messages):
+        batches.setdefault(message.stream, []).append(message)
+    if batches:
+        conn.call(commit_routed(conn.namespace, batches, batch_id, sink_id))
 
 
 def _abort(options: SinkOptions, messages: list[WriterCommitMessage | None]) -> None:
-    ledgers = [m.ledger_id for m in _written(messages)]
-    if not ledgers:
+    written = _written(messages)
+    if not written:
         return
     conn = connection(options.connection)
-    conn.call(delete_ledgers(conn.namespace, ledgers, stream=options.stream))
-    log.info("dlog sink: aborted; deleted ledgers %s", ledgers)
+    for stream in sorted({m.stream for m in written}):
+        ledgers = [m.ledger_id for m in written if m.stream == stream]
+        conn.call(delete_ledgers(conn.namespace, ledgers, stream=stream))
+        log.info("dlog sink: aborted; deleted ledgers %s of stream %s", ledgers, stream)

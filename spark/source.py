@@ -17,7 +17,7 @@ from bookkeeper.errors import ConfigError
 from dlog.segments.codec import default_schema
 from spark.catalog import Catalog
 from spark.connection import connection
-from spark.options import parse_sink_options, parse_source_options
+from spark.options import ROUTE_COLUMN, SinkOptions, parse_sink_options, parse_source_options
 from spark.reader import DlogBatchReader, DlogStreamReader
 from spark.schema import read_schema
 from spark.sink import DlogBatchWriter, DlogStreamWriter
@@ -51,10 +51,18 @@ class DlogDataSource(DataSource):
         if overwrite:
             raise ConfigError("dlog streams are append-only: use save mode 'append' (an overwrite "
                               "would have to truncate the stream; use `dlog truncate` for that)")
-        return DlogBatchWriter(parse_sink_options(self.options, streaming=False))
+        return DlogBatchWriter(_routable(parse_sink_options(self.options, streaming=False), schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DlogStreamWriter:
         # Complete and update output modes (overwrite=True for complete) append each micro-batch's
         # rows like any other, as Kafka's sink does: a stream of aggregate updates whose latest
         # record per key is the current value. Exactly-once per batch id still holds.
-        return DlogStreamWriter(parse_sink_options(self.options, streaming=True))
+        return DlogStreamWriter(_routable(parse_sink_options(self.options, streaming=True), schema))
+
+
+def _routable(options: SinkOptions, schema: StructType) -> SinkOptions:
+    """Without option `stream`, rows name their stream in a string `stream` column (routing)."""
+    if options.stream is None and ROUTE_COLUMN not in schema.fieldNames():
+        raise ConfigError(f"the dlog sink needs option 'stream' (the stream to append to) or a {ROUTE_COLUMN!r} "
+                          "column naming each row's stream")
+    return options

@@ -163,13 +163,25 @@ class StreamStore:
                      extra: Sequence[Op] = ()) -> None:
         """Change the segment list in one multi, based on `listing`'s version (L1, L3). `extra`
         operations commit with it or not at all (the Spark sink records its batch id this way)."""
+        await self.zk.multi(self._commit_ops(name, listing, create, update, delete, extra))
+
+    async def commit_many(self, commits: Sequence[tuple[str, SegmentList, Sequence[Segment], Sequence[Op]]]) -> None:
+        """Append segments to several streams in ONE multi, each guarded by its list's version:
+        all land or none (the Spark sink's routed batches). Each item: (stream, listing the
+        change is based on, segments to create, extra operations)."""
+        ops: list[Op] = []
+        for name, listing, create, extra in commits:
+            ops += self._commit_ops(name, listing, create, (), (), extra)
+        await self.zk.multi(ops)
+
+    def _commit_ops(self, name: str, listing: SegmentList, create: Sequence[Segment], update: Sequence[Segment],
+                    delete: Sequence[Segment], extra: Sequence[Op]) -> list[Op]:
         ops: list[Op] = [SetOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in update]
         ops += [DeleteOp(self.segment_path(name, s.sequence)) for s in delete]
         ops += [CreateOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in create]
         top = max([listing.max_sequence, *(s.sequence for s in create)])
         ops.append(self._list_op(name, listing, top))
-        ops += list(extra)
-        await self.zk.multi(ops)
+        return ops + list(extra)
 
     def watch_segments(self, name: str, callback: Callable[[], None]) -> Callable[[], None]:
         """Call back on the loop whenever the segment list node changes (every commit sets it)."""

@@ -174,3 +174,32 @@ def test_record_headers_round_trip_through_the_source_and_the_sink(spark, dlog_n
     with pytest.raises(Exception, match=r"column 'headers' .*'key' of type string has nulls"):
         (spark.createDataFrame([(b"v", [(None, b"x")])], "value binary, headers array<struct<key:string,value:binary>>")
          .write.format("dlog").options(**dlog_ns.options).option("stream", "copied").mode("append").save())
+
+
+def test_a_stream_column_routes_rows_and_create_stream_makes_missing_targets(spark, dlog_ns):
+    ns = dlog_ns.ns
+    ns.create_stream("eu")
+    ns.create_stream("us")
+    rows = [(("eu", "us", "apac")[i % 3], b"v%04d" % i) for i in range(300)]
+    frame = spark.createDataFrame(rows, "stream string, value binary").repartition(3)
+
+    def write(**options: str) -> None:
+        frame.write.format("dlog").options(**dlog_ns.options).options(**options).mode("append").save()
+
+    with pytest.raises(Exception, match=r"stream 'apac' does not exist.*createStream=true"):
+        write()
+    assert dlog_ns.records("eu") == dlog_ns.records("us") == 0  # the failed batch left nothing
+    write(createStream="true", ensemble="3", writeQuorum="3", ackQuorum="2")
+    for name in ("eu", "us", "apac"):
+        assert sorted(read_values(spark, dlog_ns, name)) == sorted(v for s, v in rows if s == name)
+    created = ns.stream_info("apac")["config"]
+    assert (created["ensemble"], created["write_quorum"], created["ack_quorum"]) == (3, 3, 2)
+
+    with pytest.raises(Exception, match=r"column 'stream' is null in 1 rows"):
+        spark.createDataFrame([(None, b"x")], "stream string, value binary").write.format("dlog") \
+            .options(**dlog_ns.options).mode("append").save()
+    with pytest.raises(Exception, match=r"needs option 'stream' .* or a 'stream' column"):
+        spark.createDataFrame([(b"x",)], "value binary").write.format("dlog").options(**dlog_ns.options) \
+            .mode("append").save()
+    with pytest.raises(Exception, match=r"option 'ensemble' only applies with createStream=true"):
+        write(ensemble="3")
