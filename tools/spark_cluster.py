@@ -213,13 +213,16 @@ class SparkStandalone:
             raise
         return self
 
-    def application_conf(self, executor_memory: str = "512m", *, small_jvm: bool = True) -> dict[str, str]:
+    def application_conf(self, executor_memory: str = "512m", *, cores: int | None = None,
+                         small_jvm: bool = True) -> dict[str, str]:
         """Settings of an application (a SparkSession's builder.config) that runs on this cluster:
-        one executor of all the worker's cores, its Python workers on this interpreter."""
+        one executor of `cores` cores (all the worker's by default; fewer leave room for another
+        application), its Python workers on this interpreter."""
+        cores = cores or self.worker_cores
         conf = {
             "spark.executor.memory": executor_memory,
-            "spark.executor.cores": str(self.worker_cores),
-            "spark.cores.max": str(self.worker_cores),
+            "spark.executor.cores": str(cores),
+            "spark.cores.max": str(cores),
             "spark.executorEnv.PYSPARK_PYTHON": self.env["PYSPARK_PYTHON"],
             "spark.executorEnv.SPARK_LOCAL_IP": HOST,
         }
