@@ -70,8 +70,9 @@ class BlockingWriter:
         self._loop = loop
         self.writer = writer
 
-    def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None) -> Offset:
-        return self._loop.call(self.writer.write(value, key, timestamp_ms))
+    def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
+              headers: list[tuple[str, bytes | None]] | None = None) -> Offset:
+        return self._loop.call(self.writer.write(value, key, timestamp_ms, headers))
 
     def write_many(self, values: list[bytes], keys: list[bytes | None] | None = None) -> list[Offset]:
         """Pipelined per-record writes; returns every offset once all are durable."""

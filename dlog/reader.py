@@ -51,6 +51,7 @@ class Record:
     key: bytes | None
     value: bytes
     timestamp_ms: int
+    headers: list[tuple[str, bytes | None]] | None = None  # only from a reader opened with headers=True
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,7 @@ class StreamReader:
     def __init__(self, namespace: Namespace, config: StreamConfig, start: str | Offset | int = "earliest",
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, poll_timeout_ms: int = 1000,
-                 follow: bool = True) -> None:
+                 follow: bool = True, headers: bool = False) -> None:
         for option, value in (("read_ahead_entries", read_ahead_entries),
                               ("read_ahead_bytes", read_ahead_bytes), ("poll_timeout_ms", poll_timeout_ms)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -85,7 +86,8 @@ class StreamReader:
         self.namespace = namespace
         self.config = config
         self.name = config.name
-        self.codec = RecordSetCodec(namespace.schema_of(config))
+        # headers=True: record headers too (untyped streams): every batch gets the `headers` column
+        self.codec = RecordSetCodec(namespace.schema_of(config), headers=headers)
         self.start = start
         self.skip_truncated = skip_truncated
         self.poll_timeout_ms = poll_timeout_ms
@@ -393,9 +395,12 @@ class StreamReader:
         offset = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index)
         self.position = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index + 1)
         keys, values, timestamps = rows.get("key"), rows.get("value"), rows.get("timestamp")
+        headers = rows.get("headers")
+        pairs = headers[index] if headers is not None else None
         return Record(offset, keys[index] if keys is not None else None,
                       values[index] if values is not None else None,
-                      _to_ms(timestamps[index]) if timestamps is not None else 0)
+                      _to_ms(timestamps[index]) if timestamps is not None else 0,
+                      None if pairs is None else [(pair["key"], pair["value"]) for pair in pairs])
 
     async def read_batch(self, max_records: int = 65536, timeout_ms: int = 1000) -> pa.RecordBatch | None:
         """Up to `max_records` records as one Arrow batch: what arrived within `timeout_ms` (maybe

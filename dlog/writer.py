@@ -38,9 +38,11 @@ from bookkeeper.errors import (
 )
 from dlog.offsets import Offset
 from dlog.segments.codec import (
+    Headers,
     RecordSetCodec,
     check_batch,
     records_to_batch,
+    schema_with_headers,
     split_batch,
 )
 from dlog.segments.metadata import Segment, StreamConfig
@@ -124,6 +126,8 @@ class StreamWriter:
         self._values: list[bytes] = []
         self._keys: list[bytes | None] = []
         self._timestamps: list[int] = []
+        self._headers: list[Headers | None] = []
+        self._headered = 0  # buffered records that carry headers (none: entries without the column)
         self._futures: list[asyncio.Future[Offset]] = []
         self._buffered_bytes = 0
         self._in_flight: set[asyncio.Future[Any]] = set()
@@ -235,13 +239,15 @@ class StreamWriter:
             self._room.clear()
             await self._room.wait()
 
-    async def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None) -> Offset:
-        """Write one record (default schema); returns its offset once durable."""
+    async def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
+                    headers: Headers | None = None) -> Offset:
+        """Write one record (default schema); returns its offset once durable. `headers`: a list
+        of (str key, bytes value) pairs, as Kafka's record headers."""
         await self.wait_writable()
-        return await self.write_nowait(value, key, timestamp_ms)
+        return await self.write_nowait(value, key, timestamp_ms, headers)
 
-    def write_nowait(self, value: bytes, key: bytes | None = None,
-                     timestamp_ms: int | None = None) -> asyncio.Future[Offset]:
+    def write_nowait(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
+                     headers: Headers | None = None) -> asyncio.Future[Offset]:
         """Buffer one record without waiting; the future resolves to its offset once durable.
         The caller bounds memory with `wait_writable()`."""
         # the hot path of per-record writes: no call that is not needed
@@ -252,17 +258,32 @@ class StreamWriter:
                 raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed "
                                   "streams take write_batch()")
             value = bytes(value)
+        headers_bytes = 0
+        if headers:
+            headers_bytes = self._check_headers(headers)
+            self._headered += 1
         future: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
         self._values.append(value)
         self._keys.append(key)
         self._timestamps.append(int(_time() * 1000) if timestamp_ms is None else timestamp_ms)
+        self._headers.append(headers or None)
         self._futures.append(future)
-        self._buffered_bytes += len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES
+        self._buffered_bytes += len(value) + (len(key) if key else 0) + headers_bytes + RECORD_OVERHEAD_BYTES
         if self._buffered_bytes >= self.flush_bytes or len(self._values) >= self.flush_records:
             self._flush_buffer()
         elif self._linger is None:
             self._linger = asyncio.get_running_loop().call_later(self.linger_s, self._flush_buffer)
         return future
+
+    def _check_headers(self, headers: Headers) -> int:
+        """Refuse headers that could not be written (now, not at flush time); their size."""
+        if schema_with_headers(self.codec.schema) is None:
+            raise ConfigError(f"record headers exist for untyped streams only; stream {self.name!r} is typed")
+        for pair in headers:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str)
+                    or not (pair[1] is None or isinstance(pair[1], bytes))):
+                raise ConfigError(f"a record header is a (str key, bytes value) pair, got {pair!r}")
+        return _headers_bytes(headers)
 
     async def write_batch(self, batch: pa.RecordBatch | Sequence[bytes]) -> WrittenBatch:
         """Write a whole Arrow batch (or a list of values) without per-record Python work."""
@@ -292,14 +313,19 @@ class StreamWriter:
         while self._values and self._rolling is None and self.error is None:
             count = min(len(self._values), self.flush_records)
             values, keys, timestamps = self._values[:count], self._keys[:count], self._timestamps[:count]
+            headers = self._headers[:count] if self._headered else None
             futures = self._futures[:count]
             del self._values[:count], self._keys[:count], self._timestamps[:count], self._futures[:count]
+            del self._headers[:count]
+            if headers is not None:
+                self._headered -= sum(1 for item in headers if item)
             if self._values:
                 self._buffered_bytes -= sum(len(v) + (len(k) if k else 0) + RECORD_OVERHEAD_BYTES
                                             for v, k in zip(values, keys))
+                self._buffered_bytes -= sum(_headers_bytes(item) for item in headers or ())
             else:
                 self._buffered_bytes = 0
-            batch = records_to_batch(values, keys, timestamps, self.codec.schema)
+            batch = records_to_batch(values, keys, timestamps, self.codec.schema, headers)
             for piece_start, piece in _pieces(split_batch(batch, self.entry_bytes_max)):
                 piece_futures = futures[piece_start: piece_start + piece.num_rows]
                 try:
@@ -360,6 +386,7 @@ class StreamWriter:
         """Records not yet sent when the writer failed will never be: they get its error."""
         futures = self._futures
         self._values, self._keys, self._timestamps, self._futures = [], [], [], []
+        self._headers, self._headered = [], 0
         self._buffered_bytes = 0
         for future in futures:
             if not future.done():
@@ -480,6 +507,11 @@ class StreamWriter:
     @property
     def segment(self) -> Segment | None:
         return self._segment
+
+
+def _headers_bytes(headers: Headers | None) -> int:
+    """What a record's headers cost in the buffer."""
+    return sum(len(key) + len(value or b"") + RECORD_OVERHEAD_BYTES for key, value in headers or ())
 
 
 def _pieces(pieces: list[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:

@@ -229,8 +229,9 @@ class Produced:
 
 async def produce(ns: Any, name: str, chunks: AsyncIterator[tuple[bytes, bool]], parser: RecordParser, *,
                   takeover: bool = False, on_lock_wait: Callable[[dict[str, Any] | None], None] | None = None,
-                  produced: Produced | None = None) -> Produced:
-    """Write every record from `chunks` through one writer; flush whenever the input pauses."""
+                  produced: Produced | None = None, headers: list[tuple[str, bytes]] | None = None) -> Produced:
+    """Write every record from `chunks` through one writer; flush whenever the input pauses.
+    `headers` (`--header`) go on every record."""
     produced = produced if produced is not None else Produced()
     writer = None
     try:
@@ -239,14 +240,14 @@ async def produce(ns: Any, name: str, chunks: AsyncIterator[tuple[bytes, bool]],
                 if writer is None:
                     writer = await open_writer(ns, name, takeover, on_lock_wait)
                 await writer.wait_writable()
-                produced.track(writer.write_nowait(value, key, timestamp))
+                produced.track(writer.write_nowait(value, key, timestamp, headers))
             if not more_waiting and writer is not None:
                 await writer.flush()
         for value, key, timestamp in parser.finish():
             if writer is None:
                 writer = await open_writer(ns, name, takeover, on_lock_wait)
             await writer.wait_writable()
-            produced.track(writer.write_nowait(value, key, timestamp))
+            produced.track(writer.write_nowait(value, key, timestamp, headers))
     except BadInputError as exc:  # what came before the bad line is written, and the message says so
         if writer is not None:
             await writer.close()

@@ -61,6 +61,17 @@ def test_create_write_read_info(cli):
     assert {s["state"] for s in info["segments"]} <= {"completed", "in_progress", "truncated"}
 
 
+def test_record_headers_are_written_and_read_back(cli):
+    cli("stream", "create", "traced")
+    cli("write", "traced", stdin="plain\n")
+    cli("write", "traced", "--header", "trace=abc", "-H", "empty=", "-H", "trace=def", stdin="x\ny\n")
+    records = json_lines(cli("read", "traced", "--json", "--headers"))
+    assert [r["headers"] for r in records] == [None, *[[["trace", "abc"], ["empty", ""], ["trace", "def"]]] * 2]
+    assert "headers" not in json_lines(cli("read", "traced", "--json"))[1]  # only when asked
+    failed = cli("write", "traced", "--header", "novalue", stdin="z\n", ok=False)
+    assert "bad --header 'novalue': write KEY=VALUE" in failed.stderr
+
+
 def test_truncate_retention_and_export(cli, tmp_path):
     cli("stream", "create", "events", "--roll-records", "5")
     for batch in range(4):

@@ -22,7 +22,7 @@ from tools.units import format_time_ms
 COMMIT_EVERY_RECORDS_DEFAULT = 1000
 COMMIT_INTERVAL_S_DEFAULT = 5.0
 
-def record_json(record: Any) -> dict[str, Any]:
+def record_json(record: Any, with_headers: bool = False) -> dict[str, Any]:
     item: dict[str, Any] = {"offset": str(record.offset)}
     item["key"] = None if record.key is None else record.key.decode(errors="replace")
     try:
@@ -30,6 +30,9 @@ def record_json(record: Any) -> dict[str, Any]:
     except UnicodeDecodeError:
         item["value_b64"] = base64.b64encode(record.value).decode()
     item["timestamp"] = record.timestamp_ms
+    if with_headers:  # [key, value] pairs (values as text, like `value`); null for a record without any
+        item["headers"] = None if record.headers is None else [
+            [key, None if value is None else value.decode(errors="replace")] for key, value in record.headers]
     return item
 
 
@@ -117,6 +120,7 @@ class Committer:
 @click.option("--skip-truncated", is_flag=True, help="start at the earliest record if --from was truncated")
 @click.option("--print-key", is_flag=True, help="print the key before the value (null for none), tab-separated")
 @click.option("--print-timestamp", is_flag=True, help="print the record's time first, tab-separated")
+@click.option("--headers", "with_headers", is_flag=True, help="with --json: each record's headers too")
 @click.option("--subscription", default=None,
               help="start at this subscription's committed offset (earliest if it has none) and commit "
                    "as records are printed")
@@ -128,9 +132,9 @@ class Committer:
 @json_option
 @fails_cleanly
 def read_command(name: str, start: str | None, end: str | None, max_records: int | None, follow: bool,
-                 skip_truncated: bool, print_key: bool, print_timestamp: bool, subscription: str | None,
-                 commit_every: int, commit_interval: float, cluster: tuple[str, str, str],
-                 as_json: bool) -> None:
+                 skip_truncated: bool, print_key: bool, print_timestamp: bool, with_headers: bool,
+                 subscription: str | None, commit_every: int, commit_interval: float,
+                 cluster: tuple[str, str, str], as_json: bool) -> None:
     """Print records: one value per line, or with --json one object per line.
 
     Ctrl-C ends a --follow read quietly (exit status 0); with --subscription the position reached
@@ -151,9 +155,11 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
         first = "earliest" if first is None else first
         await stop.check(ns, name, first)
         committer = Committer(ns, name, subscription, commit_every, commit_interval)
-        async with ns.open_reader(name, first, follow=follow, skip_truncated=skip_truncated) as reader:
+        async with ns.open_reader(name, first, follow=follow, skip_truncated=skip_truncated,
+                                  headers=with_headers) as reader:
             try:
-                await _print_records(reader, stop, max_records, committer, as_json, print_key, print_timestamp)
+                await _print_records(reader, stop, max_records, committer, as_json, print_key, print_timestamp,
+                                     with_headers)
             finally:
                 await asyncio.shield(committer.commit(reader.position))
 
@@ -166,12 +172,13 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
 
 
 async def _print_records(reader: Any, stop: StopAt, max_records: int | None, committer: Committer,
-                         as_json: bool, print_key: bool, print_timestamp: bool) -> None:
+                         as_json: bool, print_key: bool, print_timestamp: bool, with_headers: bool = False) -> None:
     count = 0
     async for record in reader:
         if stop.passed(record.offset):
             return
-        click.echo(json.dumps(record_json(record)) if as_json else record_line(record, print_key, print_timestamp))
+        click.echo(json.dumps(record_json(record, with_headers)) if as_json
+                   else record_line(record, print_key, print_timestamp))
         count += 1
         await committer.after_record(reader.position)
         if (max_records and count >= max_records) or stop.reached(record.offset):

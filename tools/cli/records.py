@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from bookkeeper.errors import ConfigError
 from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
 from tools.positions import end_of_stream
 from tools.units import format_size, format_time_ms, plural
@@ -28,11 +29,13 @@ from tools.units import format_size, format_time_ms, plural
 @click.option("--key-separator", default=None, metavar="SEP",
               help="with lines or base64: split each line at the first SEP into key and value")
 @click.option("--takeover", is_flag=True, help="fence the stream's current writer and take over")
+@click.option("--header", "-H", "header_texts", multiple=True, metavar="K=V",
+              help="a record header on every record written (repeatable; the value may be empty)")
 @cluster_options
 @json_option
 @fails_cleanly
 def write_command(name: str, input_format: str, key_separator: str | None, takeover: bool,
-                  cluster: tuple[str, str, str], as_json: bool) -> None:
+                  header_texts: tuple[str, ...], cluster: tuple[str, str, str], as_json: bool) -> None:
     """Write records from standard input as they arrive, through one writer for the whole run.
 
     Each line is written when it arrives (`tail -f app.log | dlog write logs` works); records that
@@ -43,6 +46,7 @@ def write_command(name: str, input_format: str, key_separator: str | None, takeo
     from tools.console import Produced, RecordParser, produce, stdin_chunks
 
     check_stream_name(name)
+    headers = [_parse_header(text) for text in header_texts] or None
     parser = RecordParser(input_format, key_separator)
     produced = Produced()
 
@@ -53,12 +57,19 @@ def write_command(name: str, input_format: str, key_separator: str | None, takeo
     try:
         run_namespace(cluster, lambda ns: produce(ns, name, stdin_chunks(sys.stdin.fileno()), parser,
                                                   takeover=takeover, on_lock_wait=on_lock_wait,
-                                                  produced=produced))
+                                                  produced=produced, headers=headers))
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a console producer; the writer was closed (flushed) on the way out
     result = produced.to_json()
     offsets = f" ({result['first']} .. {result['last']})" if result["count"] else ""
     click.echo(json.dumps(result) if as_json else f"wrote {plural(result['count'], 'record')} to {name}{offsets}")
+
+
+def _parse_header(text: str) -> tuple[str, bytes]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise ConfigError(f"bad --header {text!r}: write KEY=VALUE, e.g. --header trace=abc (the value may be empty)")
+    return key, value.encode()
 
 
 def _holder_text(holder: dict[str, Any] | None) -> str:
