@@ -197,3 +197,14 @@ def test_timestamp_and_byte_options_are_checked():
         parse_source_options({"stream": "a", "startingOffsetsByTimestampStrategy": "first"}, batch=False)
     with pytest.raises(ConfigError, match="unknown option 'endingtimestamp' for a streaming read"):
         parse_source_options({"stream": "a", "endingtimestamp": "5"}, batch=False)
+
+
+def test_docs_spark_md_lists_every_option():
+    from pathlib import Path
+
+    from spark.options import BATCH_SOURCE_OPTIONS, SINK_OPTIONS
+
+    table = Path(__file__).resolve().parents[2].joinpath("docs", "spark.md").read_text()
+    table = table[table.index("## Options"):table.index("## Read schema")]
+    missing = [name for name in set(BATCH_SOURCE_OPTIONS + SINK_OPTIONS) - {"path"} if f"`{name}`" not in table]
+    assert missing == []
