@@ -126,6 +126,14 @@ def _offset_document(positions: Mapping[str, Position]) -> dict[str, dict[str, i
     return document
 
 
+def _check_timestamps(catalog: Catalog, stream: str) -> None:
+    schema = catalog.schema(stream)
+    index = schema.get_field_index("timestamp")
+    if index < 0 or not pa.types.is_timestamp(schema.field(index).type):
+        raise ConfigError(f"stream {stream!r} has no timestamp column (an Arrow timestamp), so a timestamp "
+                          "option cannot place a start or an end in it; use startingOffsets/endingOffsets")
+
+
 def start_cursor(catalog: Catalog, options: SourceOptions, view: StreamView) -> Cursor | None:
     """Where a stream starts by a timestamp option (Kafka's startingTimestamp and
     startingOffsetsByTimestamp), or None when none names it. No record that late: the strategy
@@ -133,6 +141,7 @@ def start_cursor(catalog: Catalog, options: SourceOptions, view: StreamView) -> 
     timestamp_ms = options.starting_timestamp_of(view.name)
     if timestamp_ms is None:
         return None
+    _check_timestamps(catalog, view.name)
     found = catalog.at_timestamp(view, timestamp_ms)
     if found is not None:
         return found
@@ -149,6 +158,7 @@ def end_cursor(catalog: Catalog, options: SourceOptions, view: StreamView) -> Cu
     timestamp_ms = options.ending_timestamp_of(view.name)
     if timestamp_ms is None:
         return None
+    _check_timestamps(catalog, view.name)
     return catalog.at_timestamp(view, timestamp_ms) or plan.latest(view)
 
 

@@ -118,6 +118,8 @@ class _WriteTask:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         try:
+            if self.options.stream is not None:
+                self._ledger(self.options.stream)  # a missing stream fails (or is created) even with no rows
             for batch in batches:
                 if not batch.num_rows:
                     continue
@@ -132,7 +134,7 @@ class _WriteTask:
                 task.discard()
             raise
         if self.options.stream is not None:
-            return parts[0] if parts else DlogCommitMessage(self.options.stream, None, created_ms=wall_ms())
+            return parts[0]
         return DlogRoutedCommitMessage(parts)
 
     def _ledger(self, stream: str) -> _LedgerTask:
