@@ -199,8 +199,9 @@ def first_entry_at_or_after(view: StreamView, timestamp_ms: int, entry_max_ms: E
         first, end = segment.start_entry, segment.end_entry
         if not segment.live or end <= first:
             continue
-        if segment.completed and segment.last_timestamp_ms is not None and segment.last_timestamp_ms < timestamp_ms:
-            continue
+        known_last_ms = segment.last_timestamp_ms if segment.completed else None
+        if known_last_ms is not None and known_last_ms < timestamp_ms:
+            continue  # the segment's metadata says every record is earlier
         low, high = first, end
         while low < high:
             middle = (low + high) // 2
@@ -252,7 +253,11 @@ def cut(ranges: Sequence[Range], budget: int | Sequence[Budget],
     the first budget's measure it holds. A budget is (limit, measure); `measure(range, entry)`
     counts something of the range's segment before `entry` (monotone: the caller reads entry
     headers for it). `cut(ranges, 65, records_before)` is the one-budget form."""
-    budgets: list[Budget] = [(budget, records_before)] if isinstance(budget, int) else list(budget)  # type: ignore[list-item]
+    if isinstance(budget, int):
+        invariant(records_before is not None, "a one-budget cut needs records_before")
+        budgets: list[Budget] = [(budget, records_before)]  # type: ignore[list-item]
+    else:
+        budgets = list(budget)
     taken: list[Range] = []
     used = [0] * len(budgets)
     for span in ranges:

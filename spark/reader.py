@@ -2,8 +2,9 @@
 read that runs in Python workers is in `spark.partition`).
 
 Theory of operation. Offsets are `{"<stream>": {"entry": E, "ledger": L}}` (next entry to read),
-JSON with sorted keys (a start inside an entry, from a timestamp option, adds `"slot": S`); a stream missing from an offset is read from its earliest record (new
-streams of a `streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset`
+JSON with sorted keys (a start inside an entry, from a timestamp option, adds `"slot": S`); a
+stream missing from an offset is read from its earliest record (new streams of a
+`streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset`
 snapshots every stream, resolves the start (noting data removed under the query, L5), measures
 the backlog up to the latest readable entry (the LAC of an in-progress segment), admits whole
 entries up to the trigger's limit, and returns where the batch ends. `partitions` turns the
