@@ -142,7 +142,7 @@ def test_subscription_is_committed_at_the_end_of_each_batch_and_its_lag_is_visib
     assert json.loads(source["latestOffset"]) == {"subscribed": {"entry": 5, "ledger": ledger}}
 
     dlog_ns.write("subscribed", values(200, start=500), entry_records=100)
-    lag = ns.subscription_lag("subscribed", "spark-job")["spark-job"]
+    lag = ns.subscription_lag("subscribed", "spark-job")["spark-job"]  # what `dlog subscription describe` shows
     assert lag["lag_records"] == 200 and lag["lag_bytes"] > 0
     from tools.ui import UiOptions, UiThread
 
