@@ -115,8 +115,8 @@ def test_a_routed_batch_replayed_after_a_driver_kill_lands_exactly_once(spark, s
          json.dumps(dlog_ns.options), json.dumps(standalone.application_conf(cores=1))],
         stdout=driver_log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True, preexec_fn=die_with_parent)
     try:
-        eventually_blocking(lambda: committed_batch(dlog_ns, "routed-job") >= 1 or driver.poll() is not None,
-                            timeout_s=180, message="the routed driver committing two batches")
+        eventually_blocking(lambda: committed_batch(dlog_ns, "routed-job") >= 0 or driver.poll() is not None,
+                            timeout_s=180, message="the routed driver committing a batch")
         assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and its JVM: its own session, started here
