@@ -28,6 +28,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Callable
 
 from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.zkserver import find_java, pick_free_port
@@ -143,7 +145,7 @@ class _SparkProcess:
             process.wait(timeout_s)
 
 
-def _wait(condition, what: str, processes: list[_SparkProcess], timeout_s: float) -> None:
+def _wait(condition: Callable[[], bool], what: str, processes: list[_SparkProcess], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         for process in processes:
@@ -165,8 +167,6 @@ def _json(url: str) -> dict | None:
 
 
 def _listening(port: int) -> bool:
-    import socket
-
     with socket.socket() as probe:
         probe.settimeout(1.0)
         return probe.connect_ex((HOST, port)) == 0
