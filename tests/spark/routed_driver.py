@@ -3,7 +3,7 @@
 
     python -m tests.spark.routed_driver MASTER CHECKPOINT OPTIONS_JSON [CONF_JSON]
 
-Not a test module: tests/spark/test_standalone.py runs it as a process of its own.
+Not a test module: tests/spark/test_spark_standalone.py runs it as a process of its own.
 """
 
 from __future__ import annotations

@@ -132,3 +132,17 @@ def test_the_map_catches_an_import_against_it(tmp_path):
     (target, _, _), = imports_of(bad, "bookkeeper.protocol.bad")
     destination = owner(target, set(rules))
     assert destination == "dlog" and destination not in rules["bookkeeper.protocol"]
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest's rootdir-relative import mode maps a test file to a module by its basename in
+    directories without an __init__.py; two files with one basename stop collection."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if (path.parent / "__init__.py").exists():
+            continue
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert clashes == []
