@@ -35,6 +35,7 @@ from kazoo.retry import KazooRetry
 
 from bookkeeper.errors import (
     ConfigError,
+    MetadataClientClosedError,
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
@@ -367,7 +368,7 @@ class AsyncZooKeeper:
     async def _call(self, action: str, method: Callable[..., IAsyncResult], *args: Any, **kwargs: Any) -> Any:
         """Run a kazoo ``*_async`` method; its result, or a mapped MetadataError within timeout_s."""
         if not self._started or self._closed:
-            raise MetadataError(f"{action}: the ZooKeeper client for {self.hosts} is not running")
+            raise MetadataClientClosedError(f"{action}: the ZooKeeper client for {self.hosts} is not running")
         future = self._bridge(method(*args, **kwargs))
         try:
             return await asyncio.wait_for(future, self.timeout_s)
