@@ -107,6 +107,11 @@ class StreamReader:
     def now_ms(self) -> int:
         return self.clock.wall_ms()
 
+    @property
+    def tasks_running(self) -> int:
+        """Effect tasks (list reads, range reads, long polls) not finished yet."""
+        return sum(1 for task in self._tasks if not task.done())
+
     # ------------------------------------------------------------------ open and close
 
     async def open(self) -> StreamReader:
