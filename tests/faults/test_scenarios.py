@@ -1,5 +1,5 @@
 """Each fault of RELIABILITY.md's list, on real processes: write under load, inject the fault, heal,
-read everything back with a fresh reader, and check the whole history (tests/harness/history.py)."""
+read everything back with a fresh reader, and check the whole history (tests/harness/history)."""
 
 from __future__ import annotations
 

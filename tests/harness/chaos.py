@@ -1,6 +1,6 @@
 """A seeded soak: writers and tailing readers on one stream while faults, drawn at random from the
 seed, come and go; then everything heals, the stream is sealed and read back, and the history is
-checked (tests/harness/history.py).
+checked (tests/harness/history).
 
     python -m tests.harness.chaos --seed 1 --minutes 30          # the long soak
     python -m tests.harness.chaos --seed 7 --minutes 1 --rate 200  # what tests/faults/test_soak.py runs
