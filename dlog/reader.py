@@ -93,7 +93,7 @@ class StreamReader:
         self._queued = asyncio.Event()
         self._opened: asyncio.Future[None] = self.loop.create_future()
         self._handles: dict[int, Any] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: replays are deterministic
         self._wait_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._unwatch: Callable[[], None] | None = None
@@ -177,8 +177,8 @@ class StreamReader:
 
     def _spawn(self, coroutine: Awaitable[None]) -> asyncio.Task[None]:
         task = self.loop.create_task(self._guarded(coroutine))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
         return task
 
     async def _guarded(self, coroutine: Awaitable[None]) -> None:

@@ -148,7 +148,7 @@ class StreamWriter:
         self._opened: asyncio.Future[Segment] = self.loop.create_future()
         self._closed: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: replays are deterministic
         self._crash: BaseException | None = None
 
     # ------------------------------------------------------------------ state
@@ -360,8 +360,8 @@ class StreamWriter:
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
         task = self.loop.create_task(self._guarded(coroutine))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
 
     async def _guarded(self, coroutine: Awaitable[None]) -> None:
         """An effect task: an expected failure goes to the machine; a bug ends the writer with it."""
@@ -480,9 +480,11 @@ class StreamWriter:
         """Every chunk from `first_chunk_id` on (all that are left: a failed writer takes nothing
         more) ends with the error."""
         skip = max(0, effect.first_chunk_id - self._first_chunk_id)
-        failed = list(self._chunks)[skip:]
-        for _ in failed:
-            self._chunks.pop()
+        end = len(self._chunks) if effect.last_chunk_id is None else effect.last_chunk_id + 1 - self._first_chunk_id
+        failed = list(self._chunks)[skip:end]
+        kept = list(self._chunks)[end:]
+        self._chunks.clear()
+        self._chunks.extend(kept)
         for target, _ in failed:
             if type(target) is _BatchWaiter:
                 target.fail(effect.error)

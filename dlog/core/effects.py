@@ -107,10 +107,12 @@ class CompleteChunks:
 
 @dataclass(frozen=True, slots=True)
 class FailChunks:
-    """Every chunk from `first_chunk_id` on ends with `error` (WriterFencedError: outcome unknown)."""
+    """Every chunk from `first_chunk_id` on (to `last_chunk_id`, when given) ends with `error`
+    (WriterFencedError: outcome unknown)."""
 
     first_chunk_id: int
     error: DlogError
+    last_chunk_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

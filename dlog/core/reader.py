@@ -349,13 +349,12 @@ class ReaderMachine:
                 if not self.fetched:
                     break
                 ledger_id, entry_id, slot, payload = self.fetched.popleft()
-                segment = listing.by_ledger(ledger_id)
-                if segment is None or segment.is_truncated or entry_id < segment.min_active_entry:
+                first_slot = readable_slot(listing.by_ledger(ledger_id), entry_id, slot)
+                if first_slot is None:
                     error = self._truncated_error(ledger_id, entry_id)  # truncated since it was read
                     if error is not None:
                         return self.end(error)
                     continue
-                first_slot = segment.first_readable_slot(entry_id, slot)
                 item, size_bytes, records = self.decode(ledger_id, entry_id, first_slot, payload)
                 if not records:
                     continue
@@ -374,8 +373,7 @@ class ReaderMachine:
         for queued in waiting:
             _, _, ledger_id, entry_id, first_slot, _ = queued
             segment = listing.by_ledger(ledger_id)
-            if segment is not None and not segment.is_truncated and (
-                    entry_id, first_slot) >= (segment.min_active_entry, segment.min_active_slot):
+            if readable_slot(segment, entry_id, first_slot) == first_slot:
                 kept.append(queued)
                 continue
             error = self._truncated_error(ledger_id, entry_id)
@@ -451,5 +449,14 @@ class ReaderMachine:
 
 
 def below_truncation(segment: Segment, position: Position) -> bool:
+    """Whether a position lies in removed data (a truncated segment, or below its truncation point)."""
     return segment.is_truncated or (position.entry_id, position.slot) < (
         segment.min_active_entry, segment.min_active_slot)
+
+
+def readable_slot(segment: Segment | None, entry_id: int, slot: int) -> int | None:
+    """The first slot of an entry a reader may hand out when it enters it at `slot`; None when the
+    whole entry is gone (its segment truncated or no longer listed, or below the truncation point)."""
+    if segment is None or segment.is_truncated or entry_id < segment.min_active_entry:
+        return None
+    return segment.first_readable_slot(entry_id, slot)

@@ -273,7 +273,13 @@ class WriterMachine:
         self.listing = current
         if kind in ("seal", "open"):
             self._commit = None
-            return self._plan_open(current, now_ms)
+            effects: list[Any] = []
+            if kind == "open" and self.new_ledger_id is not None:
+                # never reuse it: an attempt whose answer was lost may have landed, and another
+                # writer may have sealed and deleted it since; a fresh ledger is never ambiguous
+                effects.append(DeleteLedger(self.new_ledger_id))
+                self.new_ledger_id = None
+            return effects + self._plan_open(current, now_ms)
         assert self.segment is not None
         stored = changes.still_owned(self.segment, current)
         if stored is None:

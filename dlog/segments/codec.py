@@ -327,12 +327,13 @@ def check_batch(batch: pa.RecordBatch, schema: pa.Schema) -> None:
 
 
 def fill_missing_columns(batch: pa.RecordBatch, schema: pa.Schema, now_ms: int) -> pa.RecordBatch:
-    """``batch`` with the stream's columns it lacks added, in the schema's order: a nullable column
-    as nulls, a `timestamp` column (of an Arrow timestamp type) as the write time ``now_ms``. A
-    missing column that is neither is a ConfigError. write_batch() and the Spark sink both take
+    """``batch`` with its columns in the schema's order (taken by name) and the stream's columns it
+    lacks added: a nullable column as nulls, a `timestamp` column (of an Arrow timestamp type) as
+    the write time ``now_ms``. A missing column that is neither is a ConfigError; types are not
+    converted (check_batch judges them). write_batch() and the Spark sink both take
     batches through this one function, so both fill the same way."""
     names = batch.schema.names
-    if all(field.name in names for field in schema):
+    if names == schema.names:
         return batch
     expected = f"the stream's schema is ({describe_schema(schema)})"
     columns = []

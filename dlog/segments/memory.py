@@ -94,10 +94,18 @@ class MemorySegmentStore:
     def __init__(self, metadata: MemoryMetadata, session: int) -> None:
         self.metadata = metadata
         self.session = session
+        self.dead = False
         self._watch_ids = itertools.count(1)
+
+    def kill(self) -> None:
+        """The client process died: its calls never return, its watches never fire, and its
+        session (its locks) ends when `MemoryMetadata.expire` says so."""
+        self.dead = True
 
     async def _operation(self, name: str, stream: str, apply: Callable[[], T]) -> T:
         metadata = self.metadata
+        if self.dead:
+            await asyncio.get_running_loop().create_future()  # never answered
         if metadata.delay is not None:
             await asyncio.sleep(metadata.delay(name))
         fault = metadata.faults(name, stream) if metadata.faults is not None else None
@@ -167,8 +175,13 @@ class MemorySegmentStore:
     def watch_segments(self, name: str, callback: Callable[[], None]) -> Callable[[], None]:
         watch_id = next(self._watch_ids) * 1_000_000 + self.session
         watchers = self.metadata.watchers.setdefault(name, [])
-        watchers.append((watch_id, callback))
-        asyncio.get_running_loop().call_soon(callback)  # like ZooKeeper's watch: the current state first
+
+        def notify() -> None:
+            if not self.dead:
+                callback()
+
+        watchers.append((watch_id, notify))
+        asyncio.get_running_loop().call_soon(notify)  # like ZooKeeper's watch: the current state first
 
         def stop() -> None:
             watchers[:] = [item for item in watchers if item[0] != watch_id]

@@ -141,10 +141,12 @@ def test_a_takeover_goes_on_without_the_lock_and_a_lost_race_plans_again():
     rival = Segment(1, 99)  # another writer committed first
     story.listing = SegmentList((rival,), 1, 1)
     effects = story.machine.on_commit_conflict(story.listing, story.now_ms)
-    assert effects == [SealSegment(rival)]  # fence it, then use the ledger already created
+    # its own ledger is dropped (an attempt may have landed and been sealed since): fence the rival
+    assert effects == [DeleteLedger(11), SealSegment(rival)]
     effects = story.commit(story.machine.on_sealed(rival, rival.completed(0, 1, 10, 1, 1, 1), True, story.now_ms))
-    effects = story.commit(effects)
-    assert one(effects, WriterOpened).segment.ledger_id == 11
+    assert effects == [CreateLedger()]
+    effects = story.commit(story.machine.on_ledger_created(story.new_ledger(), story.now_ms))
+    assert one(effects, WriterOpened).segment.ledger_id == 12
 
 
 # ---------------------------------------------------------------------------------- batching

@@ -23,7 +23,11 @@ straight from ZooKeeper (``metadata``) join the history, and `check` looks for:
                      segment whose last entry is below an acknowledged entry, a sealed segment
                      that changed, a closed ledger that disagrees with its segment
     liveness         after the last heal, writes or tailing reads did not resume within the bound,
-                     or the stream could not be sealed and read back
+                     or the stream could not be sealed and read back, or a client recorded that it
+                     hung (a write future or a wait_writable caller never answered)
+
+and the L5/L7 promises of promises.py: writer_death, reader_behind, truncation_ignored,
+retention, segment_size, refused, slow_write.
 
 Offsets are stored as ``[ledger_id, entry_id, slot]``. Ledger-id order is NOT stream order: the
 checker orders offsets by the sequence of the ledger's segment, taken from the metadata snapshots.
@@ -40,6 +44,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from . import promises
 from .recorder import Anomaly, Report
 
 LOST = "lost"
@@ -53,7 +58,7 @@ STALE_WRITE = "stale_write"
 METADATA = "metadata"
 LIVENESS = "liveness"
 ANOMALY_KINDS = (LOST, NEVER_WRITTEN, DUPLICATE, OFFSET_CONFLICT, READER_DIVERGED, NON_MONOTONIC,
-                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS)
+                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, *promises.PROMISE_KINDS)
 
 METADATA_SNAPSHOT_TRIES_MAX = 20
 
@@ -242,6 +247,7 @@ class _Checker:
         self._check_stale_writes(writes)
         self._check_metadata(writes)
         self._check_liveness(writes)
+        promises.check_all(self, self.resume_bound_s)
         return Report(self.anomalies, self._stats(writes))
 
     def _check_final_read(self, writes: list[_Op]) -> None:
@@ -353,8 +359,8 @@ class _Checker:
             return
         opened_at = {process: t for t, process in opened}
         for op in writes:
-            if op.type != "ok":
-                continue
+            if op.type != "ok" or op.process not in opened_at:
+                continue  # a write of no writer session (a sink commit) has no takeover to miss
             own_open = opened_at.get(op.process, float("-inf"))
             takeover = next(((t, process) for t, process in opened
                              if process != op.process and own_open < t < op.invoke_t), None)
