@@ -307,6 +307,11 @@ class AsyncZooKeeper:
         names = await self._call(f"children {path}", self._client.get_children_async, path)
         return sorted(names)
 
+    async def sync(self, path: str) -> None:
+        """Bring the server this client talks to up to date with the leader for `path`, so the
+        next read there sees every write committed before this call (a follower may lag)."""
+        await self._call(f"sync {path}", self._client.sync_async, path)
+
     async def ensure_path(self, path: str) -> None:
         if self.acl_policy is None:
             await self._call(f"ensure_path {path}", self._client.ensure_path_async, path)

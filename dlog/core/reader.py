@@ -292,11 +292,14 @@ class ReaderMachine:
     # ------------------------------------------------------------------ the walk
 
     def _pump(self) -> list[Any]:
+        stale = self._notified > self._listed
+        if stale:
+            # the list changed: learn how before handing anything more out (a truncation point
+            # may have passed what was fetched)
+            return self._read_list() if self.step is None and not self.ended else []
         effects = self._decode_fetched()
         if self.step is not None or self.ended or not self.has_room:
             return effects
-        if self._notified > self._listed:
-            return effects + self._read_list()
         listing = self._known_listing()
         while True:
             position = self._position()

@@ -465,6 +465,7 @@ class WriterMachine:
     def on_entry_acked(self, ledger_id: int, entry_id: int, now_ms: int) -> list[Any]:
         if self.ended:
             return NO_EFFECTS
+        invariant(bool(self.in_flight), f"entry {ledger_id}:{entry_id} acknowledged with nothing in flight")
         entry = self.in_flight[0]
         invariant(entry.ledger_id == ledger_id and entry.entry_id == entry_id,
                   f"entry {ledger_id}:{entry_id} acknowledged, {entry.ledger_id}:{entry.entry_id} was next")
@@ -625,13 +626,17 @@ class WriterMachine:
 
     def _finish(self, effects: list[Any], now_ms: int) -> list[Any]:
         """Append a SetTimer when the earliest deadline changed."""
-        deadline = self._deadline_ms()
+        deadline = self._deadline_ms(now_ms)
         if deadline != self._timer_at_ms:
             self._timer_at_ms = deadline
             effects.append(SetTimer(deadline))
         return effects
 
-    def _deadline_ms(self) -> int | None:
+    def _deadline_ms(self, now_ms: int) -> int | None:
+        """The next time something may fall due. Only future times: a linger that passed while
+        the records could not go (a roll, no free slot) or a roll age that passed mid-batch waits
+        for the event that frees them (a commit, an ack, the next entry), never for a timer, which
+        would fire again at once."""
         if self.state is not WriterState.OPEN and self.state is not WriterState.CLOSING:
             return None
         candidates = []
@@ -640,4 +645,5 @@ class WriterMachine:
             candidates.append(self._buffer_since_ms + int(settings.linger_ms + 0.999))
         if settings.roll_age_ms and self.segment_records and not self.rolling and self.state is WriterState.OPEN:
             candidates.append(self.segment_started_ms + settings.roll_age_ms)
-        return min(candidates) if candidates else None
+        future = [at_ms for at_ms in candidates if at_ms > now_ms]
+        return min(future) if future else None

@@ -94,9 +94,11 @@ def test_a_roll_notified_during_a_long_poll_cancels_it_and_is_followed():
 def test_a_slow_consumer_does_not_miss_a_roll_notified_while_its_queue_was_full():
     machine, listing = tailing(read_ahead_entries=2)
     assert machine.on_waited(10, (1, b"b"), 1, False, NOW) == []  # queue full: nothing started
-    assert machine.on_segments_changed(NOW) == []  # the roll's notification, while held back
+    assert machine.on_segments_changed(NOW) == [ReadSegments()]  # the roll's notification: read at once
+    rolled = SegmentList((completed(1, 10, 1), Segment(2, 20)), 2, 2)
+    assert machine.on_segments(rolled, NOW) == []  # still no room: nothing more yet
     item, effects = machine.take()
-    assert effects == [ReadSegments()]  # room again: the list first, not a long poll of the old ledger
+    assert effects == [OpenSegment(rolled.segments[1])]  # room again: on to the next segment
 
 
 def test_a_long_poll_that_finds_the_ledger_closed_reads_the_list():

@@ -328,3 +328,18 @@ def test_answers_out_of_order_are_a_bug_that_raises():
     story.write(b"a")
     with pytest.raises(InvariantError):
         story.machine.on_entry_acked(11, 5, story.now_ms)
+
+
+def test_a_linger_that_passes_during_a_roll_sets_no_timer_in_the_past():
+    """Found by the stream simulator: the timer fired again at once, forever, until the roll ended."""
+    story = Story(roll_records=1, linger_ms=5)
+    story.opened()
+    story.write(b"a")
+    story.now_ms += 5
+    effects = story.machine.on_time(story.now_ms)
+    assert one(effects, AppendEntry) and one(effects, CreateLedger)  # sent, and the roll is due
+    story.write(b"b")  # buffered behind the roll
+    story.now_ms += 50  # its linger passed; the roll still waits for its ledger
+    effects = story.machine.on_time(story.now_ms)
+    assert not [e for e in of(effects, SetTimer) if e.at_ms is not None and e.at_ms <= story.now_ms]
+    assert not of(effects, AppendEntry)  # and nothing went out to the old ledger

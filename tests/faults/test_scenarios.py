@@ -363,7 +363,7 @@ async def test_deleting_a_ledger_under_a_live_writer(local_cluster, history):
     """An operator deletes the ledger the writer is appending to, and GC reclaims it. Its records
     are gone (the history excuses them); the writer must notice at its next roll and carry on in
     a new segment; the heal is the operator truncating the stream past the hole."""
-    cluster = local_cluster(bookies=3, bookie_args=["--gc-interval", "0"])
+    cluster = local_cluster(bookies=3, bookie_args=["--gc-interval", "0", "--gc-grace", "0"])
     workload = await Workload(cluster, history, SETTINGS).start()
     await workload.wait_acked(300)
     ledger_id = await workload.current_ledger()

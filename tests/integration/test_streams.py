@@ -25,7 +25,7 @@ from tools.cluster import LineReader
 
 @pytest.fixture
 def stream_cluster(cluster_factory):
-    return cluster_factory(bookies=3)
+    return cluster_factory(bookies=3, bookie_args=["--gc-grace", "0"])  # GC collects deleted ledgers at once
 
 
 def namespace(cluster, name: str = "test") -> Namespace:

@@ -10,8 +10,8 @@ removed data stays removed, every client keeps moving.
     truncation_ignored  a record below a committed truncation point in the final read, or returned
                         by a reader well after the truncation was committed (L5)
     retention           a retention run removed the last completed segment
-    segment_size        a completed segment far larger than the stream's roll size (an entry must
-                        never be larger than the roll size)
+    entry_size          an entry of a stream writer's ledger larger than the stream's roll size
+                        (the simulator reports entry sizes)
     refused             a well-formed write refused (ConfigError), e.g. a batch without its
                         nullable columns
     slow_write          a sequential write of an idle writer (a probe) not acknowledged within its
@@ -28,17 +28,16 @@ WRITER_DEATH = "writer_death"
 READER_BEHIND = "reader_behind"
 TRUNCATION_IGNORED = "truncation_ignored"
 RETENTION = "retention"
-SEGMENT_SIZE = "segment_size"
+ENTRY_SIZE = "entry_size"
 REFUSED = "refused"
 SLOW_WRITE = "slow_write"
-PROMISE_KINDS = (WRITER_DEATH, READER_BEHIND, TRUNCATION_IGNORED, RETENTION, SEGMENT_SIZE, REFUSED, SLOW_WRITE)
+PROMISE_KINDS = (WRITER_DEATH, READER_BEHIND, TRUNCATION_IGNORED, RETENTION, ENTRY_SIZE, REFUSED, SLOW_WRITE)
 
 # faults that must never end a writer (RELIABILITY.md L7): they explain no death
 ROUTINE_FAULTS = frozenset({"truncate", "retention", "subscription", "sink_commit", "session_expiry",
                             "metadata_blip", "metadata_delay"})
 TRUNCATION_GRACE_S = 2.0  # a reader may hand out what it had already taken before it learned of a cut
 EXPLAIN_WINDOW_S = 10.0  # a fault explains deaths this long after it, even once healed
-SEGMENT_SLACK_BYTES = 4096
 
 
 def check_writer_deaths(c: Any) -> None:
@@ -98,10 +97,12 @@ def check_truncation_kept(c: Any) -> None:
                                       f"truncation point {_show(below)}")
             break
     for process, records in c.reads.items():
+        taken: dict[tuple[int, int], float] = {}  # an entry is handed out whole: when its first record was
         for offset, value, read_at in records:
             key = c.key(offset)
+            taken_at = taken.setdefault((offset[0], offset[1]), read_at)
             below = next((point for t, cut, point in keyed
-                          if key is not None and key < cut and read_at > t + TRUNCATION_GRACE_S), None)
+                          if key is not None and key < cut and taken_at > t + TRUNCATION_GRACE_S), None)
             if below is not None:
                 c.add(TRUNCATION_IGNORED, f"reader {process} returned {value!r} at {_show(offset)}, below the "
                                           f"truncation point {_show(below)} committed before")
@@ -118,18 +119,17 @@ def check_retention(c: Any) -> None:
                              f"(segment {max(sealed)[0]})")
 
 
-def check_segment_sizes(c: Any) -> None:
+def check_entry_sizes(c: Any) -> None:
     roll_bytes = next((event["roll_bytes"] for event in c.events if event.get("f") == "stream_config"), 0)
     if not roll_bytes:
         return
     sink_ledgers = {ledger for event in c.events if event.get("f") == "sink_ledgers" for ledger in event["ledgers"]}
-    bound = 2 * roll_bytes + SEGMENT_SLACK_BYTES
-    for snapshot in c.snapshots:
-        for segment in snapshot.get("segments", []):
-            if (segment.get("state") == "completed" and segment.get("ledger_id") not in sink_ledgers
-                    and segment.get("bytes", 0) > bound):
-                c.add(SEGMENT_SIZE, f"segment {segment.get('sequence')} (ledger {segment.get('ledger_id')}) "
-                                    f"holds {segment['bytes']} bytes; the roll size is {roll_bytes}")
+    for event in c.events:
+        if event.get("f") != "entry_sizes":
+            continue
+        for ledger_id, size in event["sizes"].items():
+            if int(ledger_id) not in sink_ledgers and size > roll_bytes:
+                c.add(ENTRY_SIZE, f"ledger {ledger_id} holds an entry of {size} bytes; the roll size is {roll_bytes}")
                 return
 
 
@@ -151,7 +151,7 @@ def check_all(c: Any, resume_bound_s: float | None) -> None:
     check_readers_kept_up(c, resume_bound_s if resume_bound_s is not None else 25.0)
     check_truncation_kept(c)
     check_retention(c)
-    check_segment_sizes(c)
+    check_entry_sizes(c)
     check_refused_and_slow(c)
 
 

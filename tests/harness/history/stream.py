@@ -151,6 +151,7 @@ class _Checker:
         self.liveness_failures: list[str] = []
         self.renewed: Counter[str] = Counter()  # readers that reopened their namespace (reported)
         self.sequence_of: dict[int, int] = {}
+        self._truncated: set[int] | None = None
         self._parse()
 
     def add(self, kind: str, message: str) -> None:
@@ -214,10 +215,11 @@ class _Checker:
         return None if sequence is None else (sequence, offset[1], offset[2])
 
     def _truncated_ledgers(self) -> set[int]:
-        if not self.snapshots:
-            return set()
-        return {segment["ledger_id"] for segment in self.snapshots[-1].get("segments", [])
-                if segment.get("state") == "truncated" and isinstance(segment.get("ledger_id"), int)}
+        if self._truncated is None:
+            last = self.snapshots[-1].get("segments", []) if self.snapshots else []
+            self._truncated = {segment["ledger_id"] for segment in last
+                               if segment.get("state") == "truncated" and isinstance(segment.get("ledger_id"), int)}
+        return self._truncated
 
     def removed(self, offset: OffsetKey) -> bool:
         """Whether the record at `offset` was removed on purpose (so its absence is no loss)."""

@@ -104,7 +104,7 @@ class WriterFamily:
         try:
             writer = await self._unless_killed(self.process.namespace.open_writer(
                 sim.stream, takeover=takeover, lock_timeout_s=0.3,
-                flush_records=self.rng.choice([5, 20, 200]), buffer_bytes_max=self.rng.choice([4096, 16384, 1 << 20]),
+                flush_records=self.rng.choice([5, 20, 200, 1000]), buffer_bytes_max=self.rng.choice([4096, 16384, 1 << 20]),
                 retention_on_roll=sim.scenario.retention_on_roll))
         except DlogError as exc:
             self.history.complete(op, name, "open_writer", "fail", error=error_text(exc))
@@ -155,10 +155,12 @@ class WriterFamily:
 
     async def _room(self, writer: Any) -> None:
         """wait_writable, bounded: a caller that is never woken after its writer ended is stuck."""
+        if writer.writable and writer.error is None:
+            return
         try:
-            await asyncio.wait_for(writer.wait_writable(), STUCK_S)
+            await asyncio.wait_for(self._unless_killed(writer.wait_writable()), STUCK_S)
         except asyncio.TimeoutError:
-            if writer.error is not None:
+            if writer.error is not None and not self.killed.is_set():
                 self.history.record(self.session_name, "liveness", "fail",
                                     what=f"a caller of wait_writable of {self.session_name} was never woken after "
                                          f"its writer failed ({writer.error!r})")
@@ -171,7 +173,7 @@ class WriterFamily:
         op = self.history.invoke(name, "write", value=value, probe=self.probing, bound_s=PROBE_BOUND_S)
         invoked = self.history.clock()
         try:
-            offset = await writer.write(value.encode(), key=value[:6].encode())
+            offset = await self._unless_killed(writer.write(value.encode(), key=value[:6].encode()))
         except DlogError as exc:
             kind = "fail" if isinstance(exc, ConfigError) else "unknown"
             self.history.complete(op, name, "write", kind, value=value, error=error_text(exc))
@@ -221,7 +223,7 @@ class WriterFamily:
         name = self.session_name
         ops = [self.history.invoke(name, "write", value=value) for value in values]
         try:
-            written = await writer.write_batch(batch)
+            written = await self._unless_killed(writer.write_batch(batch))
         except DlogError as exc:
             kind = "fail" if isinstance(exc, ConfigError) else "unknown"
             for op, value in zip(ops, values):

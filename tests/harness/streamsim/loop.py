@@ -16,12 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 EPOCH_MS = 1_700_000_000_000  # the simulated wall clock starts here
+SPIN_TURNS_MAX = 200_000
 
 
 class SimulatedTimeSelector(selectors.BaseSelector):
     def __init__(self) -> None:
         self.now_s = 0.0
         self._keys: dict[Any, selectors.SelectorKey] = {}
+        self._turns_at_now = 0  # loop turns since the clock last moved: a spin never lets it move
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         key = selectors.SelectorKey(fileobj, fileobj if isinstance(fileobj, int) else fileobj.fileno(),
@@ -37,6 +39,12 @@ class SimulatedTimeSelector(selectors.BaseSelector):
             raise RuntimeError("the simulation is deadlocked: nothing is ready and nothing is scheduled")
         if timeout > 0:
             self.now_s += timeout
+            self._turns_at_now = 0
+        else:
+            self._turns_at_now += 1
+            if self._turns_at_now > SPIN_TURNS_MAX:
+                raise RuntimeError(f"the simulation spins at t={self.now_s:.6f} s: {SPIN_TURNS_MAX} loop turns "
+                                   "without simulated time moving (a timer or task that reschedules itself at once)")
         return []
 
     def get_map(self) -> Mapping[Any, selectors.SelectorKey]:

@@ -66,12 +66,13 @@ class Scenario:
 
         return cls(
             writers=rng.randint(1, 3),
-            readers=[(rng.choice([1, 2, 4, 64]), rng.choice([0.0, 0.0, 0.001, 0.004])) for _ in range(rng.randint(1, 3))],
+            readers=[(rng.choice([1, 2, 4, 64]), rng.choice([0.0, 0.0, 0.001, 0.004, 0.01]))
+                     for _ in range(rng.randint(1, 3))],
             roll_records=rng.choice([0, 30, 100, 400]), roll_bytes=rng.choice([0, 0, 8192, 32768]),
             roll_age_ms=rng.choice([2 * 3600 * 1000, 1500]),
             sequential_share=rng.choice([0.1, 0.3]), batch_share=rng.choice([0.1, 0.2]),
-            burst_max=rng.choice([5, 20, 40]), write_gap_s=rng.choice([0.02, 0.05]),
-            padding_bytes=rng.choice([4, 40]), retention_on_roll=rng.random() < 0.3,
+            burst_max=rng.choice([5, 20, 40, 150]), write_gap_s=rng.choice([0.05, 0.1]),
+            padding_bytes=rng.choice([4, 40, 100]), retention_on_roll=rng.random() < 0.3,
             truncation_every_s=sometimes(0.5, 3.0), retention_every_s=sometimes(0.5, 3.0),
             sink_every_s=sometimes(0.5, 3.0, chance=0.4), gc_every_s=rng.uniform(0.5, 2.0),
             faults=tuple(kind for kind in FAULT_KINDS if rng.random() < 0.5),
@@ -156,6 +157,8 @@ class StreamSimulation:
         random.seed(self.seed)  # the retry helper's jitter draws from the global generator
         try:
             self.loop.run_until_complete(self._bounded())
+        except RuntimeError as exc:  # the loop found a spin or a deadlock: a liveness failure
+            self.history.record("sim", "liveness", "fail", what=str(exc))
         finally:
             self._cancel_everything()
             self.loop.close()
@@ -223,7 +226,8 @@ class StreamSimulation:
         self.ledgers.collect_garbage(GC_GRACE_S)
 
     async def _truncate(self, process: Process) -> None:
-        acked = [offset for family in self.writers.values() for _, _, offset in family.acked[-400:-20]]
+        recent = self.rng.choice([(-400, -20), (-40, -2)])  # far behind the tail, or close to it
+        acked = [offset for family in self.writers.values() for _, _, offset in family.acked[recent[0]:recent[1]]]
         if not acked:
             return
         cut = self.rng.choice(acked)
@@ -374,7 +378,11 @@ class StreamSimulation:
     async def _catch_up(self) -> None:
         """Every reader must reach the last acknowledged record (however slow its consumer)."""
         last = [value for family in self.writers.values() for value, _, _ in family.acked[-1:]]
-        deadline = self.loop.time() + 2 * RESUME_BOUND_S
+        acked = sum(len(family.acked) for family in self.writers.values())
+        # a slow consumer needs the time its backlog takes to consume; a stuck one never arrives
+        backlog_s = max((reader.lag_s * max(0, acked - len(reader.values)) for reader in self.readers.values()),
+                        default=0.0)
+        deadline = self.loop.time() + 2 * RESUME_BOUND_S + 1.5 * backlog_s
         while self.loop.time() < deadline:
             if all(all(value in reader.values for value in last) for reader in self.readers.values()):
                 break
@@ -397,6 +405,12 @@ class StreamSimulation:
                 await asyncio.sleep(0.5)
         self.history.record("sealer", "liveness", "fail", what="the stream could not be sealed in 10 attempts")
 
+    def _entry_sizes(self) -> None:
+        """The largest entry of each ledger a stream writer wrote (not the sink's task ledgers)."""
+        sizes = {str(ledger_id): max((len(payload) for payload in ledger.entries.values()), default=0)
+                 for ledger_id, ledger in sorted(self.ledgers.ledgers.items())}
+        self.history.record("sim", "entry_sizes", sizes=sizes)
+
     async def _final_read(self) -> None:
         process = await self.new_process()
         try:
@@ -408,6 +422,7 @@ class StreamSimulation:
         except DlogError as exc:
             self.history.record("final", "final", "fail", error=error_text(exc))
         self.snapshot(final=True)
+        self._entry_sizes()
 
     def _cancel_everything(self) -> None:
         pending = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
