@@ -94,7 +94,7 @@ class StreamReader:
         self._opened: asyncio.Future[None] = self.loop.create_future()
         self._handles: dict[int, Any] = {}
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: replays are deterministic
-        self._wait_task: asyncio.Task[None] | None = None
+        self._wait_cut: asyncio.Future[None] | None = None  # set: the long poll in flight ends now
         self._timer: asyncio.TimerHandle | None = None
         self._unwatch: Callable[[], None] | None = None
         self._closed = False
@@ -156,10 +156,11 @@ class StreamReader:
             elif isinstance(effect, ReadEntries):
                 self._spawn(self._read_entries(effect))
             elif isinstance(effect, WaitForEntry):
-                self._wait_task = self._spawn(self._wait_for_entry(effect))
+                self._wait_cut = self.loop.create_future()
+                self._spawn(self._wait_for_entry(effect, self._wait_cut))
             elif isinstance(effect, CancelWait):
-                if self._wait_task is not None:
-                    self._wait_task.cancel()
+                if self._wait_cut is not None and not self._wait_cut.done():
+                    self._wait_cut.set_result(None)
             elif isinstance(effect, SetTimer):
                 self._set_timer(effect.at_ms)
             elif isinstance(effect, ReaderOpened):
@@ -233,21 +234,26 @@ class StreamReader:
             return
         self._feed(self.machine.on_entries, segment.ledger_id, [(e.entry_id, e.payload) for e in entries])
 
-    async def _wait_for_entry(self, effect: WaitForEntry) -> None:
+    async def _wait_for_entry(self, effect: WaitForEntry, cut: asyncio.Future[None]) -> None:
+        """The long poll, which CancelWait ends early: through a future it races, not by cancelling
+        this task (a task cancelled before it first ran would never answer the machine)."""
         segment = effect.segment
         handle = self._handles.get(segment.ledger_id)
         entry = None
-        try:
-            if handle is not None:
-                found = await handle.wait_for_entry(effect.entry_id, effect.timeout_ms)
+        if handle is not None:
+            poll = asyncio.ensure_future(handle.wait_for_entry(effect.entry_id, effect.timeout_ms))
+            try:
+                await asyncio.wait({poll, cut}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not poll.done():
+                    poll.cancel()
+                    await asyncio.gather(poll, return_exceptions=True)
+            if poll.done() and not poll.cancelled():
+                error = poll.exception()
+                if error is not None and not isinstance(error, NoSuchLedgerError):
+                    raise error  # the list read that follows a missing ledger says why
+                found = poll.result() if error is None else None
                 entry = (found.entry_id, found.payload) if found is not None else None
-        except asyncio.CancelledError:
-            if self._closed:
-                raise
-        except NoSuchLedgerError:
-            pass  # the list read that follows says why
-        finally:
-            self._wait_task = None
         if self._closed:
             return
         lac = handle.last_add_confirmed if handle is not None else -1

@@ -167,6 +167,11 @@ class StreamWriter:
         return self._ledgers.get(self.machine.ledger_id) if self.machine.ledger_id is not None else None
 
     @property
+    def in_flight_entries(self) -> int:
+        """Entries sent and not acknowledged yet."""
+        return len(self.machine.in_flight)
+
+    @property
     def writable(self) -> bool:
         """False while buffered and in-flight bytes are at the buffer maximum."""
         return self.machine.writable
