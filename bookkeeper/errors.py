@@ -261,18 +261,21 @@ class AuthenticationError(BookieError):
     an untrusted certificate, or AUTH skipped where it is required."""
 
     code = 500
+    status = 500  # also its wire status
 
 
 class ForbiddenError(BookieError):
     """The principal is known but may not do this (wrong namespace, missing role)."""
 
     code = 501
+    status = 501  # also its wire status
 
 
 class QuotaExceededError(BookieError):
     """A namespace quota (streams, stored bytes, write bytes/s) would be passed; the message names it."""
 
     code = 502
+    status = 502  # also its wire status
 
 
 class MetadataPermissionError(MetadataError):

@@ -190,7 +190,7 @@ async def test_7_the_roll_size_bounds_every_entry_of_a_dlog_write(cluster, names
     async with connect(cluster, namespace) as ns:
         config = await ns.config("small")
         for segment in (await ns.store.segments("small")).segments:
-            handle = await ns.client.open_ledger(segment.ledger_id, password=config.password.encode(), recovery=False)
+            handle = await ns.client.open_ledger(segment.ledger_id, password=ns.password_of(config), recovery=False)
             entries = await handle.read(0, segment.last_entry)
             assert max(len(entry.payload) for entry in entries) <= 16 * 1024
 

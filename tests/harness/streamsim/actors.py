@@ -381,7 +381,7 @@ class Sink:
 
     async def _task_ledger(self, namespace: Namespace, config: Any, values: list[str]) -> Any:
         handle = await namespace.client.create_ledger(config.ensemble, config.write_quorum, config.ack_quorum,
-                                                      password=config.password.encode(),
+                                                      password=namespace.password_of(config),
                                                       custom={"stream": self.sim.stream, "writer": "sim-sink"})
         batch = records_to_batch([v.encode() for v in values], timestamps_ms=[self.sim.clock.wall_ms()] * len(values))
         message = SinkMessage(handle.ledger_id, created_ms=self.sim.clock.wall_ms())
