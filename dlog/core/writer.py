@@ -518,12 +518,20 @@ class WriterMachine:
     # ------------------------------------------------------------------ rolling
 
     def _roll_due(self, now_ms: int) -> bool:
+        """Whether the segment is full. While closing, only if records are still to go: what is
+        buffered at close must not pile into one segment past the roll size, but a segment that is
+        merely old is sealed by the close itself."""
         settings = self.settings
-        if self.state is not WriterState.OPEN or self.rolling or self.segment_records == 0:
+        if self.rolling or self.segment_records == 0:
             return False
-        return bool((settings.roll_bytes and self.segment_bytes >= settings.roll_bytes)
-                    or (settings.roll_records and self.segment_records >= settings.roll_records)
-                    or (settings.roll_age_ms and now_ms - self.segment_started_ms >= settings.roll_age_ms))
+        if self.state is WriterState.CLOSING and not self.buffer:
+            return False
+        if self.state is not WriterState.OPEN and self.state is not WriterState.CLOSING:
+            return False
+        full = bool((settings.roll_bytes and self.segment_bytes >= settings.roll_bytes)
+                    or (settings.roll_records and self.segment_records >= settings.roll_records))
+        old = bool(settings.roll_age_ms and now_ms - self.segment_started_ms >= settings.roll_age_ms)
+        return full or (old and self.state is WriterState.OPEN)
 
     def _start_roll(self) -> list[Any]:
         self.rolling = True

@@ -343,3 +343,15 @@ def test_a_linger_that_passes_during_a_roll_sets_no_timer_in_the_past():
     effects = story.machine.on_time(story.now_ms)
     assert not [e for e in of(effects, SetTimer) if e.at_ms is not None and e.at_ms <= story.now_ms]
     assert not of(effects, AppendEntry)  # and nothing went out to the old ledger
+
+
+def test_records_buffered_at_close_still_roll_at_the_roll_size():
+    """Found by the regression test of `dlog write`: everything sent at close went into one segment."""
+    story = Story(roll_bytes=4096)
+    story.opened()
+    for letter in b"abcdef":
+        story.write(bytes([letter]) * 900)  # "a" in flight, the rest buffered (no entry is full yet)
+    effects = story.machine.close(story.now_ms)
+    assert [len(e.payload) for e in of(effects, AppendEntry)] == [1801, 1801]  # b|c, d|e: the budget
+    assert one(effects, CreateLedger)  # past the roll size with "f" still to go: a roll, then the seal
+    assert [chunk[1][0][:1] for chunk in story.machine.buffer] == [b"f"]
