@@ -15,10 +15,12 @@ from bookkeeper.bookie.config import BookieConfig
 from bookkeeper.bookie.service import BookieService
 from bookkeeper.client import BookKeeper
 from bookkeeper.errors import DlogError
+from bookkeeper.meta.zkensemble import ZooKeeperEnsemble
 from bookkeeper.protocol.wire import ReadRequest
 from dlog import Namespace, TruncatedError, WriterFencedError
 from tests.harness.faults.faults import entry_log_records, flip_entry_log_bytes
 from tests.helpers import eventually
+from tools.cluster import LocalCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -180,3 +182,39 @@ async def test_a_reader_namespace_follows_ensemble_changes_of_a_segment_it_read_
             assert await read_all(fresh) == expected  # the records are all there ...
         assert await read_all() == expected  # ... and the namespace that read before sees them too
         await writer.close()
+
+
+@pytest.mark.timeout(240)
+async def test_a_writer_survives_the_zookeeper_leader_killed_while_it_rolls(tmp_path):
+    """Issue 11 item 11: on a three-server ensemble, kill -9 of the leader made a rolling writer
+    fail with a (retryable) ConnectionLoss about half the time. Three leader kills while the writer
+    rolls every few records: it must go on, and every acknowledged record must be there."""
+    ensemble = ZooKeeperEnsemble(tmp_path / "zk")
+    await asyncio.to_thread(ensemble.start)
+    cluster = LocalCluster(tmp_path / "cluster", bookies=3, zk_root="/ensemble", zk_server=ensemble)  # type: ignore[arg-type]
+    try:
+        await asyncio.to_thread(cluster.start)
+        async with namespace(cluster) as ns:
+            await ns.create_stream("rolling", roll_records=10)
+            writer = await ns.open_writer("rolling", flush_records=2)
+            acked: list[bytes] = []
+
+            async def write_until(count: int) -> None:
+                while len(acked) < count:
+                    value = b"v%06d" % len(acked)
+                    await writer.write(value)  # one at a time: a roll every five entries
+                    acked.append(value)
+
+            await write_until(30)
+            for _ in range(3):
+                leader = await asyncio.to_thread(ensemble.leader)
+                await asyncio.to_thread(ensemble.kill, leader)
+                await asyncio.wait_for(write_until(len(acked) + 40), 60)  # rolls through the election
+                await asyncio.to_thread(ensemble.start_member, leader)
+            await writer.close()
+            assert writer.error is None
+            async with ns.open_reader("rolling", follow=False) as reader:
+                assert [record.value async for record in reader] == acked
+    finally:
+        await asyncio.to_thread(cluster.stop)
+        await asyncio.to_thread(ensemble.stop)

@@ -94,7 +94,7 @@ class WriterFamily:
         except asyncio.TimeoutError:
             pass
 
-    async def _open(self) -> Any:
+    async def _open(self, **overrides: Any) -> Any:
         assert self.process is not None
         self.sessions += 1
         self.session_name = name = f"{self.family}.{self.sessions}"
@@ -102,10 +102,11 @@ class WriterFamily:
         takeover = self.sessions > 1 or self.rng.random() < 0.5
         op = self.history.invoke(name, "open_writer", takeover=takeover)
         try:
+            options = {"flush_records": self.rng.choice([5, 20, 200, 1000]),
+                       "buffer_bytes_max": self.rng.choice([4096, 16384, 1 << 20]),
+                       "retention_on_roll": sim.scenario.retention_on_roll, **overrides}
             writer = await self._unless_killed(self.process.namespace.open_writer(
-                sim.stream, takeover=takeover, lock_timeout_s=0.3,
-                flush_records=self.rng.choice([5, 20, 200, 1000]), buffer_bytes_max=self.rng.choice([4096, 16384, 1 << 20]),
-                retention_on_roll=sim.scenario.retention_on_roll))
+                sim.stream, takeover=takeover, lock_timeout_s=0.3, **options))
         except DlogError as exc:
             self.history.complete(op, name, "open_writer", "fail", error=error_text(exc))
             return None
@@ -181,8 +182,8 @@ class WriterFamily:
         self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(offset), probe=self.probing)
         self.acked.append((value, invoked, offset))
 
-    async def _burst(self, writer: Any) -> int:
-        count = self.rng.randint(1, self.sim.scenario.burst_max)
+    async def _burst(self, writer: Any, count: int | None = None) -> int:
+        count = self.rng.randint(1, self.sim.scenario.burst_max) if count is None else count
         name = self.session_name
         for _ in range(count):
             await self._room(writer)

@@ -127,7 +127,7 @@ PLANTS: dict[str, Plant] = {
     "gc-without-sync": Plant(
         ((gc, "SYNC_BEFORE_CHECK", False),
          (gc, "may_collect", lambda *, exists, first_seen_s, now_s, grace_s: not exists)),
-        "bookie GC trusts a lagging metadata view and has no grace period (item 10)", "lost"),
+        "bookie GC trusts a lagging metadata view and has no grace period (item 10)", "liveness"),
     "metadata-errors-not-retried": Plant(
         ((port.RetryingSegmentStore, "_retry", _single_attempt),),
         "a retryable metadata error (ConnectionLoss) ends a writer (item 11)", "writer_death"),

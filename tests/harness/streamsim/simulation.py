@@ -35,6 +35,7 @@ from .loop import SimulatedClock, SimulatedTimeLoop
 STREAM = "sim"
 RESUME_BOUND_S = 10.0
 GC_GRACE_S = 10.0
+BURST_PROBE_RECORDS = 300
 RUN_S_MAX = 600.0  # simulated seconds; a run that has not finished by then is a liveness failure
 FAULT_KINDS = ("ledger_failure", "kill_writer", "session_expiry", "metadata_blips", "metadata_delay")
 
@@ -68,7 +69,7 @@ class Scenario:
             writers=rng.randint(1, 3),
             readers=[(rng.choice([1, 2, 4, 64]), rng.choice([0.0, 0.0, 0.001, 0.004, 0.01]))
                      for _ in range(rng.randint(1, 3))],
-            roll_records=rng.choice([0, 30, 100, 400]), roll_bytes=rng.choice([0, 0, 8192, 32768]),
+            roll_records=rng.choice([0, 30, 100, 400]), roll_bytes=rng.choice([0, 0, 4096, 32768]),
             roll_age_ms=rng.choice([2 * 3600 * 1000, 1500]),
             sequential_share=rng.choice([0.1, 0.3]), batch_share=rng.choice([0.1, 0.2]),
             burst_max=rng.choice([5, 20, 40, 150]), write_gap_s=rng.choice([0.05, 0.1]),
@@ -317,7 +318,7 @@ class StreamSimulation:
 
     async def _fault_metadata_blips(self) -> None:
         self.note("metadata_blip")
-        self.blips = self.rng.choice([0.05, 0.2])
+        self.blips = self.rng.choice([0.2, 0.5])
         await asyncio.sleep(self.rng.uniform(0.2, 1.5))
         self.blips = 0.0
 
@@ -363,7 +364,7 @@ class StreamSimulation:
         process = await self.new_process()
         family = WriterFamily(self, "probe", random.Random(self.rng.random()))
         family.process, family.probing = process, True
-        writer = await family._open()  # noqa: SLF001 - the same session bookkeeping as the families
+        writer = await family._open(flush_records=1000, buffer_bytes_max=1 << 20)  # noqa: SLF001
         if writer is None:
             return
         for _ in range(PROBE_WRITES):
@@ -371,6 +372,12 @@ class StreamSimulation:
                 await family._sequential(writer)  # noqa: SLF001
             except DlogError:
                 break
+        family.probing = False
+        try:  # then a burst while entries are in flight: big entries, unless the roll size bounds them
+            await family._burst(writer, BURST_PROBE_RECORDS)  # noqa: SLF001
+            await writer.flush()
+        except DlogError:
+            pass
         await family._close(writer, writer.error is not None)  # noqa: SLF001
         self.writers["probe"] = family
         self.history.record("sim", "probe_bound", bound_s=PROBE_BOUND_S)
