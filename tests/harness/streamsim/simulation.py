@@ -107,7 +107,7 @@ class StreamSimulation:
         self.scenario = Scenario.draw(self.rng)
         self.loop = SimulatedTimeLoop()
         self.clock = SimulatedClock(self.loop)
-        self.history = History(clock=self.loop.time)
+        self.history = History(clock=self.loop.time, process_tag="sim")  # no pid: runs replay exactly
         self.faults: Counter[str] = Counter()
         self.faulting = True
         self.blips = 0.0  # probability of a store call failing, while a blip window is open
