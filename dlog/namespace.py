@@ -19,43 +19,45 @@ from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
 
 import pyarrow as pa
 
-from bookkeeper.client import BookKeeper
-from bookkeeper.client.ledger import ReadHandle
-from bookkeeper.clock import wall_ms
-from bookkeeper.errors import (ConfigError, DlogError, MetadataPermissionError, MetadataVersionError,
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
+from bookkeeper.errors import (ConfigError, MetadataContentionError, MetadataPermissionError, MetadataVersionError,
                                NoSuchLedgerError, QuotaExceededError)
 from bookkeeper.meta import layout
-from bookkeeper.meta.acl import zk_options
-from bookkeeper.meta.zk import AsyncZooKeeper
-from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+from bookkeeper.retry import Backoff, retry
 from bookkeeper.security.quota import Quota
 from bookkeeper.security.settings import (SecuritySettings, load_client_settings, load_cluster_table,
                                           seal_new_password, unseal_password)
 from dlog import describe
+from dlog.core import changes
+from dlog.core.errors import StreamBusyError
 from dlog.names import check_stream_name, check_subscription_name
 from dlog.offsets import Offset
-from dlog.reader import OffsetOutOfRangeError, StreamReader
+from dlog.reader import StreamReader
 from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
-from dlog.segments.metadata import Segment, SegmentState, StreamConfig
-from dlog.segments.store import SegmentList, StreamExistsError, StreamStore
+from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig
+from dlog.segments.port import RetryingSegmentStore, SegmentStore, StreamExistsError
 from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-CHANGE_RETRIES_MAX = 10
 READ_HANDLES_MAX = 1024
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
                       "retention_keeps_unconsumed")
-TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as truncated
+# a truncation or retention run re-plans from a fresh list when a concurrent change won the
+# compare-and-set (a writer rolling, a sink committing); this many tries, quickly
+CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
 
 
 class Namespace:
     def __init__(self, zk: str | None = None, name: str = "default", *, root: str = "/dlog",
                  bookkeeper_root: str = layout.DEFAULT_ROOT, zk_timeout_s: float = 10.0,
                  read_handles_max: int = READ_HANDLES_MAX, security: SecuritySettings | None = None,
-                 config: str | None = None, **client_options: Any) -> None:
+                 config: str | None = None, clock: Clock = SYSTEM_CLOCK, store: SegmentStore | None = None,
+                 client: Any = None, **client_options: Any) -> None:
         """`security` (TLS, token, ZooKeeper credentials) defaults to client.toml named by `config`
-        or $DLOG_CONFIG (and $DLOG_TOKEN); `zk` defaults to its [cluster] zk, else 127.0.0.1:2181."""
+        or $DLOG_CONFIG (and $DLOG_TOKEN); `zk` defaults to its [cluster] zk, else 127.0.0.1:2181.
+        `store` and `client` replace the ZooKeeper segment store and the BookKeeper client (the
+        stream simulator passes its own); otherwise both are made from `zk` at start()."""
         if read_handles_max < 1:
             raise ConfigError(f"read_handles_max must be >= 1, got {read_handles_max}")
         self.security = security if security is not None else load_client_settings(config)
@@ -66,15 +68,25 @@ class Namespace:
         self.bookkeeper_root = bookkeeper_root
         self.zk_timeout_s = zk_timeout_s
         self.client_options = client_options
-        self.zk: AsyncZooKeeper | None = None
-        self.client: BookKeeper = None  # type: ignore[assignment]
-        self.store: StreamStore = None  # type: ignore[assignment]
+        self.clock = clock
+        self.zk: Any = None  # the AsyncZooKeeper, when the stores are ZooKeeper's
+        self.client: Any = client  # bookkeeper.client.BookKeeper (or the simulator's ledgers)
+        self.store: Any = RetryingSegmentStore(store, clock=clock) if store is not None else None
+        self._owns_client = client is None
         self._schemas: dict[str, pa.Schema] = {}
         # cached read handles of segment ledgers, at most read_handles_max (oldest dropped first)
         self.read_handles_max = read_handles_max
-        self._handles: dict[int, ReadHandle] = {}
+        self._handles: dict[int, Any] = {}
 
     async def start(self) -> Namespace:
+        if self.store is not None:
+            return self
+        from bookkeeper.client import BookKeeper
+        from bookkeeper.meta.acl import zk_options
+        from bookkeeper.meta.zk import AsyncZooKeeper
+        from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
+        from dlog.segments.store import ZooKeeperSegmentStore
+
         self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s,
                                  **zk_options(self.security, self.bookkeeper_root, self.name,
                                               self.namespace_root))
@@ -87,7 +99,7 @@ class Namespace:
         except BaseException:
             await self.zk.close()
             raise
-        self.store = StreamStore(self.zk, self.root)
+        self.store = RetryingSegmentStore(ZooKeeperSegmentStore(self.zk, self.root), clock=self.clock)
         try:
             await self.zk.ensure_path(f"{self.root}/streams")
         except MetadataPermissionError as exc:
@@ -103,7 +115,7 @@ class Namespace:
         return unseal_password(config.password, self.security.seal_key(self.name)).encode()
 
     async def close(self) -> None:
-        if self.client is not None:
+        if self.client is not None and self._owns_client:
             await self.client.close()
         if self.zk is not None:
             await self.zk.close()
@@ -133,7 +145,7 @@ class Namespace:
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
                               schema=schema_to_text(schema) if schema is not None else "",
                               password=seal_new_password(self.security.seal_key(self.name))[0],
-                              created_ms=wall_ms(), **options)
+                              created_ms=self.clock.wall_ms(), **options)
         try:
             await self.store.create_stream(config)
         except StreamExistsError:
@@ -143,6 +155,8 @@ class Namespace:
         return config
 
     async def _check_stream_quota(self, name: str) -> None:
+        if self.zk is None:  # stores other than ZooKeeper's hold no quotas
+            return
         found = await self.zk.get_or_none(layout.quota_path(self.bookkeeper_root, self.name))  # type: ignore[union-attr]
         if found is None:
             return
@@ -237,7 +251,7 @@ class Namespace:
 
         return _Opening(open_it)
 
-    async def open_segment_ledger(self, config: StreamConfig, segment: Segment) -> ReadHandle:
+    async def open_segment_ledger(self, config: StreamConfig, segment: Segment) -> Any:
         """A read handle of a segment's ledger (cached and shared: reads of it may run at once).
         For an in-progress segment its LAC is refreshed; for a completed one it may read up to the
         segment's last entry, which the committed segment list vouches for even before the ledger's
@@ -263,121 +277,99 @@ class Namespace:
 
     async def truncate(self, name: str, before: Offset | str) -> list[Segment]:
         """Remove every record strictly below `before` (L5): whole segments below it are marked
-        truncated then deleted; a segment it falls inside records the new minimum active offset."""
+        truncated then deleted; a segment it falls inside records the new minimum active offset
+        (its writer, if live, keeps writing: its later updates keep that point)."""
         offset = Offset.parse(before) if isinstance(before, str) else before
-        for _ in range(CHANGE_RETRIES_MAX):
+
+        async def attempt() -> list[Segment]:
             listing = await self.store.segments(name)
             target = listing.by_ledger(offset.ledger_id)
-            if target is None or target.is_truncated:
-                raise OffsetOutOfRangeError(f"cannot truncate stream {name!r} before {offset}: no live "
-                                            f"segment has ledger {offset.ledger_id}")
-            await self._check_within(name, target, offset)
-            below = [s for s in listing.segments if s.sequence < target.sequence and not s.is_truncated]
-            marked = [_truncated(s) for s in below]
-            straddled = target
-            if (offset.entry_id, offset.slot) > (target.min_active_entry, target.min_active_slot):
-                straddled = Segment(**{**_fields(target), "min_active_entry": offset.entry_id,
-                                       "min_active_slot": offset.slot})
-            try:
-                await self.store.commit(name, listing, update=[*marked, *([straddled] if straddled != target else [])])
-            except MetadataVersionError:
-                continue  # the writer rolled meanwhile; look again
-            await self._remove_truncated(name, marked)
+            end = -1
+            if target is not None and not target.is_truncated:
+                end = target.last_entry
+                if target.is_in_progress:
+                    end = (await self.open_segment_ledger(await self.store.config(name), target)).last_add_confirmed
+            change, marked = changes.truncation_change(listing, offset, end, name)
+            if change.empty:
+                return []
+            await self._commit_planned(name, listing, change)
             return marked
-        raise DlogError(f"stream {name!r} kept changing; truncation gave up after {CHANGE_RETRIES_MAX} tries")
 
-    async def _check_within(self, name: str, segment: Segment, offset: Offset) -> None:
-        end = segment.last_entry
-        if segment.is_in_progress:
-            end = (await self.open_segment_ledger(await self.store.config(name), segment)).last_add_confirmed
-        if offset.entry_id > end + 1 or (offset.entry_id == end + 1 and offset.slot > 0):
-            raise OffsetOutOfRangeError(f"cannot truncate stream {name!r} before {offset}: that is past "
-                                        f"its end (ledger {segment.ledger_id} ends at entry {end})")
+        marked = await self._replanned(name, "truncation", attempt)
+        await self._remove_truncated(name, marked)
+        return marked
+
+    async def _commit_planned(self, name: str, listing: SegmentList, change: SegmentChange) -> SegmentList:
+        """Commit a change planned from `listing`; a lost compare-and-set means plan again."""
+        try:
+            return await self.store.commit(name, listing, change)
+        except MetadataVersionError as exc:
+            raise MetadataContentionError(f"the segment list of stream {name!r} changed meanwhile") from exc
+
+    async def _replanned(self, name: str, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await retry(attempt, CHANGE_RETRY, what=f"{what} of stream {name!r}", quiet=True,
+                               clock=self.clock)
+        except MetadataContentionError as exc:
+            raise StreamBusyError(f"stream {name!r} kept changing; {what} gave up after "
+                                  f"{CHANGE_RETRY.attempts_max} tries") from exc
 
     async def _remove_truncated(self, name: str, segments: list[Segment]) -> None:
         """Second phase: delete the ledgers of segments just marked truncated. Their nodes stay as
         tombstones (so an offset in them reads as truncated, not unknown); only the oldest beyond
-        TOMBSTONES_MAX are removed."""
+        changes.TOMBSTONES_MAX are removed."""
         for segment in segments:
             await self.delete_ledger_quietly(segment.ledger_id)
-        for _ in range(CHANGE_RETRIES_MAX):
+
+        async def trim() -> None:
             listing = await self.store.segments(name)
-            tombstones = [s for s in listing.segments if s.is_truncated]
-            excess = tombstones[: max(0, len(tombstones) - TOMBSTONES_MAX)]
-            if not excess:
-                return
-            try:
-                await self.store.commit(name, listing, delete=excess)
-                return
-            except MetadataVersionError:
-                continue
+            change = changes.tombstone_trim(listing)
+            if change is not None:
+                await self._commit_planned(name, listing, change)
+
+        await self._replanned(name, "tombstone trimming", trim)
 
     async def set_retention(self, name: str, *, age_ms: int | None = None, size_bytes: int | None = None,
                             keep_unconsumed: bool | None = None) -> StreamConfig:
         config = await self.store.config(name)
-        changes: dict[str, Any] = {}
+        changes_: dict[str, Any] = {}
         if age_ms is not None:
-            changes["retention_age_ms"] = age_ms
+            changes_["retention_age_ms"] = age_ms
         if size_bytes is not None:
-            changes["retention_bytes"] = size_bytes
+            changes_["retention_bytes"] = size_bytes
         if keep_unconsumed is not None:
-            changes["retention_keeps_unconsumed"] = keep_unconsumed
-        updated = StreamConfig(**{**_fields(config), **changes})
+            changes_["retention_keeps_unconsumed"] = keep_unconsumed
+        updated = StreamConfig(**{**_fields(config), **changes_})
         await self.store.update_config(updated)
         return updated
 
     async def retention_plan(self, name: str, now_ms: int | None = None) -> list[Segment]:
-        """Completed segments the policy removes: older than the age limit, or oldest first while
-        the stream is over its size limit; never the in-progress segment, never the last
-        completed one, never at or past what a subscriber has not consumed (when so configured)."""
+        """Completed segments the policy removes now (see `dlog.core.changes.retention_plan`)."""
+        plan, _ = await self._retention_plan(name, now_ms)
+        return plan
+
+    async def _retention_plan(self, name: str, now_ms: int | None) -> tuple[list[Segment], SegmentList]:
         config = await self.store.config(name)
         listing = await self.store.segments(name)
-        now_ms = wall_ms() if now_ms is None else now_ms
-        completed = [s for s in listing.segments if s.state is SegmentState.COMPLETED]
-        candidates = completed[:-1] if listing.in_progress is None else completed
-        if config.retention_keeps_unconsumed:
-            floor = await self._subscriber_floor(name, listing)
-            candidates = [s for s in candidates if floor is None or s.sequence < floor]
-        plan = []
-        if config.retention_age_ms:
-            plan = [s for s in candidates if s.last_timestamp_ms < now_ms - config.retention_age_ms]
-        if config.retention_bytes:
-            total = sum(s.bytes for s in listing.live)
-            total -= sum(s.bytes for s in plan)
-            for segment in candidates:
-                if total <= config.retention_bytes:
-                    break
-                if segment not in plan:
-                    plan.append(segment)
-                    total -= segment.bytes
-        return sorted(plan, key=lambda s: s.sequence)
-
-    async def _subscriber_floor(self, name: str, listing: SegmentList) -> int | None:
-        """The lowest segment sequence some subscriber still has to read."""
-        floors = []
-        for offset_json in (await self.store.subscriptions(name)).values():
-            segment = listing.by_ledger(int(offset_json["ledger"]))
-            if segment is not None:
-                floors.append(segment.sequence)
-        return min(floors) if floors else None
+        subscriptions = await self.store.subscriptions(name) if config.retention_keeps_unconsumed else {}
+        now_ms = self.clock.wall_ms() if now_ms is None else now_ms
+        return changes.retention_plan(listing, config, subscriptions, now_ms), listing
 
     async def apply_retention(self, name: str, *, dry_run: bool = False,
                               now_ms: int | None = None) -> list[Segment]:
-        for _ in range(CHANGE_RETRIES_MAX):
-            plan = await self.retention_plan(name, now_ms)
+        """Remove what the retention policy says (L5); safe beside a live writer (L7)."""
+
+        async def attempt() -> list[Segment]:
+            plan, listing = await self._retention_plan(name, now_ms)
             if dry_run or not plan:
                 return plan
-            listing = await self.store.segments(name)
-            current = {s.sequence: s for s in listing.segments}
-            if any(current.get(s.sequence) != s for s in plan):
-                continue
-            try:
-                await self.store.commit(name, listing, update=[_truncated(s) for s in plan])
-            except MetadataVersionError:
-                continue
-            await self._remove_truncated(name, plan)
+            await self._commit_planned(name, listing, changes.retention_change(plan))
             return plan
-        raise DlogError(f"stream {name!r} kept changing; retention gave up after {CHANGE_RETRIES_MAX} tries")
+
+        plan = await self._replanned(name, "retention", attempt)
+        if plan and not dry_run:
+            await self._remove_truncated(name, plan)
+        return plan
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -430,6 +422,3 @@ class _Opening(Generic[T]):
 def _fields(item: Any) -> dict[str, Any]:
     return {name: getattr(item, name) for name in item.__dataclass_fields__}
 
-
-def _truncated(segment: Segment) -> Segment:
-    return Segment(**{**_fields(segment), "state": SegmentState.TRUNCATED})

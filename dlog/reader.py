@@ -1,11 +1,15 @@
-"""The stream reader: catch-up reads of completed segments, tailing of the in-progress one.
+"""The stream reader: an asyncio driver of the reader machine (`dlog.core.reader`).
 
-Theory of operation. A producer task walks the segment list from the start position and puts
-decoded entries (Arrow record batches with their ledger and entry ids) into a bounded queue: the
-read-ahead. Completed segments are read in ranges up to their last entry. The in-progress segment
-is tailed with the bookie long poll; a ZooKeeper watch on the segment list interrupts the wait, so
-a roll (the segment completed, a new one appeared) is followed at once rather than after a poll
-timeout. The consumer takes records one by one (`async for`) or as whole batches (`read_batch`).
+    async with ns.open_reader("orders", "earliest") as reader:
+        async for record in reader: ...                      # one record at a time
+        batch = await reader.read_batch(10_000, timeout_ms=500)  # or Arrow batches
+        entry = await reader.next_entry(timeout_s=1.0)       # or entry by entry
+
+The rules (where to start, how far to read ahead, when to long-poll, how to follow a roll, what
+truncation means for a reader) are the machine's. This module carries out its effects: segment
+lists from the store, ledger handles from the namespace's cache, range reads and long polls as
+tasks whose answers go back to the machine, and the list watch as notifications. It decodes
+entries for the machine (the record-set codec) and hands the consumer what the machine queued.
 
 Positions below a truncation point raise TruncatedError unless the reader was opened with
 `skip_truncated=True`, in which case it moves to the earliest available record (L5).
@@ -15,34 +19,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
+from dlog.core.effects import (
+    CancelWait,
+    OpenSegment,
+    ReaderOpened,
+    ReadEntries,
+    ReadSegments,
+    SetTimer,
+    WaitForEntry,
+    WakeReaders,
+)
+from dlog.core.errors import OffsetOutOfRangeError, TruncatedError
+from dlog.core.reader import END, ReaderMachine, ReaderSettings, Start
 from dlog.offsets import Offset
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment, StreamConfig
-from dlog.segments.store import SegmentList
 
 if TYPE_CHECKING:
     from dlog.namespace import Namespace
 
+__all__ = ["EntryBatch", "OffsetOutOfRangeError", "Record", "StreamReader", "TruncatedError"]
+
 log = logging.getLogger(__name__)
-READ_BATCH_ENTRIES = 64
 READ_AHEAD_BYTES = 64 * 2**20  # decoded Arrow bytes a reader holds ahead of its consumer
-
-
-class TruncatedError(DlogError):
-    """The position asked for was removed by truncation or retention."""
-
-    code = 330
-
-
-class OffsetOutOfRangeError(DlogError):
-    code = 331
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +70,6 @@ class EntryBatch:
     batch: pa.RecordBatch
 
 
-@dataclass(frozen=True, slots=True)
-class _Position:
-    sequence: int  # segment sequence
-    entry_id: int
-    slot: int
-
-
-_END = object()
-
-
 class StreamReader:
     def __init__(self, namespace: Namespace, config: StreamConfig, start: str | Offset | int = "earliest",
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
@@ -86,52 +82,62 @@ class StreamReader:
         self.namespace = namespace
         self.config = config
         self.name = config.name
+        self.clock = namespace.clock
         # headers=True: record headers too (untyped streams): every batch gets the `headers` column
         self.codec = RecordSetCodec(namespace.schema_of(config), headers=headers)
-        self.start = start
-        self.skip_truncated = skip_truncated
-        self.poll_timeout_ms = poll_timeout_ms
-        self.follow = follow
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(read_ahead_entries)
-        # read-ahead is bounded in entries and in decoded bytes (an entry may hold 10 MiB of Arrow
-        # data); one entry is always let through, however large, so a reader never stalls on it
-        self.read_ahead_bytes = read_ahead_bytes
-        self._queued_bytes = 0
-        self._dequeued = asyncio.Event()
-        self._producer: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
-        self._unwatch: Any = None
+        self.start = _parse_start(start)
+        self.machine = ReaderMachine(
+            ReaderSettings(config.name, follow=follow, skip_truncated=skip_truncated,
+                           read_ahead_entries=read_ahead_entries, read_ahead_bytes=read_ahead_bytes,
+                           poll_timeout_ms=poll_timeout_ms), self._decode)
+        self.loop = asyncio.get_running_loop()
+        self._skip_before_ms: int | None = start if isinstance(self.start, int) else None
+        self._queued = asyncio.Event()
+        self._opened: asyncio.Future[None] = self.loop.create_future()
+        self._handles: dict[int, Any] = {}
+        self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: replays are deterministic
+        self._wait_cut: asyncio.Future[None] | None = None  # set: the long poll in flight ends now
+        self._timer: asyncio.TimerHandle | None = None
+        self._unwatch: Callable[[], None] | None = None
+        self._closed = False
         self._current: EntryBatch | None = None
         self._current_rows: dict[str, list[Any]] | None = None
         self._current_index = 0
-        self._skip_before_ms: int | None = None
         self.position: Offset | None = None  # of the next record to hand out
         self._done = False
+
+    def now_ms(self) -> int:
+        return self.clock.wall_ms()
+
+    @property
+    def tasks_running(self) -> int:
+        """Effect tasks (list reads, range reads, long polls) not finished yet."""
+        return sum(1 for task in self._tasks if not task.done())
 
     # ------------------------------------------------------------------ open and close
 
     async def open(self) -> StreamReader:
-        store = self.namespace.store
-        self._unwatch = store.watch_segments(self.name, self._changed.set)
-        listing = await store.segments(self.name)
-        position = await self._resolve_start(listing)
-        self._producer = asyncio.get_running_loop().create_task(self._produce(position))
+        self._unwatch = self.namespace.store.watch_segments(self.name, self._on_change)
+        self.run(self.machine.start(self.start, self.now_ms()))
+        try:
+            await self._opened
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def close(self) -> None:
-        producer = self._producer
-        # Python 3.11's wait_for can swallow a cancel that lands just as its wait ends, so cancel
-        # again until the producer has really stopped (bounded: it stops within a few tries)
-        for _ in range(100):
-            if producer is None or producer.done():
-                break
-            producer.cancel()
-            await asyncio.wait({producer}, timeout=0.1)
-        if producer is not None and producer.done() and not producer.cancelled():
-            producer.exception()  # retrieved: an error it ended with was already queued
+        self._closed = True
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
+        if self._timer is not None:
+            self._timer.cancel()
+        tasks = [task for task in self._tasks if not task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
 
     async def __aenter__(self) -> StreamReader:
         return self
@@ -139,205 +145,143 @@ class StreamReader:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    # ------------------------------------------------------------------ start positions
+    # ------------------------------------------------------------------ effects
 
-    async def _resolve_start(self, listing: SegmentList) -> _Position:
-        start = self.start
-        if isinstance(start, str) and start not in ("earliest", "latest"):
-            start = Offset.parse(start)
-        if start == "earliest":
-            return self._earliest(listing)
-        if start == "latest":
-            return await self._latest(listing)
-        if isinstance(start, int) and not isinstance(start, bool):  # a timestamp in ms
-            self._skip_before_ms = start
-            return self._by_timestamp(listing, start)
-        if isinstance(start, Offset):
-            return await self._at_offset(listing, start)
-        raise ConfigError(f"bad start {start!r}: use 'earliest', 'latest', an offset 'L:E[:S]' or a "
-                          "timestamp in ms")
-
-    def _earliest(self, listing: SegmentList) -> _Position:
-        live = listing.live
-        if not live:
-            return _Position(listing.max_sequence + 1, 0, 0)
-        first = live[0]
-        return _Position(first.sequence, max(first.first_entry, first.min_active_entry),
-                         first.min_active_slot)
-
-    async def _latest(self, listing: SegmentList) -> _Position:
-        segment = listing.in_progress
-        if segment is None:
-            return _Position(listing.max_sequence + 1, 0, 0)
-        handle = await self.namespace.open_segment_ledger(self.config, segment)
-        return _Position(segment.sequence, handle.last_add_confirmed + 1, 0)
-
-    def _by_timestamp(self, listing: SegmentList, timestamp_ms: int) -> _Position:
-        for segment in listing.live:
-            if segment.is_in_progress or segment.last_timestamp_ms >= timestamp_ms:
-                return _Position(segment.sequence, max(segment.first_entry, segment.min_active_entry),
-                                 segment.min_active_slot)
-        return _Position(listing.max_sequence + 1, 0, 0)
-
-    async def _at_offset(self, listing: SegmentList, offset: Offset) -> _Position:
-        segment = listing.by_ledger(offset.ledger_id)
-        if segment is None:
-            live = ", ".join(str(s.ledger_id) for s in listing.live) or "none"
-            raise OffsetOutOfRangeError(f"offset {offset} is not in stream {self.name!r}: no segment "
-                                        f"has ledger {offset.ledger_id} (its ledgers: {live})")
-        position = _Position(segment.sequence, offset.entry_id, offset.slot)
-        if self._below_truncation(segment, position):
-            if not self.skip_truncated:
-                raise TruncatedError(f"offset {offset} of stream {self.name!r} was truncated; open "
-                                     "with skip_truncated=True to start at the earliest record")
-            return self._earliest(listing)
-        limit = segment.last_entry + 1
-        if segment.is_in_progress:
-            limit = (await self.namespace.open_segment_ledger(self.config, segment)).last_add_confirmed + 1
-        if offset.entry_id > limit:
-            raise OffsetOutOfRangeError(f"offset {offset} of stream {self.name!r} is in the future: "
-                                        f"ledger {offset.ledger_id} ends before entry {limit}")
-        return position
-
-    @staticmethod
-    def _below_truncation(segment: Segment, position: _Position) -> bool:
-        return segment.is_truncated or (position.entry_id, position.slot) < (
-            segment.min_active_entry, segment.min_active_slot)
-
-    # ------------------------------------------------------------------ producer
-
-    async def _produce(self, position: _Position) -> None:
-        try:
-            while True:
-                listing = await self.namespace.store.segments(self.name)
-                segment = next((s for s in listing.segments if s.sequence >= position.sequence), None)
-                if segment is None:
-                    if not self.follow:
-                        break
-                    await self._wait_change()
-                    continue
-                if segment.sequence > position.sequence or self._below_truncation(segment, position):
-                    position = self._moved_to(segment, position)
-                if segment.is_truncated:
-                    position = _Position(segment.sequence + 1, 0, 0)
-                    continue
-                try:
-                    position = await self._read_segment(segment, position)
-                except NoSuchLedgerError:
-                    position = await self._ledger_gone(segment, position)
-                    continue
-                if position is None:
-                    break
-            await self._queue.put(_END)
-        except DlogError as exc:
-            await self._queue.put(exc)
-        except asyncio.CancelledError:
-            raise
-
-    def _moved_to(self, segment: Segment, position: _Position) -> _Position:
-        """The position's segment is gone or partly truncated: move on, or refuse (L5)."""
-        moved = _Position(segment.sequence, max(segment.first_entry, segment.min_active_entry),
-                          segment.min_active_slot)
-        if position.sequence < segment.sequence and position.entry_id == 0 and position.slot == 0:
-            return moved  # plainly the start of a later segment, nothing skipped
-        if self._below_truncation(segment, position) or position.sequence < segment.sequence:
-            if not self.skip_truncated:
-                raise TruncatedError(
-                    f"stream {self.name!r}: position {position.sequence}:{position.entry_id}:"
-                    f"{position.slot} was truncated while reading; reopen with skip_truncated=True "
-                    "to continue from the earliest record")
-            log.warning("stream %s: skipped truncated records up to segment %d entry %d", self.name,
-                        moved.sequence, moved.entry_id)
-        return moved
-
-    async def _ledger_gone(self, segment: Segment, position: _Position) -> _Position:
-        """The segment's ledger was deleted. A truncation that raced this read has already marked it
-        in the list (the next turn handles that); otherwise its records were removed without a
-        truncation, which is data loss (L5): refuse, or skip the segment when asked to."""
-        self.namespace.forget_segment_ledger(segment.ledger_id)
-        listing = await self.namespace.store.segments(self.name)
-        listed = listing.by_ledger(segment.ledger_id)
-        if listed is None or listed.is_truncated or self._below_truncation(listed, position):
-            return position
-        if not self.skip_truncated:
-            raise TruncatedError(
-                f"stream {self.name!r}: the ledger {segment.ledger_id} of segment {segment.sequence} was "
-                f"deleted, so its records from entry {position.entry_id} on are gone; reopen with "
-                "skip_truncated=True to skip them, or truncate the stream past the segment")
-        log.warning("stream %s: skipped segment %d, whose ledger %d was deleted", self.name,
-                    segment.sequence, segment.ledger_id)
-        return _Position(segment.sequence + 1, 0, 0)
-
-    async def _read_segment(self, segment: Segment, position: _Position) -> _Position | None:
-        handle = await self.namespace.open_segment_ledger(self.config, segment)
-        next_entry = position.entry_id
-        first_slot = position.slot
-        while True:
-            if segment.is_in_progress:
-                limit = handle.last_add_confirmed
+    def run(self, effects: Sequence[Any]) -> None:
+        for effect in effects:
+            if isinstance(effect, WakeReaders):
+                self._queued.set()
+            elif isinstance(effect, ReadSegments):
+                self._spawn(self._read_segments())
+            elif isinstance(effect, OpenSegment):
+                self._spawn(self._open_segment(effect.segment))
+            elif isinstance(effect, ReadEntries):
+                self._spawn(self._read_entries(effect))
+            elif isinstance(effect, WaitForEntry):
+                self._wait_cut = self.loop.create_future()
+                self._spawn(self._wait_for_entry(effect, self._wait_cut))
+            elif isinstance(effect, CancelWait):
+                if self._wait_cut is not None and not self._wait_cut.done():
+                    self._wait_cut.set_result(None)
+            elif isinstance(effect, SetTimer):
+                self._set_timer(effect.at_ms)
+            elif isinstance(effect, ReaderOpened):
+                if not self._opened.done():
+                    if effect.error is not None:
+                        self._opened.set_exception(effect.error)
+                    else:
+                        self._opened.set_result(None)
             else:
-                limit = segment.last_entry
-                handle.advance_lac(limit)  # the list changed since the handle was opened
-            if next_entry <= limit:
-                last = min(limit, next_entry + READ_BATCH_ENTRIES - 1)
-                for entry in await handle.read(next_entry, last):
-                    await self._emit(segment, entry.entry_id, entry.payload, first_slot)
-                    first_slot = 0
-                next_entry = last + 1
-                continue
-            if not segment.is_in_progress:
-                return _Position(segment.sequence + 1, 0, 0)
-            if not self.follow:
-                return None
-            refreshed, emitted = await self._wait_for_entry(segment, handle, next_entry)
-            if emitted:
-                next_entry += 1
-                first_slot = 0
-            if refreshed is not None:
-                segment = refreshed
+                raise TypeError(f"the reader machine asked for {effect!r}, which this driver cannot do")
 
-    async def _wait_for_entry(self, segment: Segment, handle: Any,
-                              entry_id: int) -> tuple[Segment | None, bool]:
-        """Long-poll for the next entry; a change of the segment list interrupts the wait.
-        Returns the segment as now listed (if the list changed) and whether the entry was emitted."""
-        self._changed.clear()
-        poll = asyncio.ensure_future(handle.wait_for_entry(entry_id, self.poll_timeout_ms))
-        change = asyncio.ensure_future(self._changed.wait())
+    def _feed(self, event: Callable[..., Sequence[Any]], *args: Any) -> None:
+        if not self._closed:
+            self.run(event(*args, self.now_ms()))
+
+    def _spawn(self, coroutine: Awaitable[None]) -> asyncio.Task[None]:
+        task = self.loop.create_task(self._guarded(coroutine))
+        self._tasks[task] = None
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
+        return task
+
+    async def _guarded(self, coroutine: Awaitable[None]) -> None:
         try:
-            done, _ = await asyncio.wait({poll, change}, return_when=asyncio.FIRST_COMPLETED)
+            await coroutine
+        except DlogError as exc:
+            self._feed(self.machine.on_read_failed, exc)
         except asyncio.CancelledError:
-            poll.cancel()  # the reader is closing: nothing may outlive it
-            change.cancel()
             raise
-        if poll in done:
-            change.cancel()
-            entry = poll.result()
-            if entry is None:
-                return None, False
-            await self._emit(segment, entry.entry_id, entry.payload, 0)
-            return None, True
-        poll.cancel()
-        await asyncio.gather(poll, return_exceptions=True)
-        listing = await self.namespace.store.segments(self.name)
-        return listing.by_ledger(segment.ledger_id), False
+        except BaseException as exc:  # a bug: the consumer gets it, nothing is swallowed
+            log.exception("stream %s: the reader driver failed", self.name)
+            self._crash(exc)
 
-    async def _wait_change(self) -> None:
-        self._changed.clear()
+    def _on_change(self) -> None:
+        if not self._closed:
+            self._feed(self.machine.on_segments_changed)
+
+    async def _read_segments(self) -> None:
+        self._feed(self.machine.on_segments, await self.namespace.store.segments(self.name))
+
+    async def _handle(self, segment: Segment) -> Any:
         try:
-            await asyncio.wait_for(self._changed.wait(), self.poll_timeout_ms / 1000 * 5)
-        except asyncio.TimeoutError:
-            pass
+            handle = await self.namespace.open_segment_ledger(self.config, segment)
+        except NoSuchLedgerError:
+            self.namespace.forget_segment_ledger(segment.ledger_id)
+            self._handles.pop(segment.ledger_id, None)
+            self._feed(self.machine.on_ledger_missing, segment.ledger_id)
+            return None
+        self._handles = {segment.ledger_id: handle}
+        return handle
 
-    async def _emit(self, segment: Segment, entry_id: int, payload: bytes, first_slot: int) -> None:
-        first_slot = segment.first_readable_slot(entry_id, first_slot)
+    async def _open_segment(self, segment: Segment) -> None:
+        handle = await self._handle(segment)
+        if handle is not None:
+            self._feed(self.machine.on_segment_opened, segment.ledger_id, handle.last_add_confirmed)
+
+    async def _read_entries(self, effect: ReadEntries) -> None:
+        segment = effect.segment
+        handle = self._handles.get(segment.ledger_id)
+        if handle is None:
+            handle = await self._handle(segment)
+            if handle is None:
+                return
+        if not segment.is_in_progress:
+            handle.advance_lac(segment.last_entry)  # the list vouches for it before the close lands
+        try:
+            entries = await handle.read(effect.first_entry, effect.last_entry)
+        except NoSuchLedgerError:
+            self.namespace.forget_segment_ledger(segment.ledger_id)
+            self._handles.pop(segment.ledger_id, None)
+            self._feed(self.machine.on_ledger_missing, segment.ledger_id)
+            return
+        self._feed(self.machine.on_entries, segment.ledger_id, [(e.entry_id, e.payload) for e in entries])
+
+    async def _wait_for_entry(self, effect: WaitForEntry, cut: asyncio.Future[None]) -> None:
+        """The long poll, which CancelWait ends early: through a future it races, not by cancelling
+        this task (a task cancelled before it first ran would never answer the machine)."""
+        segment = effect.segment
+        handle = self._handles.get(segment.ledger_id)
+        entry = None
+        if handle is not None:
+            poll = asyncio.ensure_future(handle.wait_for_entry(effect.entry_id, effect.timeout_ms))
+            try:
+                await asyncio.wait({poll, cut}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not poll.done():
+                    poll.cancel()
+                    await asyncio.gather(poll, return_exceptions=True)
+            if poll.done() and not poll.cancelled():
+                error = poll.exception()
+                if error is not None and not isinstance(error, NoSuchLedgerError):
+                    raise error  # the list read that follows a missing ledger says why
+                found = poll.result() if error is None else None
+                entry = (found.entry_id, found.payload) if found is not None else None
+        if self._closed:
+            return
+        lac = handle.last_add_confirmed if handle is not None else -1
+        closed = handle.is_closed if handle is not None else True
+        self._feed(self.machine.on_waited, segment.ledger_id, entry, lac, closed)
+
+    def _set_timer(self, at_ms: int | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if at_ms is not None:
+            self._timer = self.loop.call_later(max(0.0, (at_ms - self.now_ms()) / 1000), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._feed(self.machine.on_time)
+
+    def _crash(self, exc: BaseException) -> None:
+        self.machine.end(exc)
+        if not self._opened.done():
+            self._opened.set_exception(exc)
+        self._queued.set()
+
+    def _decode(self, ledger_id: int, entry_id: int, first_slot: int, payload: bytes) -> tuple[Any, int, int]:
         batch = self.codec.records_from(payload, first_slot)
-        if batch.num_rows:
-            size = batch.nbytes
-            while self._queued_bytes and self._queued_bytes + size > self.read_ahead_bytes:
-                self._dequeued.clear()
-                await self._dequeued.wait()
-            self._queued_bytes += size
-            await self._queue.put(EntryBatch(segment.ledger_id, entry_id, first_slot, batch))
+        return EntryBatch(ledger_id, entry_id, first_slot, batch), batch.nbytes, batch.num_rows
 
     # ------------------------------------------------------------------ consumer
 
@@ -345,23 +289,27 @@ class StreamReader:
         """The next entry's records (None at the end, or when `timeout_s` passes first)."""
         if self._done:
             return None
-        try:
-            if timeout_s is None:
-                item = await self._queue.get()
-            elif timeout_s <= 0:
-                item = self._queue.get_nowait()
-            else:
-                item = await asyncio.wait_for(self._queue.get(), timeout_s)
-        except (asyncio.TimeoutError, asyncio.QueueEmpty):
-            return None
-        if item is _END:
+        deadline = None if timeout_s is None else self.loop.time() + timeout_s
+        while True:
+            item, effects = self.machine.take()
+            if effects:
+                self.run(effects)
+            if item is not None:
+                break
+            remaining_s = None if deadline is None else deadline - self.loop.time()
+            if remaining_s is not None and remaining_s <= 0:
+                return None
+            self._queued.clear()
+            try:
+                await asyncio.wait_for(self._queued.wait(), remaining_s)
+            except asyncio.TimeoutError:
+                return None
+        if item == END:
             self._done = True
             return None
         if isinstance(item, BaseException):
             self._done = True
             raise item
-        self._queued_bytes -= item.batch.nbytes
-        self._dequeued.set()
         return self._skip_early(item)
 
     def _skip_early(self, item: EntryBatch) -> EntryBatch | None:
@@ -407,7 +355,7 @@ class StreamReader:
         none: an empty batch), or None once a non-following reader reached the end."""
         pieces: list[pa.RecordBatch] = []
         count = 0
-        deadline = time.monotonic() + timeout_ms / 1000
+        deadline = self.loop.time() + timeout_ms / 1000
         current = self._current
         if current is not None and self._current_index < current.batch.num_rows:
             rest = current.batch.slice(self._current_index, max_records)
@@ -415,7 +363,7 @@ class StreamReader:
             count += rest.num_rows
             self._current_index += rest.num_rows
         while count < max_records:
-            remaining_s = deadline - time.monotonic()
+            remaining_s = deadline - self.loop.time()
             if remaining_s <= 0 and pieces:
                 break
             entry = await self.next_entry(max(remaining_s, 0.0))
@@ -434,6 +382,18 @@ class StreamReader:
         if self._done:
             return None
         return pa.RecordBatch.from_pylist([], schema=self.codec.schema)
+
+
+def _parse_start(start: str | Offset | int) -> Start | Offset | int:
+    if isinstance(start, str):
+        if start in ("earliest", "latest"):
+            return Start(start)
+        return Offset.parse(start)
+    if isinstance(start, Offset):
+        return start
+    if isinstance(start, int) and not isinstance(start, bool):  # a timestamp in ms
+        return start
+    raise ConfigError(f"bad start {start!r}: use 'earliest', 'latest', an offset 'L:E[:S]' or a timestamp in ms")
 
 
 def _to_ms(value: Any) -> int:

@@ -1,75 +1,72 @@
-"""The stream writer: one per stream at a time, records batched into entries of one segment.
+"""The stream writer: an asyncio driver of the writer machine (`dlog.core.writer`).
 
-Theory of operation. Opening takes the stream's writer lock (which only avoids needless fights),
-recovers the previous in-progress segment — opening its ledger with recovery fences its writer,
-whatever the lock says — and completes it, or removes it when empty (L1, L4). Then it creates a
-ledger and commits it as the new in-progress segment; only then are writes accepted.
+    async with ns.open_writer("orders") as writer:
+        offset = await writer.write(b"value", key=b"k")          # one record, once durable
+        future = writer.write_nowait(b"value")                  # pipelined; bound memory with
+        await writer.wait_writable()                            #   wait_writable()
+        written = await writer.write_batch(arrow_batch)         # a whole Arrow batch
 
-Records are buffered and become one entry (an Arrow record batch, zstd-compressed) when the
-buffer passes `flush_bytes` or `flush_records`, or `linger_ms` after the first buffered record.
-A record's offset is returned once its entry is durable on an ack quorum. Rolling (by size, age or
-record count) creates the next ledger, commits both segment changes in one compare-and-set, and
-closes the old ledger afterwards (L2); entries are never split across the roll.
-
-Every segment-list change is a compare-and-set on the list version. A lost compare-and-set or a
-fenced ledger means another writer took over: every pending record fails with WriterFencedError
-(outcome unknown) and this writer accepts nothing more.
+The rules (locking, sealing the previous writer's segment, batching records into entries,
+rolling, closing, coexisting with truncation and retention) are the machine's; this module only
+carries out its effects, as `bookkeeper.client.ledger.LedgerHandle` does for the ledger writer:
+segment-store calls and ledger creation, appends, closes and deletes as tasks whose outcome goes
+back to the machine, and record futures resolved as the machine says. It encodes entries for the
+machine (the record-set codec) and keeps the futures of what was written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from time import time as _time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import pyarrow as pa
 
-from bookkeeper.clock import wall_ms
-from bookkeeper.errors import (
-    ConfigError,
-    DlogError,
-    LedgerFencedError,
-    MetadataVersionError,
-    NoSuchLedgerError,
+from bookkeeper.errors import ConfigError, DlogError, MetadataVersionError
+from dlog.core.effects import (
+    AppendEntry,
+    ApplyRetention,
+    CloseLedger,
+    CommitSegments,
+    CompleteChunks,
+    CreateLedger,
+    DeleteLedger,
+    FailChunks,
+    LockStream,
+    ReadSegments,
+    ReleaseLock,
+    SealSegment,
+    SetTimer,
+    WakeWriters,
+    WriterClosed,
+    WriterOpened,
 )
+from dlog.core.errors import WriterClosedError, WriterFencedError, WriterLockedError
+from dlog.core.writer import RECORD_OVERHEAD_BYTES, Encoded, WriterMachine, WriterSettings
 from dlog.offsets import Offset
+from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
     Headers,
     RecordSetCodec,
     check_batch,
+    fill_missing_columns,
     records_to_batch,
     schema_with_headers,
     split_batch,
 )
 from dlog.segments.metadata import Segment, StreamConfig
-from dlog.segments.store import SegmentList
 
 if TYPE_CHECKING:
-    from bookkeeper.client.ledger import LedgerHandle
     from dlog.namespace import Namespace
 
+__all__ = ["StreamWriter", "WriterClosedError", "WriterFencedError", "WriterLockedError", "WrittenBatch"]
+
 log = logging.getLogger(__name__)
-COMMIT_RETRIES_MAX = 5
-RECORD_OVERHEAD_BYTES = 16  # what a buffered record costs beyond its key and value
-
-
-class WriterFencedError(DlogError):
-    """Another writer took the stream over; pending records have an unknown outcome."""
-
-    code = 320
-
-
-class WriterLockedError(DlogError):
-    code = 321
-    retryable = True
-
-
-class WriterClosedError(DlogError):
-    code = 322
+ENTRY_BYTES_MAX = 4 << 20  # the bookie's entry maximum
+ROW_COLUMNS = ("value", "key", "timestamp", "headers")  # what a buffered record holds, in this order
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,146 +95,138 @@ class WrittenBatch:
         return Offset(self.ledger_id, entry_id, count - 1)
 
 
+class _BatchWaiter:
+    """Collects where the pieces of one write_batch went."""
+
+    __slots__ = ("future", "entries", "left", "ledger_id")
+
+    def __init__(self, future: asyncio.Future[WrittenBatch], pieces: int) -> None:
+        self.future, self.entries, self.left, self.ledger_id = future, [], pieces, -1
+
+    def piece_done(self, ledger_id: int, entry_id: int, records: int) -> None:
+        self.ledger_id = ledger_id
+        self.entries.append((entry_id, records))
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(WrittenBatch(ledger_id, tuple(self.entries)))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
 class StreamWriter:
     def __init__(self, namespace: Namespace, config: StreamConfig, *, flush_bytes: int = 1 << 20,
-                 flush_records: int = 20_000, linger_ms: float = 2.0, buffer_bytes_max: int = 64 << 20,
-                 entry_bytes_max: int = 3 << 20, lock_timeout_s: float = 30.0, takeover: bool = False,
-                 retention_on_roll: bool = False) -> None:
-        if entry_bytes_max > 4 << 20:
+                 flush_records: int = 20_000, linger_ms: float = 0.0, partial_entries_in_flight_max: int = 1,
+                 buffer_bytes_max: int = 64 << 20, entry_bytes_max: int = 3 << 20, lock_timeout_s: float = 30.0,
+                 takeover: bool = False, retention_on_roll: bool = False) -> None:
+        if entry_bytes_max > ENTRY_BYTES_MAX:
             raise ConfigError(f"entry_bytes_max {entry_bytes_max} exceeds the bookie maximum of 4 MiB")
+        for option, value, low in (("flush_bytes", flush_bytes, 1), ("flush_records", flush_records, 1),
+                                   ("partial_entries_in_flight_max", partial_entries_in_flight_max, 1),
+                                   ("buffer_bytes_max", buffer_bytes_max, 1), ("linger_ms", linger_ms, 0)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"bad {option} {value!r}: use a number >= {low}")
         self.namespace = namespace
         self.config = config
         self.name = config.name
+        self.clock = namespace.clock
         self.codec = RecordSetCodec(namespace.schema_of(config))
-        self.flush_bytes = flush_bytes
-        self.flush_records = flush_records
-        self.linger_s = linger_ms / 1000
-        self.buffer_bytes_max = buffer_bytes_max
-        self.entry_bytes_max = entry_bytes_max
-        self.lock_timeout_s = lock_timeout_s
-        self.takeover = takeover
-        self.retention_on_roll = retention_on_roll
-        self.error: DlogError | None = None
-        self._closed = False
-        self._lock_node: str | None = None
-        self._listing: SegmentList | None = None
-        self._segment: Segment | None = None
-        self._ledger: LedgerHandle | None = None
-        self._values: list[bytes] = []
-        self._keys: list[bytes | None] = []
-        self._timestamps: list[int] = []
-        self._headers: list[Headers | None] = []
-        self._headered = 0  # buffered records that carry headers (none: entries without the column)
-        self._futures: list[asyncio.Future[Offset]] = []
-        self._buffered_bytes = 0
-        self._in_flight: set[asyncio.Future[Any]] = set()
-        self._in_flight_bytes = 0
+        self.settings = WriterSettings(
+            config.name, roll_bytes=config.roll_bytes, roll_age_ms=config.roll_age_ms,
+            roll_records=config.roll_records, flush_bytes=flush_bytes, flush_records=flush_records,
+            linger_ms=linger_ms, partial_entries_in_flight_max=partial_entries_in_flight_max,
+            buffer_bytes_max=buffer_bytes_max, entry_bytes_max=entry_bytes_max, lock_timeout_s=lock_timeout_s,
+            takeover=takeover, retention_on_roll=retention_on_roll)
+        self.machine = WriterMachine(self.settings, self._encode)
+        self.loop = asyncio.get_running_loop()
+        self._ledgers: dict[int, Any] = {}  # ledger id -> LedgerHandle of this writer
+        self._lock_token: str | None = None
+        self._chunks: deque[tuple[Any, int]] = deque()  # (future or _BatchWaiter, records), oldest first
+        self._first_chunk_id = 0
+        self._drained: list[tuple[int, asyncio.Future[None]]] = []  # (chunk id, set once below it all ended)
         self._room = asyncio.Event()
         self._room.set()
-        self._linger: asyncio.TimerHandle | None = None
-        self._rolling: asyncio.Task[None] | None = None
-        self._segment_records = 0
-        self._segment_bytes = 0
-        self._segment_first_ts = 0
-        self._segment_last_ts = 0
-        self._segment_started_s = 0.0
+        self._opened: asyncio.Future[Segment] = self.loop.create_future()
+        self._closed: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: replays are deterministic
+        self._crash: BaseException | None = None
 
-    # ------------------------------------------------------------------ open
+    # ------------------------------------------------------------------ state
 
-    async def open(self) -> StreamWriter:
-        store = self.namespace.store
-        self._lock_node = await store.lock(self.name, self.lock_timeout_s)
-        if self._lock_node is None and not self.takeover:
-            raise WriterLockedError(
-                f"stream {self.name!r} has a live writer (lock not free within "
-                f"{self.lock_timeout_s} s); open with takeover=True to fence it and take over")
-        try:
-            listing = await store.segments(self.name)
-            listing = await self._recover(listing)
-            await self._start_segment(listing)
-        except BaseException:
-            await self._release_lock()
-            raise
-        return self
+    @property
+    def error(self) -> DlogError | None:
+        return self.machine.error
 
-    async def _recover(self, listing: SegmentList) -> SegmentList:
-        """Seal the previous writer's in-progress segment (fencing it), or drop it when empty."""
-        segment = listing.in_progress
-        if segment is None:
-            return listing
-        client = self.namespace.client
-        try:
-            handle = await client.open_ledger(segment.ledger_id, password=self.namespace.password_of(self.config),
-                                              recovery=True)
-        except NoSuchLedgerError:
-            handle = None
-        if handle is None or handle.last_add_confirmed < segment.first_entry:
-            await self._commit(listing, delete=[segment])
-            if handle is not None:
-                await self.namespace.delete_ledger_quietly(segment.ledger_id)
-            log.info("stream %s: removed empty in-progress segment %d", self.name, segment.sequence)
-        else:
-            completed = await self._summarize(segment, handle)
-            await self._commit(listing, update=[completed])
-            log.info("stream %s: recovered segment %d (ledger %d) at entry %d", self.name,
-                     segment.sequence, segment.ledger_id, completed.last_entry)
-        return await self.namespace.store.segments(self.name)
+    @property
+    def segment(self) -> Segment | None:
+        return self.machine.segment
 
-    async def _summarize(self, segment: Segment, handle: Any) -> Segment:
-        last = handle.last_add_confirmed
-        first_entry = (await handle.read(segment.first_entry, segment.first_entry))[0]
-        last_entry = first_entry if last == segment.first_entry else (await handle.read(last, last))[0]
-        first_header = self.codec.peek_header(first_entry.payload)
-        last_header = self.codec.peek_header(last_entry.payload)
-        records = last_header.first_record_index + last_header.record_count
-        return segment.completed(last, records, handle.metadata.length, first_header.min_timestamp_ms,
-                                 last_header.max_timestamp_ms, wall_ms())
+    @property
+    def ledger(self) -> Any:
+        """The handle of the ledger being written (None between segments)."""
+        return self._ledgers.get(self.machine.ledger_id) if self.machine.ledger_id is not None else None
 
-    async def _start_segment(self, listing: SegmentList) -> None:
-        ledger = await self.namespace.client.create_ledger(
-            self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
-            password=self.namespace.password_of(self.config),
-            custom={"stream": self.name, "namespace": self.namespace.name})
-        segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=wall_ms())
-        await self._commit(listing, create=[segment])
-        self._segment, self._ledger = segment, ledger
-        self._segment_records = self._segment_bytes = 0
-        self._segment_first_ts = self._segment_last_ts = 0
-        self._segment_started_s = time.monotonic()
-
-    async def _commit(self, listing: SegmentList, *, create: Sequence[Segment] = (),
-                      update: Sequence[Segment] = (), delete: Sequence[Segment] = ()) -> None:
-        try:
-            await self.namespace.store.commit(self.name, listing, create=create, update=update,
-                                              delete=delete)
-        except MetadataVersionError as exc:
-            raise self._fenced(f"the segment list of stream {self.name!r} changed under this "
-                               "writer: another writer took over") from exc
-        self._listing = SegmentList(
-            [s for s in listing.segments if s not in delete and s.sequence not in {u.sequence for u in update}]
-            + list(update) + list(create), listing.version + 1,
-            max([listing.max_sequence, *(s.sequence for s in create)]))
-        self._listing.segments.sort(key=lambda s: s.sequence)
-
-    # ------------------------------------------------------------------ writes
-
-    def _check_open(self) -> None:
-        if self.error is not None:
-            raise self.error
-        if self._closed:
-            raise WriterClosedError(f"the writer of stream {self.name!r} is closed")
+    @property
+    def in_flight_entries(self) -> int:
+        """Entries sent and not acknowledged yet."""
+        return len(self.machine.in_flight)
 
     @property
     def writable(self) -> bool:
         """False while buffered and in-flight bytes are at the buffer maximum."""
-        return self._buffered_bytes + self._in_flight_bytes < self.buffer_bytes_max
+        return self.machine.writable
+
+    def now_ms(self) -> int:
+        return self.clock.wall_ms()
+
+    # ------------------------------------------------------------------ open and close
+
+    async def open(self) -> StreamWriter:
+        self.run(self.machine.open(self.now_ms()))
+        await self._opened
+        return self
+
+    async def close(self) -> None:
+        """Send what is buffered, complete the in-progress segment (or drop it when empty),
+        close its ledger, release the lock. Raises if the close itself failed."""
+        if self._closed is None:
+            self._closed = self.loop.create_future()
+            self.run(self.machine.close(self.now_ms()))
+        try:
+            await asyncio.shield(self._closed)
+        finally:
+            await self._settle_tasks()
+
+    async def _settle_tasks(self) -> None:
+        """Let effect tasks started for this writer end (deletes, the lock release)."""
+        tasks = [task for task in self._tasks if not task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
+
+    async def __aenter__(self) -> StreamWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ writes
+
+    def _check_open(self) -> None:
+        if self._crash is not None:
+            raise self._crash
+        if self.machine.ended or self._closed is not None:
+            raise self.machine.closed_error()
 
     async def wait_writable(self) -> None:
-        """Wait until buffered and in-flight bytes are below the buffer maximum."""
-        while self._buffered_bytes + self._in_flight_bytes >= self.buffer_bytes_max:
+        """Wait until buffered and in-flight bytes are below the buffer maximum; raises the
+        writer's error if it fails or closes meanwhile."""
+        while not self.machine.writable:
             self._check_open()
             self._room.clear()
             await self._room.wait()
+        self._check_open()
 
     async def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
                     headers: Headers | None = None) -> Offset:
@@ -250,29 +239,31 @@ class StreamWriter:
                      headers: Headers | None = None) -> asyncio.Future[Offset]:
         """Buffer one record without waiting; the future resolves to its offset once durable.
         The caller bounds memory with `wait_writable()`."""
-        # the hot path of per-record writes: no call that is not needed
-        if self.error is not None or self._closed:
+        machine = self.machine
+        if machine.ended or self._closed is not None or self._crash is not None:
             self._check_open()
         if type(value) is not bytes:
             if not isinstance(value, (bytearray, memoryview)):
                 raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed "
                                   "streams take write_batch()")
             value = bytes(value)
-        headers_bytes = 0
-        if headers:
-            headers_bytes = self._check_headers(headers)
-            self._headered += 1
-        future: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
-        self._values.append(value)
-        self._keys.append(key)
-        self._timestamps.append(int(_time() * 1000) if timestamp_ms is None else timestamp_ms)
-        self._headers.append(headers or None)
-        self._futures.append(future)
-        self._buffered_bytes += len(value) + (len(key) if key else 0) + headers_bytes + RECORD_OVERHEAD_BYTES
-        if self._buffered_bytes >= self.flush_bytes or len(self._values) >= self.flush_records:
-            self._flush_buffer()
-        elif self._linger is None:
-            self._linger = asyncio.get_running_loop().call_later(self.linger_s, self._flush_buffer)
+        if key is not None and type(key) is not bytes:
+            if not isinstance(key, (bytearray, memoryview)):
+                raise ConfigError(f"a record key must be bytes or None, got {type(key).__name__}")
+            key = bytes(key)
+        if timestamp_ms is not None and (type(timestamp_ms) is not int):
+            raise ConfigError(f"a record timestamp must be integer milliseconds, got {timestamp_ms!r}")
+        headers_bytes = self._check_headers(headers) if headers else 0
+        size_bytes = len(value) + (len(key) if key else 0) + headers_bytes + RECORD_OVERHEAD_BYTES
+        if size_bytes > machine.budget_bytes:
+            raise ConfigError(machine.check_record(size_bytes) or "record too large")
+        now_ms = self.clock.wall_ms()
+        future: asyncio.Future[Offset] = self.loop.create_future()
+        self._chunks.append((future, 1))
+        _, effects = machine.write((value, key, now_ms if timestamp_ms is None else timestamp_ms, headers or None),
+                                   size_bytes, now_ms)
+        if effects:
+            self.run(effects)
         return future
 
     def _check_headers(self, headers: Headers) -> int:
@@ -286,249 +277,295 @@ class StreamWriter:
         return _headers_bytes(headers)
 
     async def write_batch(self, batch: pa.RecordBatch | Sequence[bytes]) -> WrittenBatch:
-        """Write a whole Arrow batch (or a list of values) without per-record Python work."""
+        """Write a whole Arrow batch (or a list of values) without per-record Python work. Missing
+        nullable columns are filled with nulls and a missing `timestamp` with the write time. The
+        batch lands in one segment, in entries of at most min(roll size, entry_bytes_max)."""
         self._check_open()
         if not isinstance(batch, pa.RecordBatch):
             batch = records_to_batch(list(batch), schema=self.codec.schema)
+        else:
+            batch = fill_missing_columns(batch, self.codec.schema, self.now_ms())
         check_batch(batch, self.codec.schema)
         await self.wait_writable()
-        self._flush_buffer()  # records written before this batch come first
-        while self._rolling is not None:
-            await self._rolling
-        ledger = self._ledger
-        assert ledger is not None
-        pieces = split_batch(batch, self.entry_bytes_max)
-        firsts = await asyncio.gather(*(self._append(piece) for piece in pieces))
-        return WrittenBatch(ledger.ledger_id, tuple((first.entry_id, piece.num_rows)
-                                                    for first, piece in zip(firsts, pieces)))
-
-    def _flush_buffer(self) -> None:
-        """Turn buffered records into entries of at most `flush_records` records; stop as soon as a
-        roll starts, so a segment overshoots its record limit by less than one entry."""
-        if self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
-        if self.error is not None and self._futures:
-            self._fail_buffered(self.error)
-        while self._values and self._rolling is None and self.error is None:
-            count = min(len(self._values), self.flush_records)
-            values, keys, timestamps = self._values[:count], self._keys[:count], self._timestamps[:count]
-            headers = self._headers[:count] if self._headered else None
-            futures = self._futures[:count]
-            del self._values[:count], self._keys[:count], self._timestamps[:count], self._futures[:count]
-            del self._headers[:count]
-            if headers is not None:
-                self._headered -= sum(1 for item in headers if item)
-            if self._values:
-                self._buffered_bytes -= sum(len(v) + (len(k) if k else 0) + RECORD_OVERHEAD_BYTES
-                                            for v, k in zip(values, keys))
-                self._buffered_bytes -= sum(_headers_bytes(item) for item in headers or ())
-            else:
-                self._buffered_bytes = 0
-            batch = records_to_batch(values, keys, timestamps, self.codec.schema, headers)
-            for piece_start, piece in _pieces(split_batch(batch, self.entry_bytes_max)):
-                piece_futures = futures[piece_start: piece_start + piece.num_rows]
-                try:
-                    appended = self._append(piece)
-                except DlogError as exc:
-                    # the ledger refused at once (its writer already failed, e.g. fenced): these
-                    # records left the buffer, so they must get the error here or never complete
-                    error = (self._fenced(f"stream {self.name!r} was taken over by another writer; "
-                                          "the outcome of these records is unknown")
-                             if isinstance(exc, LedgerFencedError) else exc)
-                    if self.error is None:
-                        self.error = error
-                    for future in futures[piece_start:]:
-                        if not future.done():
-                            future.set_exception(self.error)
-                    return
-                appended.add_done_callback(lambda done, fs=piece_futures: _resolve(done, fs))
-
-    def _append(self, piece: pa.RecordBatch) -> asyncio.Future[Offset]:
-        """Encode and append one entry; resolves to the entry's first Offset (slot 0)."""
-        ledger = self._ledger
-        assert ledger is not None
-        payload = self.codec.encode(piece, self._segment_records)
-        header = self.codec.peek_header(payload)
-        if self._segment_records == 0:
-            self._segment_first_ts = header.min_timestamp_ms
-        self._segment_records += piece.num_rows
-        self._segment_bytes += len(payload)
-        self._segment_last_ts = max(self._segment_last_ts, header.max_timestamp_ms)
-        appended = ledger.append_async(payload)
-        offset: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
-        self._in_flight.add(offset)
-        self._in_flight_bytes += len(payload)
-        ledger_id, size = ledger.ledger_id, len(payload)
-
-        def done(answer: asyncio.Future[int]) -> None:
-            self._in_flight.discard(offset)
-            self._in_flight_bytes -= size
-            if not self._room.is_set():
-                self._room.set()
-            error = answer.exception()
-            if error is not None:
-                if isinstance(error, LedgerFencedError):
-                    error = self._fenced(f"stream {self.name!r} was taken over by another writer; "
-                                         "the outcome of this record is unknown")
-                elif self.error is None and isinstance(error, DlogError):
-                    self.error = error
-                offset.set_exception(error)
-                return
-            offset.set_result(Offset(ledger_id, answer.result(), 0))
-
-        appended.add_done_callback(done)
-        if self._should_roll():
-            self._rolling = asyncio.get_running_loop().create_task(self._roll())
-        return offset
-
-    def _fail_buffered(self, error: DlogError) -> None:
-        """Records not yet sent when the writer failed will never be: they get its error."""
-        futures = self._futures
-        self._values, self._keys, self._timestamps, self._futures = [], [], [], []
-        self._headers, self._headered = [], 0
-        self._buffered_bytes = 0
-        for future in futures:
-            if not future.done():
-                future.set_exception(error)
-
-    def _should_roll(self) -> bool:
-        if self._rolling is not None:
-            return False
-        config = self.config
-        return ((config.roll_bytes and self._segment_bytes >= config.roll_bytes)
-                or (config.roll_records and self._segment_records >= config.roll_records)
-                or (config.roll_age_ms and (time.monotonic() - self._segment_started_s) * 1000
-                    >= config.roll_age_ms)) or False
-
-    def _fenced(self, message: str) -> WriterFencedError:
-        if not isinstance(self.error, WriterFencedError):
-            self.error = WriterFencedError(message)
-        return self.error
-
-    # ------------------------------------------------------------------ rolling and closing
-
-    async def _drain(self) -> None:
-        if self._in_flight:
-            await asyncio.gather(*list(self._in_flight), return_exceptions=True)
-
-    def _completed_segment(self) -> Segment:
-        assert self._segment is not None and self._ledger is not None
-        return self._segment.completed(self._ledger.last_add_confirmed, self._segment_records,
-                                       self._segment_bytes, self._segment_first_ts,
-                                       self._segment_last_ts, wall_ms())
-
-    async def _roll(self) -> None:
-        """L2: create the next ledger, commit both segment changes at once, then close the old."""
-        try:
-            await self._drain()
-            if self.error is not None:
-                return
-            old_ledger = self._ledger
-            completed = self._completed_segment()
-            listing = self._listing
-            assert listing is not None and old_ledger is not None
-            ledger = await self.namespace.client.create_ledger(
-                self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
-                password=self.namespace.password_of(self.config),
-                custom={"stream": self.name, "namespace": self.namespace.name})
-            segment = Segment(listing.max_sequence + 1, ledger.ledger_id, created_ms=wall_ms())
-            await self._commit(listing, update=[completed], create=[segment])
-            self._segment, self._ledger = segment, ledger
-            self._segment_records = self._segment_bytes = 0
-            self._segment_first_ts = self._segment_last_ts = 0
-            self._segment_started_s = time.monotonic()
-            await old_ledger.close()
-            if self.retention_on_roll:
-                asyncio.get_running_loop().create_task(self._apply_retention())
-        except DlogError as exc:
-            if self.error is None:
-                self.error = exc
-            log.warning("stream %s: roll failed: %s", self.name, exc)
-        finally:
-            self._rolling = None
-            self._flush_buffer()
-
-    async def _apply_retention(self) -> None:
-        try:
-            await self.namespace.apply_retention(self.name)
-        except DlogError as exc:
-            log.warning("stream %s: retention on roll failed: %s", self.name, exc)
+        pieces = split_batch(batch, self.settings.entry_bytes_limit)
+        future: asyncio.Future[WrittenBatch] = self.loop.create_future()
+        if not pieces:
+            future.set_result(WrittenBatch(self.machine.ledger_id or 0, ()))
+            return await future
+        waiter = _BatchWaiter(future, len(pieces))
+        for piece in pieces:
+            self._chunks.append((waiter, piece.num_rows))
+        _, effects = self.machine.write_group([(piece, piece.num_rows, piece.nbytes) for piece in pieces],
+                                              self.now_ms())
+        self.run(effects)
+        return await future
 
     async def flush(self) -> None:
         """Send what is buffered and wait until everything written so far is durable."""
-        self._flush_buffer()
-        while self._rolling is not None:
-            await self._rolling
-            self._flush_buffer()
-        await self._drain()
-        if self.error is not None:
-            raise self.error
+        self._check_open()
+        target = self.machine.next_chunk_id
+        self.run(self.machine.flush(self.now_ms()))
+        if self._first_chunk_id < target:
+            done: asyncio.Future[None] = self.loop.create_future()
+            self._drained.append((target, done))
+            await done
+        if self.machine.error is not None:
+            raise self.machine.error
 
-    async def close(self) -> None:
-        """Flush, complete the in-progress segment (or drop it if empty), release the lock."""
-        if self._closed:
-            return
+    def _encode(self, items: Sequence[Any], first_record_index: int) -> Encoded:
+        """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
+        if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
+            batch = items[0]
+        else:
+            values, keys, timestamps, headers = zip(*items)
+            batch = records_to_batch(values, keys, timestamps, self.codec.schema,
+                                     headers if any(headers) else None)
+        payload = self.codec.encode(batch, first_record_index)
+        header = self.codec.peek_header(payload)
+        return Encoded(payload, header.min_timestamp_ms, header.max_timestamp_ms)
+
+    # ------------------------------------------------------------------ effects
+
+    def run(self, effects: Sequence[Any]) -> None:
+        for effect in effects:
+            kind = type(effect)
+            if kind is AppendEntry:
+                self._append(effect)
+            elif kind is CompleteChunks:
+                self._complete(effect)
+            elif kind is WakeWriters:
+                self._room.set()
+            elif kind is SetTimer:
+                self._set_timer(effect.at_ms)
+            elif kind is FailChunks:
+                self._fail(effect)
+            else:
+                self._run_other(effect)
+
+    def _run_other(self, effect: Any) -> None:
+        machine, stream = self.machine, self.name
+        namespace, store = self.namespace, self.namespace.store
+        if isinstance(effect, LockStream):
+            self._spawn(self._lock(effect.timeout_s))
+        elif isinstance(effect, ReadSegments):
+            self._answer(lambda: store.segments(stream), machine.on_segments)
+        elif isinstance(effect, SealSegment):
+            self._spawn(self._seal(effect.segment))
+        elif isinstance(effect, CreateLedger):
+            self._answer(self._create_ledger, machine.on_ledger_created)
+        elif isinstance(effect, CommitSegments):
+            self._spawn(self._commit(effect))
+        elif isinstance(effect, CloseLedger):
+            self._spawn(self._close_ledger(effect.ledger_id))
+        elif isinstance(effect, DeleteLedger):
+            self._spawn(self._quietly(f"delete ledger {effect.ledger_id}",
+                                      lambda: namespace.delete_ledger_quietly(effect.ledger_id)))
+        elif isinstance(effect, ReleaseLock):
+            self._spawn(self._unlock())
+        elif isinstance(effect, ApplyRetention):
+            self._spawn(self._quietly("retention on roll", lambda: namespace.apply_retention(stream)))
+        elif isinstance(effect, WriterOpened):
+            if effect.error is not None:
+                self._opened.set_exception(effect.error)
+            else:
+                self._opened.set_result(effect.segment)  # type: ignore[arg-type]
+        elif isinstance(effect, WriterClosed):
+            self._on_closed(effect.error)
+        else:
+            raise TypeError(f"the writer machine asked for {effect!r}, which this driver cannot do")
+
+    def _feed(self, event: Callable[..., Sequence[Any]], *args: Any) -> None:
+        """Hand an answer to the machine and carry out what it says."""
+        if self._crash is None:
+            self.run(event(*args, self.now_ms()))
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = self.loop.create_task(self._guarded(coroutine))
+        self._tasks[task] = None
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
+
+    async def _guarded(self, coroutine: Awaitable[None]) -> None:
+        """An effect task: an expected failure goes to the machine; a bug ends the writer with it."""
         try:
-            if self.error is None:
-                await self.flush()
-                await self._seal()
-        finally:
-            self._closed = True
-            if self._futures:
-                self._fail_buffered(self.error or WriterClosedError(
-                    f"the writer of stream {self.name!r} closed before these records were sent"))
-            await self._release_lock()
+            await coroutine
+        except DlogError as exc:
+            self._feed(self.machine.on_operation_failed, exc)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: every waiting caller gets it, nothing is swallowed
+            log.exception("stream %s: the writer driver failed", self.name)
+            self._crashed(exc)
 
-    async def _seal(self) -> None:
-        assert self._segment is not None and self._ledger is not None and self._listing is not None
-        if self._segment_records == 0:
-            await self._commit(self._listing, delete=[self._segment])
-            await self._ledger.close()
-            await self.namespace.delete_ledger_quietly(self._ledger.ledger_id)
+    def _answer(self, operation: Callable[[], Awaitable[Any]], event: Callable[..., Sequence[Any]]) -> None:
+        async def call() -> None:
+            self._feed(event, await operation())
+
+        self._spawn(call())
+
+    async def _lock(self, timeout_s: float) -> None:
+        token = await self.namespace.store.lock(self.name, timeout_s)
+        self._lock_token = token
+        self._feed(self.machine.on_locked, token is not None)
+
+    async def _unlock(self) -> None:
+        token, self._lock_token = self._lock_token, None
+        if token is not None:
+            await self._quietly("release the writer lock", lambda: self.namespace.store.unlock(token))
+
+    async def _seal(self, segment: Segment) -> None:
+        sealed, exists = await seal_in_progress(self.namespace.client, self.namespace.password_of(self.config),
+                                                 segment, self.now_ms())
+        if sealed is None:
+            log.info("stream %s: removing empty in-progress segment %d", self.name, segment.sequence)
+        else:
+            log.info("stream %s: recovered segment %d (ledger %d) at entry %d", self.name, segment.sequence,
+                     segment.ledger_id, sealed.last_entry)
+        self._feed(self.machine.on_sealed, segment, sealed, exists)
+
+    async def _create_ledger(self) -> int:
+        config = self.config
+        handle = await self.namespace.client.create_ledger(
+            config.ensemble, config.write_quorum, config.ack_quorum, password=self.namespace.password_of(config),
+            custom={"stream": self.name, "namespace": self.namespace.name})
+        self._ledgers[handle.ledger_id] = handle
+        return handle.ledger_id
+
+    async def _commit(self, effect: CommitSegments) -> None:
+        store = self.namespace.store
+        try:
+            listing = await store.commit(self.name, effect.based_on, effect.change)
+        except MetadataVersionError:
+            self._feed(self.machine.on_commit_conflict, await store.segments(self.name))
             return
-        await self._commit(self._listing, update=[self._completed_segment()])
-        await self._ledger.close()
+        self._feed(self.machine.on_committed, listing)
 
-    async def _release_lock(self) -> None:
-        if self._lock_node is not None:
-            node, self._lock_node = self._lock_node, None
+    async def _close_ledger(self, ledger_id: int) -> None:
+        handle = self._ledgers.pop(ledger_id, None)
+        error: DlogError | None = None
+        if handle is not None:
             try:
-                await self.namespace.store.unlock(node)
-            except DlogError as exc:
-                log.warning("stream %s: releasing the writer lock failed: %s", self.name, exc)
+                await handle.close()
+            except DlogError as exc:  # the segment list already says where it ends
+                log.warning("stream %s: closing ledger %d failed: %s", self.name, ledger_id, exc)
+                error = exc
+        self._feed(self.machine.on_ledger_closed, ledger_id, error)
 
-    async def __aenter__(self) -> StreamWriter:
-        return self
+    async def _quietly(self, what: str, operation: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            await operation()
+        except DlogError as exc:
+            log.warning("stream %s: %s failed: %s", self.name, what, exc)
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    def _append(self, effect: AppendEntry) -> None:
+        handle = self._ledgers[effect.ledger_id]
+        ledger_id, entry_id = effect.ledger_id, effect.entry_id
+        try:
+            appended = handle.append_async(effect.payload)
+        except DlogError as exc:  # the ledger refused at once (its writer already failed)
+            self.loop.call_soon(self._feed, self.machine.on_entry_failed, ledger_id, entry_id, exc)
+            return
 
-    @property
-    def segment(self) -> Segment | None:
-        return self._segment
+        def done(answer: asyncio.Future[int]) -> None:
+            if answer.cancelled():
+                self._feed(self.machine.on_entry_failed, ledger_id, entry_id,
+                           DlogError(f"append of entry {entry_id} to ledger {ledger_id} was cancelled"))
+                return
+            error = answer.exception()
+            if error is None:
+                self._feed(self.machine.on_entry_acked, ledger_id, entry_id)
+            elif isinstance(error, DlogError):
+                self._feed(self.machine.on_entry_failed, ledger_id, entry_id, error)
+            else:
+                self._crashed(error)
+
+        appended.add_done_callback(done)
+
+    def _complete(self, effect: CompleteChunks) -> None:
+        chunks = self._chunks
+        if effect.first_chunk_id != self._first_chunk_id:
+            self._crashed(AssertionError(f"chunk {effect.first_chunk_id} completed, {self._first_chunk_id} was next"))
+            return
+        ledger_id, entry_id, slot = effect.ledger_id, effect.entry_id, 0
+        for _ in range(effect.chunk_count):
+            target, records = chunks.popleft()
+            if type(target) is _BatchWaiter:
+                target.piece_done(ledger_id, entry_id, records)
+            elif not target.done():
+                target.set_result(Offset(ledger_id, entry_id, slot))
+            slot += records
+        self._first_chunk_id += effect.chunk_count
+        if self._drained:
+            self._release_drained()
+
+    def _fail(self, effect: FailChunks) -> None:
+        """Every chunk from `first_chunk_id` on (all that are left: a failed writer takes nothing
+        more) ends with the error."""
+        skip = max(0, effect.first_chunk_id - self._first_chunk_id)
+        end = len(self._chunks) if effect.last_chunk_id is None else effect.last_chunk_id + 1 - self._first_chunk_id
+        failed = list(self._chunks)[skip:end]
+        kept = list(self._chunks)[end:]
+        self._chunks.clear()
+        self._chunks.extend(kept)
+        for target, _ in failed:
+            if type(target) is _BatchWaiter:
+                target.fail(effect.error)
+            elif not target.done():
+                target.set_exception(effect.error)
+        self._first_chunk_id += skip + len(failed)
+        self._release_drained(everything=True)
+
+    def _release_drained(self, everything: bool = False) -> None:
+        waiting = []
+        for target, done in self._drained:
+            if everything or self._first_chunk_id >= target:
+                if not done.done():
+                    done.set_result(None)
+            else:
+                waiting.append((target, done))
+        self._drained = waiting
+
+    def _set_timer(self, at_ms: int | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if at_ms is not None:
+            delay_s = max(0.0, (at_ms - self.now_ms()) / 1000)
+            self._timer = self.loop.call_later(delay_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._feed(self.machine.on_time)
+
+    def _on_closed(self, error: DlogError | None) -> None:
+        self._set_timer(None)
+        self._room.set()
+        if self._closed is None:
+            self._closed = self.loop.create_future()
+        if self._closed.done():
+            return
+        if error is not None:
+            self._closed.set_exception(error)
+        else:
+            self._closed.set_result(None)
+
+    def _crashed(self, exc: BaseException) -> None:
+        """A bug in the driver or the machine: everyone waiting gets it."""
+        if self._crash is not None:
+            return
+        self._crash = exc
+        for target, _ in self._chunks:
+            if type(target) is _BatchWaiter:
+                target.fail(exc)
+            elif not target.done():
+                target.set_exception(exc)
+        self._chunks.clear()
+        for future in (self._opened, self._closed):
+            if future is not None and not future.done():
+                future.set_exception(exc)
+        self._release_drained(everything=True)
+        self._room.set()
 
 
 def _headers_bytes(headers: Headers | None) -> int:
     """What a record's headers cost in the buffer."""
     return sum(len(key) + len(value or b"") + RECORD_OVERHEAD_BYTES for key, value in headers or ())
-
-
-def _pieces(pieces: list[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
-    start = 0
-    for piece in pieces:
-        yield start, piece
-        start += piece.num_rows
-
-
-def _resolve(done: asyncio.Future[Offset], futures: list[asyncio.Future[Offset]]) -> None:
-    error = done.exception()
-    if error is not None:
-        for future in futures:
-            if not future.done():
-                future.set_exception(error)
-        return
-    first = done.result()
-    for slot, future in enumerate(futures):
-        if not future.done():
-            future.set_result(Offset(first.ledger_id, first.entry_id, slot))

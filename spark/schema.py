@@ -31,7 +31,7 @@ from pyspark.sql.types import (
 )
 
 from bookkeeper.errors import ConfigError
-from dlog.segments.codec import HEADERS_SCHEMA, describe_schema, schema_with_headers
+from dlog.segments.codec import HEADERS_SCHEMA, describe_schema, missing_column, schema_with_headers
 
 METADATA_FIELDS = (
     StructField("stream", StringType(), False),
@@ -131,14 +131,17 @@ def slots(first: int, count: int) -> pa.Array:
 # ------------------------------------------------------------------------------ the sink side
 
 
-def sink_batch(batch: pa.RecordBatch, stream_schema: pa.Schema, stream: str) -> pa.RecordBatch:
+def sink_batch(batch: pa.RecordBatch, stream_schema: pa.Schema, stream: str,
+               now_ms: int | None = None) -> pa.RecordBatch:
     """An input batch (Spark's Arrow form of the query's rows) in the stream's own schema.
 
     Untyped streams take `value` (binary or string), optional `key` (binary or string) and
-    optional `timestamp` (now when absent). Typed streams take their columns by name. The dlog
-    source's own columns (stream, ledger, entry, slot) are ignored so a read can be written as is;
-    any other extra column is an error, never silently dropped.
+    optional `timestamp`. Typed streams take their columns by name. A missing column is filled as
+    write_batch() fills it (`dlog.segments.codec.missing_column`: nulls, or the write time for
+    `timestamp`). The dlog source's own columns (stream, ledger, entry, slot) are ignored so a read
+    can be written as is; any other extra column is an error, never silently dropped.
     """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     names = batch.schema.names
     if "headers" in names and schema_with_headers(stream_schema) is not None:
         stream_schema = HEADERS_SCHEMA  # record headers, as Kafka's sink takes them
@@ -149,20 +152,11 @@ def sink_batch(batch: pa.RecordBatch, stream_schema: pa.Schema, stream: str) -> 
     columns = []
     for field in stream_schema:
         if field.name not in names:
-            columns.append(_missing_column(field, batch.num_rows, expected))
+            columns.append(missing_column(field, batch.num_rows, now_ms, expected))
             continue
         column = batch.column(names.index(field.name))
         columns.append(_cast_column(column, field, expected))
     return pa.RecordBatch.from_arrays(columns, schema=stream_schema)
-
-
-def _missing_column(field: pa.Field, count: int, expected: str) -> pa.Array:
-    if field.name == "timestamp" and pa.types.is_timestamp(field.type):
-        now = pa.scalar(time.time_ns() // 1000, pa.timestamp("us"))
-        return pc.cast(pa.repeat(now, count), field.type, safe=False)
-    if field.nullable:
-        return pa.nulls(count, field.type)
-    raise ConfigError(f"the input has no column {field.name!r}; {expected}")
 
 
 def _cast_column(column: pa.Array, field: pa.Field, expected: str) -> pa.Array:

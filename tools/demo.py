@@ -42,7 +42,9 @@ console = Console()
 
 
 class DemoFailure(DlogError):
-    pass
+    """A step of the demo did not see what it expected."""
+
+    code = 390
 
 
 def check(condition: bool, message: str) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bookkeeper.bookie.guard import ServerSecurity
+from bookkeeper.bookie.gc import GC_GRACE_S_DEFAULT
 from bookkeeper.bookie.server import ServerLimits
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
@@ -40,6 +41,7 @@ class BookieConfig:
     disk_check_interval_s: float = 10.0
     # garbage collection
     gc_interval_s: float = 600.0  # 0: only when asked (POST /api/v1/gc)
+    gc_grace_s: float = GC_GRACE_S_DEFAULT  # never drop a ledger first seen less than this ago
     compaction_live_fraction: float = 0.5
     # wire limits
     limits: ServerLimits = field(default_factory=ServerLimits)
@@ -61,6 +63,8 @@ class BookieConfig:
         if not 0 < self.disk_usage_lwm <= self.disk_usage_threshold:
             raise ConfigError(f"disk usage low-water mark {self.disk_usage_lwm} must be in "
                               f"(0, threshold {self.disk_usage_threshold}]")
+        if self.gc_grace_s < 0:
+            raise ConfigError(f"gc grace {self.gc_grace_s} s must be >= 0")
         if not 0 <= self.compaction_live_fraction <= 1:
             raise ConfigError("compaction live fraction must be in [0, 1]")
         if self.limits.entry_bytes_max > self.limits.frame_bytes_max:

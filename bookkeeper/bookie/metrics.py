@@ -36,6 +36,7 @@ class BookieMetrics:
         self.checkpoints_total = 0
         self.gc_ledgers_deleted_total = 0
         self.gc_reclaimed_bytes_total = 0
+        self.gc_ledgers_kept_by_grace = 0  # at the last run: gone from metadata, kept by the grace
         self.gc_pause_seconds = Histogram(
             "dlog_bookie_python_gc_pause_seconds", "Pauses of Python's cycle collector, by generation",
             ["generation"], buckets=PAUSE_BUCKETS_S, registry=self.registry)
@@ -147,6 +148,10 @@ class _ServiceCollector(Collector):
             "dlog_bookie_journal_buffered_bytes_max": ("Journal bytes waiting for fsync at which "
                                                        "the bookie stops reading requests",
                                                        self.service.journal.buffered_bytes_max),
+            "dlog_bookie_gc_ledgers_kept_by_grace": ("Ledgers whose metadata the last garbage "
+                                                     "collection found gone, kept because this bookie "
+                                                     "first saw them less than the grace period ago",
+                                                     metrics.gc_ledgers_kept_by_grace),
             "dlog_bookie_ledger_storage_bytes": ("Bytes of entry logs and index",
                                                  self.service.storage.disk_bytes()),
             "dlog_bookie_disk_used_ratio": ("Used fraction of the data directory's file system",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from bookkeeper.bookie import gc
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.config import BookieConfig
 from bookkeeper.bookie.guard import Guard
@@ -90,6 +91,9 @@ class BookieService:
         self._stopping = False
         self.replayed_records = 0
         self._storage_open = False
+        # when GC first saw each ledger (in memory: after a restart every ledger starts its grace
+        # period again, which only delays collection)
+        self._first_seen_s: dict[int, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -268,14 +272,21 @@ class BookieService:
             self.metrics.checkpoints_total += 1
 
     async def collect_garbage(self) -> dict[str, Any]:
-        """Drop ledgers whose metadata is gone (checked twice), then compact entry logs."""
+        """Drop ledgers whose metadata is gone, then compact entry logs. "Gone" is decided on an
+        up-to-date view (a ZooKeeper sync first: a lagging follower may not know a ledger created
+        a moment ago) and never for a ledger this bookie first saw less than `gc_grace_s` ago
+        (bookkeeper/bookie/gc.py); the lookup is made twice, the second time under the lock."""
         if self.zk is None:
             raise DlogError("garbage collection needs ZooKeeper (start the bookie with --zk)")
         deleted: list[int] = []
+        kept_by_grace = 0
         started = time.monotonic()
         for ledger_id in sorted(self.storage.ledger_ids()):
             path = layout.ledger_path(self.config.zk_root, ledger_id)
             if await self._metadata_live(path):
+                continue
+            if not self._may_collect(ledger_id, exists=False):
+                kept_by_grace += 1
                 continue
             async with self._maintenance:
                 # look again right before deleting: never act on a listing that may be stale
@@ -283,6 +294,7 @@ class BookieService:
                     continue
                 self.storage.delete_ledger(ledger_id)
                 self.core.forget_ledger(ledger_id)
+                self._first_seen_s.pop(ledger_id, None)
                 if self.guard is not None:
                     self.guard.forget(ledger_id)
             deleted.append(ledger_id)
@@ -292,16 +304,26 @@ class BookieService:
                                                 self.config.compaction_live_fraction)
         self.metrics.gc_ledgers_deleted_total += len(deleted)
         self.metrics.gc_reclaimed_bytes_total += reclaimed
+        self.metrics.gc_ledgers_kept_by_grace = kept_by_grace
         if deleted or reclaimed:
             log.info("gc: deleted %d ledgers, reclaimed %d bytes", len(deleted), reclaimed)
-        return {"deleted_ledgers": deleted, "reclaimed_bytes": reclaimed,
+        return {"deleted_ledgers": deleted, "reclaimed_bytes": reclaimed, "kept_by_grace": kept_by_grace,
                 "seconds": round(time.monotonic() - started, 3)}
 
     async def _metadata_live(self, path: str) -> bool:
-        """Metadata exists and is not a deletion tombstone (bookkeeper/meta/acl.py)."""
+        """Metadata exists and is not a deletion tombstone (bookkeeper/meta/acl.py), as an up-to-date
+        view says: a sync first, since a lagging follower may not know a ledger created a moment ago."""
         assert self.zk is not None
+        if gc.SYNC_BEFORE_CHECK:
+            await self.zk.sync(path)
         found = await self.zk.get_or_none(path)
         return found is not None and found[0] != TOMBSTONE
+
+    def _may_collect(self, ledger_id: int, exists: bool) -> bool:
+        now_s = time.monotonic()
+        first_seen_s = self._first_seen_s.setdefault(ledger_id, now_s)
+        return gc.may_collect(exists=exists, first_seen_s=first_seen_s, now_s=now_s,
+                              grace_s=self.config.gc_grace_s)
 
     async def _remove_tombstone(self, path: str) -> None:
         """A client without delete rights left a tombstone: remove the node once it is collected

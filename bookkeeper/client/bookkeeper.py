@@ -192,8 +192,7 @@ class BookKeeper:
                 raise finished.error or LedgerRecoveryError(f"recovery of ledger {ledger_id} failed")
             return finished.metadata, finished.version
 
-        return await retry(attempt, RECOVERY_RETRY, what=f"recovery of ledger {ledger_id}",
-                           retry_on=lambda error: isinstance(error, LedgerRecoveryError))
+        return await retry(attempt, RECOVERY_RETRY, what=f"recovery of ledger {ledger_id}")
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Remove the ledger's metadata; bookies reclaim its data by garbage collection."""

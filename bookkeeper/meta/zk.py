@@ -35,6 +35,7 @@ from kazoo.retry import KazooRetry
 
 from bookkeeper.errors import (
     ConfigError,
+    MetadataClientClosedError,
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
@@ -306,6 +307,11 @@ class AsyncZooKeeper:
         names = await self._call(f"children {path}", self._client.get_children_async, path)
         return sorted(names)
 
+    async def sync(self, path: str) -> None:
+        """Bring the server this client talks to up to date with the leader for `path`, so the
+        next read there sees every write committed before this call (a follower may lag)."""
+        await self._call(f"sync {path}", self._client.sync_async, path)
+
     async def ensure_path(self, path: str) -> None:
         if self.acl_policy is None:
             await self._call(f"ensure_path {path}", self._client.ensure_path_async, path)
@@ -367,7 +373,7 @@ class AsyncZooKeeper:
     async def _call(self, action: str, method: Callable[..., IAsyncResult], *args: Any, **kwargs: Any) -> Any:
         """Run a kazoo ``*_async`` method; its result, or a mapped MetadataError within timeout_s."""
         if not self._started or self._closed:
-            raise MetadataError(f"{action}: the ZooKeeper client for {self.hosts} is not running")
+            raise MetadataClientClosedError(f"{action}: the ZooKeeper client for {self.hosts} is not running")
         future = self._bridge(method(*args, **kwargs))
         try:
             return await asyncio.wait_for(future, self.timeout_s)

@@ -25,6 +25,7 @@ from bookkeeper.errors import ConfigError, MetadataError
 from bookkeeper.meta.ports import check_port_free, listens_on, port_in_use
 
 ZOOKEEPER_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"  # a member of an ensemble
 
 # Measured on a 2-CPU box (median of 6 starts, log4j on the classpath): no flags 0.40 s,
 # these flags 0.31 s. SerialGC and C1-only also keep a tiny test server from claiming
@@ -183,13 +184,18 @@ class EmbeddedZooKeeper:
     """
 
     def __init__(self, data_dir: Path | str, port: int = 0, host: str = "127.0.0.1", tick_ms: int = 500,
-                 log_path: Path | None = None, super_digest: str | None = None) -> None:
+                 log_path: Path | None = None, super_digest: str | None = None, *, server_id: int = 0,
+                 peers: list[tuple[int, int]] | None = None) -> None:
         """`super_digest`: "user:base64(sha1(user:password))" of a ZooKeeper super user (dlog's
-        admins under ACLs, bookkeeper/meta/acl.py)."""
+        admins under ACLs, bookkeeper/meta/acl.py). `server_id` and `peers` (every member's (quorum
+        port, election port), in server-id order from 1) make this server a member of an ensemble
+        (bookkeeper/meta/zkensemble.py)."""
         self.data_dir = Path(data_dir).absolute()
         self.super_digest = super_digest
         self.host = host
         self.tick_ms = tick_ms
+        self.server_id = server_id
+        self.peers = peers
         self.log_path = Path(log_path) if log_path is not None else self.data_dir / "zookeeper.log"
         self._port = port
         self._process: subprocess.Popen[bytes] | None = None
@@ -216,11 +222,13 @@ class EmbeddedZooKeeper:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self, timeout_s: float = 30.0) -> None:
-        """Start java and return once the server answers; the port is chosen on the first start."""
+    def start(self, timeout_s: float = 30.0, *, wait: bool = True) -> None:
+        """Start java and return once the server answers (`wait`; an ensemble member answers only
+        once a quorum runs, so its ensemble starts every member first and waits after); the port
+        is chosen on the first start."""
         if self.running:
             return
-        started_at = time.monotonic()
+        self._started_at = time.monotonic()
         java, classpath = find_java(), find_classpath()
         if self._port == 0:
             self._port = pick_free_port(self.host)
@@ -229,11 +237,41 @@ class EmbeddedZooKeeper:
         properties = []
         if self.super_digest:
             properties.append(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}")
-        self._process = self._spawn([java, *JVM_FLAGS, *properties, "-cp", classpath, ZOOKEEPER_MAIN_CLASS,
+        main_class = QUORUM_MAIN_CLASS if self.peers else ZOOKEEPER_MAIN_CLASS
+        self._process = self._spawn([java, *JVM_FLAGS, *properties, "-cp", classpath, main_class,
                                      str(config_path)])
         self._paused = False
-        self._wait_until_serving(started_at + timeout_s, timeout_s)
+        if wait:
+            self.wait_until_serving(timeout_s)
+
+    def wait_until_serving(self, timeout_s: float = 30.0) -> None:
+        """Return once the server answers requests; MetadataError with its log's tail if it does not."""
+        started_at = getattr(self, "_started_at", time.monotonic())
+        self._wait_until_serving(time.monotonic() + timeout_s, timeout_s)
         self.last_start_s = time.monotonic() - started_at
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """Signal our process (by its pid) and, for a signal that ends it, reap it."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signum)
+        if signum in (signal.SIGKILL, signal.SIGTERM):
+            process.wait(timeout=30)
+            self._process = None
+            self._paused = False
+
+    @property
+    def mode(self) -> str | None:
+        """"leader", "follower" or "standalone" (from `srvr`), or None when it does not serve."""
+        try:
+            answer = four_letter_word(self.host, self._port, "srvr")
+        except OSError:
+            return None
+        for line in answer.splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM our process, then SIGKILL if it lingers. Does nothing if it is not running."""
@@ -300,6 +338,11 @@ class EmbeddedZooKeeper:
             "maxSessionTimeout": 60000,
             "autopurge.purgeInterval": 0,
         }
+        if self.peers:
+            settings.update({"initLimit": 10, "syncLimit": 5})
+            for number, (quorum_port, election_port) in enumerate(self.peers, start=1):
+                settings[f"server.{number}"] = f"{self.host}:{quorum_port}:{election_port}"
+            (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
         config_path = self.data_dir / "zoo.cfg"
         config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         return config_path

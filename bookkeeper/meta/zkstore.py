@@ -1,4 +1,11 @@
-"""The metadata store on ZooKeeper (layout in `bookkeeper/meta/layout.py` and docs/design.md)."""
+"""The metadata store on ZooKeeper (layout in `bookkeeper/meta/layout.py` and docs/design.md).
+
+Retryable failures (ConnectionLoss while a ZooKeeper leader is elected) are retried within
+METADATA_RETRY's deadline, with care for writes whose answer was lost: a ledger node that exists
+with our very bytes was created by our earlier attempt; a delete that finds nothing after such an
+attempt is done. Compare-and-set writes (`write_ledger`) make one attempt: their callers re-read
+and decide (the ledger handle's metadata writes, bookkeeper/client/ledger.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from typing import Any, Callable
 
 from bookkeeper.errors import (
     LedgerIdsExhaustedError,
+    MetadataContentionError,
     MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
@@ -26,8 +34,10 @@ from bookkeeper.retry import Backoff, retry
 log = logging.getLogger(__name__)
 ID_COUNTER = "next"
 ID_SQUATTED_RETRIES = 10
-ID_ALLOCATION_RETRY = Backoff(attempts_max=100, delay_s_first=0.002, delay_s_max=0.04,
-                              multiplier=1.3, jitter_fraction=1.0)
+# short jittered waits for contention on the id counter; the deadline also covers ConnectionLoss
+ID_ALLOCATION_RETRY = Backoff(attempts_max=300, delay_s_first=0.002, delay_s_max=0.1,
+                              multiplier=1.3, jitter_fraction=1.0, deadline_s=30.0)
+METADATA_RETRY = Backoff(attempts_max=40, delay_s_first=0.05, delay_s_max=1.0, deadline_s=30.0)
 
 
 class ZooKeeperMetadataStore:
@@ -71,7 +81,8 @@ class ZooKeeperMetadataStore:
     async def _allocate_id(self) -> int:
         """Compare-and-set a counter: unique ids that increase in allocation order. Another
         client's allocation in between costs a retry with jittered back-off, or a crowd of writers
-        opening at once keeps colliding (seen with 32 concurrent writers)."""
+        opening at once keeps colliding (seen with 32 concurrent writers). An id whose allocation
+        answer was lost is skipped, never handed out twice."""
         path = f"{layout.idgen_path(self.root)}/{ID_COUNTER}"
 
         async def attempt() -> int:
@@ -81,33 +92,51 @@ class ZooKeeperMetadataStore:
                     await self.zk.create(path, b"2", makepath=True)
                     return 1
                 except MetadataExistsError as exc:
-                    raise MetadataVersionError("the id counter was created meanwhile") from exc
+                    raise MetadataContentionError("the id counter was created meanwhile") from exc
             data, version = found
             ledger_id = int(data)
             if ledger_id > layout.LEDGER_ID_MAX:
                 raise LedgerIdsExhaustedError("ledger ids are exhausted (63 bits)")
-            await self.zk.set(path, str(ledger_id + 1).encode(), version)
+            try:
+                await self.zk.set(path, str(ledger_id + 1).encode(), version)
+            except MetadataVersionError as exc:
+                raise MetadataContentionError(f"id {ledger_id} was taken meanwhile") from exc
             return ledger_id
 
-        return await retry(attempt, ID_ALLOCATION_RETRY, what="ledger id allocation", quiet=True,
-                           retry_on=lambda error: isinstance(error, MetadataVersionError))
+        return await retry(attempt, ID_ALLOCATION_RETRY, what="ledger id allocation", quiet=True)
 
     async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
         """Allocate an id and create its metadata; an id someone created metadata for out of turn
-        (a squatter) is skipped, never shared."""
+        (a squatter) is skipped, never shared. An attempt whose answer was lost (ConnectionLoss
+        while a ZooKeeper leader is elected) is tried again; finding the node then with our very
+        bytes means that attempt landed."""
+        data = metadata.to_bytes()
         for _ in range(ID_SQUATTED_RETRIES):
             ledger_id = await self._allocate_id()
-            try:
-                await self.zk.create(layout.ledger_path(self.root, ledger_id), metadata.to_bytes(),
-                                     makepath=True)
-            except MetadataExistsError:
-                log.warning("ledger id %d already had metadata nobody allocated: skipped", ledger_id)
-                continue
-            return ledger_id, 0
+            path = layout.ledger_path(self.root, ledger_id)
+            uncertain = False
+
+            async def attempt() -> bool:
+                nonlocal uncertain
+                try:
+                    await self.zk.create(path, data, makepath=True)
+                except MetadataExistsError:
+                    found = await self.zk.get_or_none(path) if uncertain else None
+                    return found is not None and found[0] == data  # ours, or a squatter's
+                except MetadataError as exc:
+                    uncertain = uncertain or exc.retryable
+                    raise
+                return True
+
+            if await retry(attempt, METADATA_RETRY, what=f"creation of ledger {ledger_id}"):
+                return ledger_id, 0
+            log.warning("ledger id %d already had metadata nobody allocated: skipped", ledger_id)
         raise MetadataError(f"{ID_SQUATTED_RETRIES} allocated ledger ids in a row already had metadata")
 
     async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
-        found = await self.zk.get_or_none(layout.ledger_path(self.root, ledger_id))
+        path = layout.ledger_path(self.root, ledger_id)
+        found = await retry(lambda: self.zk.get_or_none(path), METADATA_RETRY,
+                            what=f"read of ledger {ledger_id}")
         if found is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
         data, version = found
@@ -124,17 +153,29 @@ class ZooKeeperMetadataStore:
 
     async def delete_ledger(self, ledger_id: int) -> None:
         path = layout.ledger_path(self.root, ledger_id)
-        try:
-            await self.zk.delete(path)
-        except MetadataNotFoundError as exc:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
-        except MetadataPermissionError:
-            # ACLs: only bookies and admins may delete under the ledger directories; the ledger's
-            # own ACL lets its creator mark it deleted, and bookies' GC removes the node (acl.py)
-            found = await self.zk.get_or_none(path)
-            if found is None or found[0] == TOMBSTONE:
-                raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
-            await self.zk.set(path, TOMBSTONE, found[1])
+        uncertain = False
+
+        async def attempt() -> None:
+            nonlocal uncertain
+            try:
+                await self.zk.delete(path)
+            except MetadataNotFoundError as exc:
+                if not uncertain:  # gone after an attempt whose answer was lost: that was us
+                    raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
+            except MetadataPermissionError:
+                # ACLs: only bookies and admins may delete under the ledger directories; the ledger's
+                # own ACL lets its creator mark it deleted, and bookies' GC removes the node (acl.py)
+                found = await self.zk.get_or_none(path)
+                if found is None or found[0] == TOMBSTONE:
+                    if uncertain:
+                        return
+                    raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+                await self.zk.set(path, TOMBSTONE, found[1])
+            except MetadataError as exc:
+                uncertain = uncertain or exc.retryable
+                raise
+
+        await retry(attempt, METADATA_RETRY, what=f"deletion of ledger {ledger_id}")
 
     async def list_ledgers(self) -> list[int]:
         ids: list[int] = []

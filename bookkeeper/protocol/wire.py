@@ -51,7 +51,7 @@ KNOWN_FLAGS = int(Flag.FENCE | Flag.RECOVERY_ADD | Flag.LONG_POLL)
 
 
 class Status(enum.IntEnum):
-    """Wire status codes; the non-OK ones equal the `code` of the error class they map to."""
+    """Wire status codes; the non-OK ones equal the `status` of the error class they map to."""
 
     OK = 0
     NO_LEDGER = 1
@@ -86,6 +86,8 @@ class BookieState(enum.IntEnum):
 
 class FrameError(ProtocolError):
     """A frame the decoder refuses. See the module docstring for `fatal`."""
+
+    code = 5
 
     def __init__(self, message: str, *, fatal: bool, request_id: int = 0, opcode: int = 0,
                  status: Status = Status.BAD_REQUEST) -> None:

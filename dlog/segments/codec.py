@@ -390,6 +390,39 @@ def check_batch(batch: pa.RecordBatch, schema: pa.Schema) -> None:
         raise ConfigError(f"column {field.name!r} has {null_count} nulls but is not nullable; {expected}")
 
 
+def fill_missing_columns(batch: pa.RecordBatch, schema: pa.Schema, now_ms: int) -> pa.RecordBatch:
+    """``batch`` with its columns in the schema's order (taken by name) and the stream's columns it
+    lacks added: a nullable column as nulls, a `timestamp` column (of an Arrow timestamp type) as
+    the write time ``now_ms``. A missing column that is neither is a ConfigError; types are not
+    converted (check_batch judges them). write_batch() and the Spark sink both take
+    batches through this one function, so both fill the same way."""
+    names = batch.schema.names
+    if "headers" in names and schema_with_headers(schema) is not None:
+        schema = HEADERS_SCHEMA  # an untyped stream's batch may carry record headers
+    if names == schema.names:
+        return batch
+    expected = f"the stream's schema is ({describe_schema(schema)})"
+    columns = []
+    for field in schema:
+        if field.name in names:
+            columns.append(batch.column(names.index(field.name)))
+        else:
+            columns.append(missing_column(field, batch.num_rows, now_ms, expected))
+    extra = [name for name in names if schema.get_field_index(name) < 0]
+    if extra:
+        raise ConfigError(f"batch has column {extra[0]!r} that the stream's schema lacks; {expected}")
+    return pa.RecordBatch.from_arrays(columns, names=[field.name for field in schema])
+
+
+def missing_column(field: pa.Field, count: int, now_ms: int, expected: str) -> pa.Array:
+    """The column a batch without `field` gets (see `fill_missing_columns`)."""
+    if field.name == "timestamp" and pa.types.is_timestamp(field.type):
+        return pc.cast(pa.repeat(pa.scalar(now_ms, pa.timestamp("ms")), count), field.type, safe=False)
+    if field.nullable:
+        return pa.nulls(count, field.type)
+    raise ConfigError(f"batch has no column {field.name!r}, which is not nullable; {expected}")
+
+
 def _nulls_in_required(batch: pa.RecordBatch, schema: pa.Schema) -> list[tuple[pa.Field, int]]:
     return [
         (field, batch.column(position).null_count)

@@ -1,17 +1,23 @@
-"""Stream metadata in ZooKeeper: configs, segment lists, writer locks, subscriptions, sink batches.
+"""The segment store on ZooKeeper: the one place that turns stream metadata into ZooKeeper nodes.
 
     /dlog/<namespace>/streams/<node>                         stream config (JSON)
     /dlog/<namespace>/streams/<node>/segments                {"max_sequence": n}; its version is the
                                                              compare-and-set token of the whole list
     /dlog/<namespace>/streams/<node>/segments/<18-digit seq> one segment (JSON)
-    /dlog/<namespace>/streams/<node>/lock/writer-<seq>       ephemeral-sequential writer lock; its data
+    /dlog/<namespace>/streams/<node>/lock/writer-<uuid>-<seq> ephemeral-sequential writer lock; its data
                                                              is its holder: {"host", "pid", "started_ms"}
     /dlog/<namespace>/streams/<node>/subscribers/<name>      committed offset (JSON)
-    /dlog/<namespace>/streams/<node>/sink/<sink id>          last committed Spark batch id
+    /dlog/<namespace>/streams/<node>/sink/<sink id>          last committed Spark batch (JSON)
 
 `<node>` is the stream name with `/` encoded (`dlog.names.stream_node_name`). Every change to a
 segment list is one ZooKeeper multi that includes a set of the `segments` node at the version the
-writer read, so two writers can never both change the list: the loser gets MetadataVersionError.
+change is based on, so two changes based on one version can never both land: the loser gets
+MetadataVersionError. A Spark sink's batch record joins the same multi.
+
+Each method makes one attempt (the port's contract); `dlog.segments.port.RetryingSegmentStore`
+retries. A lock node's name carries a random id, so after a lost answer the retry finds the node
+its first attempt may have created instead of leaving it behind (kazoo's Lock recipe does the
+same).
 """
 
 from __future__ import annotations
@@ -21,14 +27,18 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import (
     ConfigError,
-    DlogError,
+    CorruptMetadataError,
+    MetadataError,
     MetadataExistsError,
     MetadataNotFoundError,
+    MetadataVersionError,
 )
 from bookkeeper.meta.zk import AsyncZooKeeper, CreateOp, DeleteOp, Op, SetOp
 from dlog.names import (
@@ -37,45 +47,29 @@ from dlog.names import (
     stream_name_from_node,
     stream_node_name,
 )
-from dlog.segments.metadata import Segment, StreamConfig, check_segment_list
+from dlog.segments.metadata import (
+    Segment,
+    SegmentChange,
+    SegmentList,
+    SinkBatch,
+    StreamConfig,
+    check_segment_list,
+)
+from dlog.segments.port import StreamExistsError, StreamNotFoundError
 
+__all__ = ["SegmentList", "StreamExistsError", "StreamNotFoundError", "StreamStore", "ZooKeeperSegmentStore"]
 
-class StreamNotFoundError(DlogError):
-    code = 310
-
-
-class StreamExistsError(DlogError):
-    code = 311
+LOCK_PREFIX = "writer-"
 
 
 def lock_holder_description() -> dict[str, Any]:
     """What a writer-lock node says about its holder: this host and process, and since when."""
     return {"host": socket.gethostname(), "pid": os.getpid(), "started_ms": int(time.time() * 1000)}
+LOCK_POLL_S = 1.0  # the lock's children watch wakes a waiter; this only bounds a missed event
+SINK_NODE_FORMAT = 1
 
 
-class SegmentList:
-    """A stream's segments as read, with the version a change must be based on."""
-
-    __slots__ = ("segments", "version", "max_sequence")
-
-    def __init__(self, segments: list[Segment], version: int, max_sequence: int) -> None:
-        self.segments = segments
-        self.version = version
-        self.max_sequence = max_sequence
-
-    @property
-    def in_progress(self) -> Segment | None:
-        return self.segments[-1] if self.segments and self.segments[-1].is_in_progress else None
-
-    @property
-    def live(self) -> list[Segment]:
-        return [segment for segment in self.segments if not segment.is_truncated]
-
-    def by_ledger(self, ledger_id: int) -> Segment | None:
-        return next((s for s in self.segments if s.ledger_id == ledger_id), None)
-
-
-class StreamStore:
+class ZooKeeperSegmentStore:
     def __init__(self, zk: AsyncZooKeeper, namespace_root: str) -> None:
         self.zk = zk
         self.root = namespace_root
@@ -151,37 +145,47 @@ class StreamStore:
         loaded = await asyncio.gather(*(self.zk.get_or_none(f"{path}/{child}") for child in sorted(children)))
         segments = [Segment.from_bytes(item[0]) for item in loaded if item is not None]
         check_segment_list(segments)
-        return SegmentList(segments, version, int(json.loads(data)["max_sequence"]))
+        try:
+            max_sequence = int(json.loads(data)["max_sequence"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptMetadataError(f"segment list node of stream {name!r} is corrupt: {exc!r}") from exc
+        return SegmentList(tuple(segments), version, max_sequence)
 
-    def _list_op(self, name: str, listing: SegmentList, max_sequence: int | None = None) -> SetOp:
-        value = listing.max_sequence if max_sequence is None else max_sequence
-        return SetOp(self.segments_path(name), json.dumps({"max_sequence": value}).encode(),
-                     listing.version)
+    async def commit(self, name: str, based_on: SegmentList, change: SegmentChange) -> SegmentList:
+        """One multi: the segment nodes, the list node at `based_on.version`, the sink record."""
+        return (await self.commit_many([(name, based_on, change)]))[0]
 
-    async def commit(self, name: str, listing: SegmentList, *, create: Sequence[Segment] = (),
-                     update: Sequence[Segment] = (), delete: Sequence[Segment] = (),
-                     extra: Sequence[Op] = ()) -> None:
-        """Change the segment list in one multi, based on `listing`'s version (L1, L3). `extra`
-        operations commit with it or not at all (the Spark sink records its batch id this way)."""
-        await self.zk.multi(self._commit_ops(name, listing, create, update, delete, extra))
-
-    async def commit_many(self, commits: Sequence[tuple[str, SegmentList, Sequence[Segment], Sequence[Op]]]) -> None:
-        """Append segments to several streams in ONE multi, each guarded by its list's version:
-        all land or none (the Spark sink's routed batches). Each item: (stream, listing the
-        change is based on, segments to create, extra operations)."""
+    async def commit_many(self, commits: Sequence[tuple[str, SegmentList, SegmentChange]]) -> list[SegmentList]:
+        """Several streams' changes in ONE multi, each guarded by its list's version: all land or
+        none (the Spark sink's routed batches)."""
         ops: list[Op] = []
-        for name, listing, create, extra in commits:
-            ops += self._commit_ops(name, listing, create, (), (), extra)
-        await self.zk.multi(ops)
+        results = []
+        for name, based_on, change in commits:
+            ops += [SetOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in change.update]
+            ops += [DeleteOp(self.segment_path(name, s.sequence)) for s in change.delete]
+            ops += [CreateOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in change.create]
+            result = change.applied_to(based_on)
+            check_segment_list(list(result.segments))
+            ops.append(SetOp(self.segments_path(name), json.dumps({"max_sequence": result.max_sequence}).encode(),
+                             based_on.version))
+            if change.sink is not None:
+                ops.append(self._sink_op(name, change))
+            results.append(result)
+        try:
+            await self.zk.multi(ops)
+        except (MetadataVersionError, MetadataExistsError, MetadataNotFoundError) as exc:
+            # a list (or a sink record) moved since its `based_on` was read
+            moved = ", ".join(f"stream {name!r} since version {based_on.version}" for name, based_on, _ in commits)
+            raise MetadataVersionError(f"the segment list changed ({moved}): {exc}") from exc
+        return results
 
-    def _commit_ops(self, name: str, listing: SegmentList, create: Sequence[Segment], update: Sequence[Segment],
-                    delete: Sequence[Segment], extra: Sequence[Op]) -> list[Op]:
-        ops: list[Op] = [SetOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in update]
-        ops += [DeleteOp(self.segment_path(name, s.sequence)) for s in delete]
-        ops += [CreateOp(self.segment_path(name, s.sequence), s.to_bytes()) for s in create]
-        top = max([listing.max_sequence, *(s.sequence for s in create)])
-        ops.append(self._list_op(name, listing, top))
-        return ops + list(extra)
+    def _sink_op(self, name: str, change: SegmentChange) -> Op:
+        sink = change.sink
+        assert sink is not None
+        data = json.dumps({"batch": sink.batch_id, "format": SINK_NODE_FORMAT, "ledgers": list(sink.ledgers),
+                           "committed_ms": wall_ms()}, sort_keys=True).encode()
+        path = self.sink_path(name, sink.sink_id)
+        return CreateOp(path, data) if sink.previous is None else SetOp(path, data, sink.previous.version)
 
     def watch_segments(self, name: str, callback: Callable[[], None]) -> Callable[[], None]:
         """Call back on the loop whenever the segment list node changes (every commit sets it)."""
@@ -195,14 +199,14 @@ class StreamStore:
         its holder (`holder`, by default this host and process), so a waiter can say who it waits for."""
         base = self.lock_path(name)
         description = json.dumps(holder if holder is not None else lock_holder_description()).encode()
-        ours = await self.zk.create(f"{base}/writer-", description, ephemeral=True, sequence=True)
+        ours = await self._lock_node(base, f"{LOCK_PREFIX}{uuid.uuid4().hex}-", description)
         our_name = ours.rsplit("/", 1)[1]
         changed = asyncio.Event()
         unwatch = self.zk.watch_children(base, lambda children: changed.set())
         deadline = asyncio.get_running_loop().time() + timeout_s
         try:
             while True:
-                children = sorted(await self.zk.children(base))
+                children = sorted(await self.zk.children(base), key=_lock_sequence)
                 if children and children[0] == our_name:
                     return ours
                 remaining_s = deadline - asyncio.get_running_loop().time()
@@ -211,18 +215,33 @@ class StreamStore:
                     return None
                 changed.clear()
                 try:
-                    await asyncio.wait_for(changed.wait(), min(remaining_s, 1.0))
+                    await asyncio.wait_for(changed.wait(), min(remaining_s, LOCK_POLL_S))
                 except asyncio.TimeoutError:
                     pass
+        except BaseException:
+            await _quietly(self.unlock(ours))
+            raise
         finally:
             unwatch()
+
+    async def _lock_node(self, base: str, prefix: str, data: bytes) -> str:
+        """Create our sequential node; after a lost answer, find the one the attempt made."""
+        try:
+            return await self.zk.create(f"{base}/{prefix}", data, ephemeral=True, sequence=True)
+        except MetadataError as exc:
+            if not exc.retryable:
+                raise
+            found = [child for child in await self.zk.children(base) if child.startswith(prefix)]
+            if found:
+                return f"{base}/{found[0]}"
+            raise
 
     async def lock_holder(self, name: str) -> dict[str, Any] | None:
         """Who holds the writer lock now: its description (host, pid, started_ms; {} when its node
         holds none), or None when the lock is free."""
         base = self.lock_path(name)
         try:
-            children = sorted(await self.zk.children(base))
+            children = sorted(await self.zk.children(base), key=_lock_sequence)
         except MetadataNotFoundError as exc:
             raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
         for child in children:  # the lowest node holds the lock; it may go away as we look
@@ -259,10 +278,41 @@ class StreamStore:
         try:
             await self.zk.set(path, data)
         except MetadataNotFoundError:
-            await self.zk.create(path, data)
+            try:
+                await self.zk.create(path, data)
+            except MetadataExistsError:
+                await self.zk.set(path, data)  # created by a concurrent commit: ours is newer
 
     async def delete_subscription(self, name: str, subscription: str) -> None:
         try:
             await self.zk.delete(self.subscriber_path(name, subscription))
         except MetadataNotFoundError as exc:
             raise ConfigError(f"stream {name!r} has no subscription {subscription!r}") from exc
+
+    async def sink_batch(self, name: str, sink_id: str) -> SinkBatch | None:
+        found = await self.zk.get_or_none(self.sink_path(name, sink_id))
+        if found is None:
+            return None
+        data, version = found
+        try:
+            document = json.loads(data)
+            return SinkBatch(int(document["batch"]), tuple(int(ledger) for ledger in document.get("ledgers", [])),
+                             version)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptMetadataError(f"sink node of stream {name!r} sink {sink_id!r} is corrupt: {exc}") from exc
+
+
+StreamStore = ZooKeeperSegmentStore  # the name tools and tests know it by
+
+
+def _lock_sequence(child: str) -> tuple[int, str]:
+    """Lock nodes order by the sequence ZooKeeper appended, not by their random id."""
+    number = child.rsplit("-", 1)[-1]
+    return (int(number), child) if number.isdigit() else (2**63, child)
+
+
+async def _quietly(awaitable: object) -> None:
+    try:
+        await awaitable  # type: ignore[misc]
+    except MetadataError:
+        pass

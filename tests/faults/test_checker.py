@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.harness import history as h
+from tests.harness.history import promises
 from tests.harness.history import History, check, check_file
 
 # Stream order is segment order: ledger 20 is segment 1, ledger 10 is segment 2, so ledger-id
@@ -279,3 +280,33 @@ def test_history_file_round_trip_skips_a_torn_line(tmp_path: Path) -> None:
         file.write(b'{"t": 1e9, "process": "w1.1", "f": "wri')  # killed in the middle of a line
     report = check_file(tmp_path / "h.jsonl")
     assert report.ok and report.stats["ok"] == 1, report.summary()
+
+
+def test_a_writer_death_needs_a_fault_or_a_takeover_to_explain_it() -> None:
+    b = good()
+    b.event("w1.1", "writer_died", error="WriterFencedError: taken over")
+    report = check(b.events)
+    assert report.kinds() == {promises.WRITER_DEATH}, report.summary()
+    truncated = good()  # a routine operation explains nothing (L7)
+    truncated.event("nemesis", "fault", kind="truncate")
+    truncated.event("w1.1", "writer_died", error="WriterFencedError: taken over")
+    assert check(truncated.events).kinds() == {promises.WRITER_DEATH}
+    faulted = good()
+    faulted.event("nemesis", "fault", kind="kill_bookie")
+    faulted.event("w1.1", "writer_died", error="NotEnoughBookiesError")
+    assert check(faulted.events).ok
+    taken = good()
+    taken.op("w2.1", "open_writer", "ok")  # another writer opened meanwhile: a takeover
+    taken.event("w1.1", "writer_died", error="WriterFencedError: taken over")
+    assert check(taken.events).ok
+
+
+def test_a_tailing_reader_left_behind_when_it_stopped() -> None:
+    b = good()
+    b.t += 100.0
+    b.event("r1#stop", "reader_stop", family="r1")
+    assert check(b.events, resume_bound_s=10).ok  # r1 read a5, the last acknowledged record
+    b.events = [e for e in b.events if not (e["f"] == "read" and e["value"] == "a5")]
+    replace_final(b, final_records())
+    report = check(b.events, resume_bound_s=10)
+    assert promises.READER_BEHIND in report.kinds(), report.summary()

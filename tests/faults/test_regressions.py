@@ -15,11 +15,12 @@ from bookkeeper.bookie.config import BookieConfig
 from bookkeeper.bookie.service import BookieService
 from bookkeeper.client import BookKeeper
 from bookkeeper.errors import DlogError
+from bookkeeper.meta.zkensemble import ZooKeeperEnsemble
 from bookkeeper.protocol.wire import ReadRequest
 from dlog import Namespace, TruncatedError, WriterFencedError
-from tests.harness.faults.clients import awaiting_frames
 from tests.harness.faults.faults import entry_log_records, flip_entry_log_bytes
 from tests.helpers import eventually
+from tools.cluster import LocalCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -75,9 +76,8 @@ async def test_a_segment_whose_ledger_was_deleted_can_be_skipped(local_cluster):
     async with namespace(cluster) as ns, namespace(cluster) as other:
         await ns.create_stream("hole", roll_records=10)
         async with await ns.open_writer("hole", flush_records=5) as writer:
-            for index in range(30):
-                writer.write_nowait(b"v%02d" % index)
-            await writer.flush()
+            for start in range(0, 30, 10):  # one batch, one entry, one segment each
+                await writer.write_batch([b"v%02d" % index for index in range(start, start + 10)])
         segments = (await ns.store.segments("hole")).segments
         assert len(segments) == 3
         await ns.client.delete_ledger(segments[1].ledger_id)
@@ -141,15 +141,13 @@ async def test_closing_a_reader_stops_it_even_when_its_wait_just_ended(local_clu
     async with namespace(cluster) as ns:
         await ns.create_stream("idle")
         reader = await ns.open_reader("idle", "earliest", follow=True, poll_timeout_ms=1000)
-
-        def parked() -> bool:  # nothing to read: the producer waits for the segment list to change
-            return any(frame.f_code.co_name == "_wait_change" for frame in awaiting_frames(reader._producer))
-
-        await eventually(parked, timeout_s=10)
+        # nothing to read: the reader waits for the segment list to change, with nothing in flight
+        await eventually(lambda: reader.machine.step is None and reader.tasks_running == 0, timeout_s=10)
         # the segment list changes (its watch fires) in the same moment the reader is closed
         async with asyncio.timeout(10):
-            reader._changed.set()
+            reader.run(reader.machine.on_segments_changed(reader.now_ms()))
             await reader.close()
+        assert reader.tasks_running == 0
 
 
 async def test_a_reader_namespace_follows_ensemble_changes_of_a_segment_it_read_before(local_cluster):
@@ -172,15 +170,51 @@ async def test_a_reader_namespace_follows_ensemble_changes_of_a_segment_it_read_
         assert len(await read_all()) == 30  # reader_ns now caches the ledger's read handle
         killed = None
         for position in (1, 2):  # two ensemble changes: some entries share no bookie with the old set
-            ensemble = writer._ledger.metadata.last_ensemble[1]
+            ensemble = writer.ledger.metadata.last_ensemble[1]
             if killed is not None:  # back with its data: every entry keeps a live replica
                 cluster.start_bookie(killed)
             killed = next(b.index for b in cluster.bookies if b.address == ensemble[position])
             cluster.kill_bookie(killed)
             await write(30 * position, 30)
-        assert len(writer._ledger.metadata.ensembles) == 3
+        assert len(writer.ledger.metadata.ensembles) == 3
         expected = [b"v%03d" % i for i in range(90)]
         async with namespace(cluster) as fresh:
             assert await read_all(fresh) == expected  # the records are all there ...
         assert await read_all() == expected  # ... and the namespace that read before sees them too
         await writer.close()
+
+
+@pytest.mark.timeout(240)
+async def test_a_writer_survives_the_zookeeper_leader_killed_while_it_rolls(tmp_path):
+    """Issue 11 item 11: on a three-server ensemble, kill -9 of the leader made a rolling writer
+    fail with a (retryable) ConnectionLoss about half the time. Three leader kills while the writer
+    rolls every few records: it must go on, and every acknowledged record must be there."""
+    ensemble = ZooKeeperEnsemble(tmp_path / "zk")
+    await asyncio.to_thread(ensemble.start)
+    cluster = LocalCluster(tmp_path / "cluster", bookies=3, zk_root="/ensemble", zk_server=ensemble)  # type: ignore[arg-type]
+    try:
+        await asyncio.to_thread(cluster.start)
+        async with namespace(cluster) as ns:
+            await ns.create_stream("rolling", roll_records=10)
+            writer = await ns.open_writer("rolling", flush_records=2)
+            acked: list[bytes] = []
+
+            async def write_until(count: int) -> None:
+                while len(acked) < count:
+                    value = b"v%06d" % len(acked)
+                    await writer.write(value)  # one at a time: a roll every five entries
+                    acked.append(value)
+
+            await write_until(30)
+            for _ in range(3):
+                leader = await asyncio.to_thread(ensemble.leader)
+                await asyncio.to_thread(ensemble.kill, leader)
+                await asyncio.wait_for(write_until(len(acked) + 40), 60)  # rolls through the election
+                await asyncio.to_thread(ensemble.start_member, leader)
+            await writer.close()
+            assert writer.error is None
+            async with ns.open_reader("rolling", follow=False) as reader:
+                assert [record.value async for record in reader] == acked
+    finally:
+        await asyncio.to_thread(cluster.stop)
+        await asyncio.to_thread(ensemble.stop)

@@ -1,6 +1,6 @@
 """A seeded soak: writers and tailing readers on one stream while faults, drawn at random from the
 seed, come and go; then everything heals, the stream is sealed and read back, and the history is
-checked (tests/harness/history.py).
+checked (tests/harness/history).
 
     python -m tests.harness.chaos --seed 1 --minutes 30          # the long soak
     python -m tests.harness.chaos --seed 7 --minutes 1 --rate 200  # what tests/faults/test_soak.py runs
@@ -15,7 +15,12 @@ writer process killed after it took the stream over; a second writer stealing th
 ZooKeeper paused (with and without a bookie dying meanwhile), restarted, a writer's session
 expired; on bookie 0 only (so at most one replica is ever damaged): a torn or junk journal tail,
 flipped bytes in its entry logs, a full disk; truncation plus retention under a lagging reader;
-with network namespaces: a slow lossy link to a bookie, a partition from a bookie.
+with network namespaces: a slow lossy link to a bookie, a partition from a bookie; with
+`--zk-ensemble` (three ZooKeeper servers): kill -9 of the ZooKeeper leader, then its restart.
+
+Routine operations run in the background all along, as an operator's cron would: truncation and
+retention beside the live writers and the slow (lagging) reader. They are no faults: a writer they
+end, or a reader they leave behind, is an anomaly (L7).
 
 The workload and the injectors are the fault tests' own (tests/faults/), run from this checkout.
 """
@@ -48,6 +53,7 @@ from tests.harness.faults.faults import (
 )
 from tests.harness.faults.network import NetnsCluster, NetnsLab
 from tests.harness.faults.workload import Settings, Workload, WriterProcess
+from bookkeeper.meta.zkensemble import ZooKeeperEnsemble
 from tests.harness.history import History, Report
 from tools.cluster import LocalCluster
 
@@ -55,6 +61,7 @@ BOOKIES = 5
 DAMAGEABLE = 0  # the one bookie whose disk faults may hit (one damaged replica at most)
 HOLD_S = (1.0, 5.0)
 GAP_S = (0.5, 3.0)
+ROUTINE_GAP_S = (3.0, 8.0)  # between truncation-and-retention runs in the background
 FINISH_RESERVE_S = 20.0  # time kept at the end for the last heal and the final read
 TMPFS_BYTES = 256 * 2**20
 BOOKIE_ARGS = ["--checkpoint-interval", "1", "--disk-check-interval", "0.3", "--disk-threshold", "0.9",
@@ -77,6 +84,7 @@ class Run:
     started: float
     processes: list[WriterProcess]
     writer_families: int = 1
+    ensemble: ZooKeeperEnsemble | None = None
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:7.1f}s] {text}", flush=True)
@@ -255,6 +263,17 @@ async def fault_truncate_and_retain(run: Run) -> str:
     return f"truncated before {cut}, retention removed {len(removed)} segments"
 
 
+async def fault_kill_zookeeper_leader(run: Run) -> str:
+    assert run.ensemble is not None
+    leader = await blocking(run.ensemble.leader)
+    run.nemesis.note("kill_zookeeper_leader", member=leader)
+    await blocking(run.ensemble.kill, leader)
+    held = await run.hold()
+    run.history.record("nemesis", "restart", zookeeper_member=leader)
+    await blocking(run.ensemble.start_member, leader)
+    return f"ZooKeeper leader (member {leader}) killed, back after {held:.1f} s"
+
+
 async def fault_slow_link(run: Run) -> str:
     assert run.lab is not None
     index = await ensemble_bookie(run, run.rng.randrange(3))
@@ -289,6 +308,7 @@ FAULTS: dict[str, Callable[[Run], Any]] = {
     "flip_bytes": fault_flip_bytes,
     "full_disk": fault_full_disk,
     "truncate_and_retain": fault_truncate_and_retain,
+    "kill_zookeeper_leader": fault_kill_zookeeper_leader,
     "slow_link": fault_slow_link,
     "partition": fault_partition,
 }
@@ -301,14 +321,23 @@ def available_faults(run: Run, only: list[str] | None = None) -> list[str]:
         unavailable.add("full_disk")
     if run.lab is None:
         unavailable |= {"slow_link", "partition"}
+    if run.ensemble is None:
+        unavailable.add("kill_zookeeper_leader")
+    else:  # one server's pause or restart is not what an ensemble is about
+        unavailable |= {"pause_zookeeper", "pause_zookeeper_during_ensemble_change", "restart_zookeeper"}
     return [kind for kind in kinds if kind not in unavailable]
 
 
 # ---------------------------------------------------------------------------------- the run
 
 
-def build_cluster(directory: Path, network: str) -> tuple[LocalCluster, NetnsLab | None, TmpfsDisk | None]:
+def build_cluster(directory: Path, network: str,
+                  ensemble: ZooKeeperEnsemble | None = None) -> tuple[LocalCluster, NetnsLab | None, TmpfsDisk | None]:
     lab = None
+    if ensemble is not None:
+        cluster = LocalCluster(directory / "cluster", bookies=BOOKIES, zk_root="/chaos", bookie_args=BOOKIE_ARGS,
+                               zk_server=ensemble)  # type: ignore[arg-type]
+        return cluster, None, _tmpfs(cluster)
     if network in ("auto", "on"):
         try:
             lab = NetnsLab(BOOKIES).create()
@@ -320,13 +349,27 @@ def build_cluster(directory: Path, network: str) -> tuple[LocalCluster, NetnsLab
         cluster: LocalCluster = NetnsCluster(directory / "cluster", lab, zk_root="/chaos", bookie_args=BOOKIE_ARGS)
     else:
         cluster = LocalCluster(directory / "cluster", bookies=BOOKIES, zk_root="/chaos", bookie_args=BOOKIE_ARGS)
-    disk = TmpfsDisk(cluster.bookies[DAMAGEABLE].data_dir, TMPFS_BYTES)
+    return cluster, lab, _tmpfs(cluster)
+
+
+def _tmpfs(cluster: LocalCluster) -> TmpfsDisk | None:
+    disk: TmpfsDisk | None = TmpfsDisk(cluster.bookies[DAMAGEABLE].data_dir, TMPFS_BYTES)
     try:
-        disk.mount()
+        disk.mount()  # type: ignore[union-attr]
     except CapabilityMissing as exc:
         print(f"chaos: no full-disk fault: {exc}", flush=True)
         disk = None
-    return cluster, lab, disk
+    return disk
+
+
+async def routine_operations(run: Run, stop: asyncio.Event) -> None:
+    """Truncation and retention now and then, beside the live writers and the slow reader."""
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), run.rng.uniform(*ROUTINE_GAP_S))
+        if not stop.is_set():
+            what = await fault_truncate_and_retain(run)
+            run.say(f"  routine: {what}")
 
 
 async def soak(run: Run, minutes: float, only: list[str] | None) -> Report:
@@ -336,6 +379,20 @@ async def soak(run: Run, minutes: float, only: list[str] | None) -> Report:
         raise CapabilityMissing(f"none of the faults {only} can be injected here")
     run.say(f"faults drawn from: {', '.join(kinds)}")
     await run.workload.wait_acked(50, timeout_s=60)
+    routine_stop = asyncio.Event()
+    routine = asyncio.ensure_future(routine_operations(run, routine_stop))
+    try:
+        await inject_until(run, kinds, end)
+    finally:
+        routine_stop.set()
+        await routine
+    run.say("time is up: heal everything, seal the stream, read it back")
+    await heal_everything(run)
+    await run.workload.heal("end of the soak")
+    return await run.workload.finish()
+
+
+async def inject_until(run: Run, kinds: list[str], end: float) -> None:
     while time.monotonic() < end:
         kind = run.rng.choice(kinds)
         run.say(f"{kind} ...")
@@ -344,14 +401,14 @@ async def soak(run: Run, minutes: float, only: list[str] | None) -> Report:
         await run.workload.heal(kind)
         gap = run.rng.uniform(*GAP_S)
         await asyncio.sleep(max(0.0, min(gap, end - time.monotonic())))
-    run.say("time is up: heal everything, seal the stream, read it back")
-    await heal_everything(run)
-    await run.workload.heal("end of the soak")
-    return await run.workload.finish()
 
 
 async def heal_everything(run: Run) -> None:
-    if run.cluster.zk.paused:
+    if run.ensemble is not None:
+        for index, member in enumerate(run.ensemble.members):
+            if not member.running:
+                await blocking(run.ensemble.start_member, index)
+    elif run.cluster.zk.paused:
         run.nemesis.resume_zookeeper()
     if run.lab is not None:
         run.lab.heal_all()
@@ -384,10 +441,15 @@ async def main_async(arguments: argparse.Namespace) -> int:
     rng = random.Random(seed)
     history = History(directory / "history.jsonl")
     print(f"chaos: seed {seed}, {minutes} minutes, directory {directory}", flush=True)
+    ensemble = ZooKeeperEnsemble(directory / "zookeeper") if arguments.zk_ensemble else None
     try:
-        cluster, lab, disk = build_cluster(directory, arguments.network)
-    except (CapabilityMissing, RuntimeError) as exc:
+        if ensemble is not None:
+            await blocking(ensemble.start)
+        cluster, lab, disk = build_cluster(directory, arguments.network, ensemble)
+    except (CapabilityMissing, RuntimeError, DlogError) as exc:
         print(f"chaos: cannot build the cluster: {exc}", file=sys.stderr)
+        if ensemble is not None:
+            await blocking(ensemble.stop)
         return 2
     run: Run | None = None
     try:
@@ -398,7 +460,7 @@ async def main_async(arguments: argparse.Namespace) -> int:
                             writes_max=int(arguments.rate * minutes * 60) + 1000, roll_records=500)
         workload = Workload(cluster, history, settings)
         run = Run(seed, rng, directory, cluster, history, Nemesis(cluster, history, rng), workload, lab, disk,
-                  time.monotonic(), [])
+                  time.monotonic(), [], ensemble=ensemble)
         await workload.start(writers=1, readers=2)
         workload.add_reader("lag", lag_s=0.02, subscription="lagging")
         report = await soak(run, minutes, arguments.faults)
@@ -409,6 +471,8 @@ async def main_async(arguments: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 await run.workload.close()
         await blocking(cluster.stop)
+        if ensemble is not None:
+            await blocking(ensemble.stop)
         if disk is not None:
             disk.unmount()
         if lab is not None:
@@ -462,6 +526,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--rate", type=_positive_float, default=50.0, help="writes per second (default 50)")
     result.add_argument("--network", choices=("auto", "on", "off"), default="auto",
                         help="bookies in network namespaces for network faults (auto: when possible)")
+    result.add_argument("--zk-ensemble", action="store_true",
+                        help="three ZooKeeper servers (loopback, no network faults); adds kill_zookeeper_leader")
     result.add_argument("--faults", type=_fault_kinds, default=None,
                         help=f"only these faults, comma-separated (default all): {', '.join(FAULTS)}")
     result.add_argument("--dir", help="where the cluster and the history go (default: a new temporary one)")

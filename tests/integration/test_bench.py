@@ -76,10 +76,13 @@ def test_bench_streams_reports_writes_reads_and_tail():
 
 
 def test_bench_write_reports_write_batch_and_per_record_writes():
-    result = run_bench("write", "--records", "2000", "--batch-records", "500", "--write-records", "1000")
+    result = run_bench("write", "--records", "2000", "--batch-records", "500", "--write-records", "1000",
+                       "--sequential-records", "200")
     assert result["mode"] == "write" and result["fsync"] is True and "fdatasync" in result["durability"]
     runs = {run["run"]: run for run in result["runs"]}
-    assert set(runs) == {"write_batch", "write"}
+    assert set(runs) == {"write_batch", "write", "sequential"}
+    sequential = runs["sequential"]
+    assert sequential["records"] == 200 and 0 < sequential["p50_ms"] <= sequential["p99_ms"]
     batch, single = runs["write_batch"], runs["write"]
     assert batch["records"] == batch["stored_records"] == 2000 and batch["entries"] == 4
     assert single["records"] == single["stored_records"] == 1000 and single["entries"] >= 1

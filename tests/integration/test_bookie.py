@@ -148,7 +148,7 @@ async def test_operator_read_only_switch_over_http(cluster_factory):
 
 async def test_gc_deletes_ledgers_without_metadata_and_returns_disk_space(cluster_factory, zk_server):
     cluster = cluster_factory(bookies=1, bookie_args=[
-        "--entry-log-size", "1MiB", "--checkpoint-interval", "0.2", "--gc-interval", "0"])
+        "--entry-log-size", "1MiB", "--checkpoint-interval", "0.2", "--gc-interval", "0", "--gc-grace", "0"])
     bookie = cluster.bookies[0]
     entry_logs = bookie.data_dir / "ledgers" / "entrylogs"
     zk = AsyncZooKeeper(zk_server.address)
@@ -179,6 +179,35 @@ async def test_gc_deletes_ledgers_without_metadata_and_returns_disk_space(cluste
     await read_all(connection, 22, 600, size=8000)  # the live ledger is intact
     await connection.close()
     await zk.close()
+
+
+async def test_gc_never_drops_a_ledger_first_seen_within_its_grace_period(cluster_factory, zk_server):
+    """Issue 11 item 10: a lookup that says "no such ledger" (a lagging ZooKeeper follower answers
+    so for a ledger created a moment ago) must not delete acknowledged entries of a ledger the
+    bookie has just begun to store; only once the grace period has passed may GC drop it."""
+    cluster = cluster_factory(bookies=1, bookie_args=["--gc-interval", "0", "--gc-grace", "3"])
+    bookie = cluster.bookies[0]
+    zk = AsyncZooKeeper(zk_server.address)
+    await zk.start()
+    connection = await BookieConnection.open(bookie.address)
+    try:
+        await append_all(connection, 31, 5)  # no metadata node: the lookup says it is gone
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{bookie.http}/api/v1/gc") as response:
+                report = await response.json()
+            assert report["deleted_ledgers"] == [] and report["kept_by_grace"] == 1
+            async with session.get(f"{bookie.http}/metrics") as response:
+                assert "dlog_bookie_gc_ledgers_kept_by_grace 1.0" in await response.text()
+            await read_all(connection, 31, 5)  # every entry is still there
+
+            async def collected() -> bool:
+                async with session.post(f"{bookie.http}/api/v1/gc") as answer:
+                    return (await answer.json())["deleted_ledgers"] == [31]
+
+            await eventually(collected, timeout_s=20, interval_s=0.5)  # after the grace: gone for good
+    finally:
+        await connection.close()
+        await zk.close()
 
 
 def _disk_bytes(directory: Path) -> int:

@@ -5,7 +5,6 @@ holds the lock, --takeover fences it, and Ctrl-C ends a run with everything flus
 from __future__ import annotations
 
 import base64
-import json
 import os
 import select
 import signal

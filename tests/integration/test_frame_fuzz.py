@@ -9,7 +9,6 @@ import socket
 import ssl
 import struct
 
-import pytest
 
 from bookkeeper.client.connection import BookieConnection, ConnectSecurity
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry

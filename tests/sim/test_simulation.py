@@ -13,7 +13,7 @@ import pytest
 
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
 from tests.harness.sim.bookie import Request, SimBookie
-from tests.harness.sim.history import History
+from tests.harness.history import History, LedgerRecorder
 from tests.harness.sim.plants import planted
 from tests.harness.sim.simulation import FAULT_KINDS, RunResult, Simulation, run
 from tests.harness.sim.world import Network, NetworkConfig, World
@@ -118,7 +118,7 @@ def test_an_answered_fence_survives_power_loss_unless_the_bookie_answers_early()
                 pass
 
         clients = {"first": Client(), "second": Client(), "writer": Client()}
-        bookie = SimBookie("b0", world, network, History(), lambda: clients,
+        bookie = SimBookie("b0", world, network, LedgerRecorder(History()), lambda: clients,
                            fence_answer_waits_for_journal=waits_for_journal)
         bookie.receive(Request("first", 1, "read", 1, -1, master_key=key, fence=True))
         bookie.receive(Request("second", 1, "read", 1, -1, master_key=key, fence=True))

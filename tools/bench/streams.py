@@ -70,6 +70,21 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
             "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"])}
 
 
+async def _write_sequential_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
+    """One awaited write() at a time (the README's loop): each record's latency, and records/s."""
+    await ns.create_stream(stream)
+    latencies: list[float] = []
+    async with ns.open_writer(stream) as writer:
+        started = time.perf_counter()
+        for value in values:
+            before = time.perf_counter()
+            await writer.write(value)
+            latencies.append(time.perf_counter() - before)
+        elapsed_s = time.perf_counter() - started
+    return {"run": "sequential", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
+            **percentiles(latencies)}
+
+
 async def read_run(ns: Any, stream: str) -> dict[str, Any]:
     """Catch-up read of a stream whose segments are all completed, entry by entry as Arrow
     batches (`next_entry`), without following the tail."""
@@ -92,7 +107,7 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
     """Write realistic values at a fixed rate; a tailing reader records each record's
     write-to-read latency (the value's last 8 bytes say which write it was)."""
     await ns.create_stream(stream)
-    writer = await ns.open_writer(stream, linger_ms=1)
+    writer = await ns.open_writer(stream)
     reader = await ns.open_reader(stream, "latest")
     count = max(1, int(rate_per_s * seconds))
     values = event_values(count)
@@ -144,13 +159,16 @@ def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_ra
 
 
 def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
-                write_records: int = 300_000, fsync: bool = True, secure: bool = False) -> dict[str, Any]:
-    """Stream writes: write_batch of Arrow batches, and per-record write() of `write_records`."""
+                write_records: int = 300_000, sequential_records: int = 5_000, fsync: bool = True,
+                secure: bool = False) -> dict[str, Any]:
+    """Stream writes: write_batch of Arrow batches, pipelined per-record write_nowait() of
+    `write_records`, and `sequential_records` awaited one at a time."""
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         values = event_values(records)
         return [await _write_batch_run(ns, "batches", values, batch_records),
-                await _write_records_run(ns, "records", values[:min(records, write_records)])]
+                await _write_records_run(ns, "records", values[:min(records, write_records)]),
+                await _write_sequential_run(ns, "sequential", values[:min(records, sequential_records)])]
 
     return {**stream_header("write", fsync, secure), "record_bytes": 100,
             "runs": run_streams(fsync, runs, secure)}

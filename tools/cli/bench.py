@@ -141,18 +141,21 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
               help="records written with write_batch")
 @click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1))
 @click.option("--write-records", default=300_000, show_default=True, type=click.IntRange(100),
-              help="records written one by one with write() (at most --records)")
+              help="records written one by one with write_nowait(), pipelined (at most --records)")
+@click.option("--sequential-records", default=5_000, show_default=True, type=click.IntRange(100),
+              help="records written with one awaited write() at a time (at most --records)")
 @no_fsync_option
 @secure_option
 @json_option
 @fails_cleanly
-def bench_write_command(records: int, batch_records: int, write_records: int, no_fsync: bool,
-                        secure: bool, as_json: bool) -> None:
-    """Stream writes: write_batch() of Arrow batches and per-record write(), records/s and MB/s."""
+def bench_write_command(records: int, batch_records: int, write_records: int, sequential_records: int,
+                        no_fsync: bool, secure: bool, as_json: bool) -> None:
+    """Stream writes: write_batch() of Arrow batches, pipelined per-record writes, and sequential
+    awaited write() (records/s, p50/p99 latency)."""
     from tools.bench.streams import bench_write
 
-    print_bench(bench_write(records, batch_records, write_records, fsync=not no_fsync, secure=secure),
-                as_json)
+    print_bench(bench_write(records, batch_records, write_records, sequential_records, fsync=not no_fsync,
+                            secure=secure), as_json)
 
 
 @bench.command("read")

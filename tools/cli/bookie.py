@@ -68,6 +68,8 @@ def bookie() -> None:
 @click.option("--disk-check-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
 @click.option("--gc-interval", default=600.0, show_default=True, type=click.FloatRange(0),
               help="seconds between garbage collections (0: only on POST /api/v1/gc)")
+@click.option("--gc-grace", default=600.0, show_default=True, type=click.FloatRange(0),
+              help="seconds a ledger first seen by this bookie is kept whatever its metadata lookup says")
 @click.option("--checkpoint-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
 @click.option("--max-connections", default=4096, show_default=True, type=click.IntRange(1, 1_000_000),
               help="open connections in all; more are refused")
@@ -127,7 +129,8 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                   tls_require_client_cert: bool = False, token_key: str | None = None,
                   allow_anonymous: bool = False, insecure_plaintext: bool = False,
                   zk_user: str | None = None, zk_password_file: str | None = None,
-                  http_open_paths: str = "/health,/metrics", config: str | None = None) -> Any:
+                  http_open_paths: str = "/health,/metrics", gc_grace: float = 600.0,
+                  config: str | None = None) -> Any:
     """The BookieConfig that `dlog bookie start` settings describe."""
     from bookkeeper.bookie.config import BookieConfig
 
@@ -165,7 +168,7 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
         write_cache_bytes_max=write_cache_size,
         disk_usage_threshold=disk_threshold,
         disk_usage_lwm=disk_lwm if disk_lwm is not None else max(0.001, disk_threshold - 0.05),
-        disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval,
+        disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval, gc_grace_s=gc_grace,
         checkpoint_interval_s=checkpoint_interval, limits=limits)
 
 

@@ -131,6 +131,8 @@ class WriterLoop:
                     await self._pause(self.settings.reopen_delay_s)
                     continue
                 fenced = await self._write_until_broken(writer)
+                if writer.error is not None:  # the checker asks what explains it (writer_death)
+                    self.history.record(self.session_name, "writer_died", error=error_text(writer.error))
                 await self._close_session(writer)
                 if (fenced and not self.reopen_on_fence) or not self.reopen:
                     return

@@ -36,7 +36,7 @@ from bookkeeper.protocol.recovery import Phase, RecoveryOp
 from bookkeeper.protocol.writer import LedgerWriter, WriterState
 
 from .bookie import Request, Response
-from .history import Operation
+from tests.harness.history.ledger import Operation
 
 if TYPE_CHECKING:
     from .simulation import Simulation

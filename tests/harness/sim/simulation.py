@@ -11,7 +11,7 @@ A run has three phases:
   2. heal: every bookie that can come back does (a wiped one never does), partitions and stalls
      end, the network stops dropping; the writer gets a bounded time to finish;
   3. final: a recovery seals the ledger (or finds it closed) and a reader reads it to its end.
-Then `history.check` looks for broken promises; a violation raises AssertionError naming the seed,
+Then the one checker (tests/harness/history) looks for broken promises; a violation raises AssertionError naming the seed,
 the promises, the scenario and the last 40 events.
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 
 from bookkeeper.protocol.entry import Digest, DigestType, master_key
 from bookkeeper.protocol.metadata import LedgerMetadata, password_hash
+from tests.harness.history import History, LedgerRecorder, check
 
 from .bookie import SimBookie
 from .clients import Driver, ReaderClient, RecoveryClient, WriterClient
-from .history import History, check
 from .metastore import SimMetadataStore
 from .world import Network, NetworkConfig, World
 
@@ -114,7 +114,7 @@ class Simulation:
         self.world = World(self.rng)
         self.scenario = Scenario.draw(self.rng)
         self.network = Network(self.world, self.scenario.network)
-        self.history = History()
+        self.history = LedgerRecorder(History(clock=lambda: self.world.now_ms))
         self.digest = Digest.for_ledger(DigestType.CRC32C, self.password)
         self.master_key = master_key(self.password)
         self.clients: dict[str, Driver] = {}
@@ -177,7 +177,8 @@ class Simulation:
 
     def _result(self) -> RunResult:
         final = self.store.current
-        violations = check(self.history, final)
+        self.history.finish_pending(self.world.now_ms)
+        violations = check(self.history.history.events, final_ledger=final).messages()
         result = RunResult(self.seed, self.steps, self.scenario, len(self.history.adds),
                            len(self.history.ack_order), final.last_entry_id, self.world.faults,
                            self.world.events_processed, self.world.now_ms,

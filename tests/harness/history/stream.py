@@ -1,4 +1,4 @@
-"""Histories of stream operations on real processes, and the one checker of them.
+"""The stream checks: what a history of stream operations must never show (L1-L7).
 
 Every client operation is recorded Jepsen-style as an *invoke* event, then one completion: ``ok``,
 ``fail`` (certainly not done) or ``unknown`` (maybe done: a fenced or timed-out write). A write that
@@ -23,27 +23,29 @@ straight from ZooKeeper (``metadata``) join the history, and `check` looks for:
                      segment whose last entry is below an acknowledged entry, a sealed segment
                      that changed, a closed ledger that disagrees with its segment
     liveness         after the last heal, writes or tailing reads did not resume within the bound,
-                     or the stream could not be sealed and read back
+                     or the stream could not be sealed and read back, or a client recorded that it
+                     hung (a write future or a wait_writable caller never answered)
+
+and the L5/L7 promises of promises.py: writer_death, reader_behind, truncation_ignored,
+retention, segment_size, refused, slow_write.
 
 Offsets are stored as ``[ledger_id, entry_id, slot]``. Ledger-id order is NOT stream order: the
 checker orders offsets by the sequence of the ledger's segment, taken from the metadata snapshots.
 
-Events are JSON lines appended with one ``write(2)`` each to a file opened ``O_APPEND``, so several
-processes (a writer that gets ``kill -9``) can share one history file; a torn last line is skipped.
-Times are ``time.monotonic()``, which on Linux is one clock for every process of the machine.
+Events come from the one recorder (`recorder.History`): real processes share a JSON-lines file,
+the stream simulator records in memory on simulated time; both are checked by `check_stream`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import threading
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
+
+from . import promises
+from .recorder import Anomaly, Report
 
 LOST = "lost"
 NEVER_WRITTEN = "never_written"
@@ -56,79 +58,11 @@ STALE_WRITE = "stale_write"
 METADATA = "metadata"
 LIVENESS = "liveness"
 ANOMALY_KINDS = (LOST, NEVER_WRITTEN, DUPLICATE, OFFSET_CONFLICT, READER_DIVERGED, NON_MONOTONIC,
-                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS)
+                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, *promises.PROMISE_KINDS)
 
-EXAMPLES_PER_KIND_MAX = 5  # anomalies of one kind reported one by one; the rest are counted
 METADATA_SNAPSHOT_TRIES_MAX = 20
 
 OffsetKey = tuple[int, int, int]
-
-
-# ---------------------------------------------------------------------------------- recording
-
-
-class History:
-    """Records events to a JSON-lines file (and keeps this process's events in memory)."""
-
-    def __init__(self, path: Path | str | None = None, *, process_tag: str = "") -> None:
-        self.path = Path(path) if path is not None else None
-        self.events: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._op_numbers = iter(range(1, 2**62))
-        self._tag = process_tag or f"{os.getpid()}"
-        self._fd: int | None = None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def record(self, process: str, f: str, type: str = "info", **fields: Any) -> dict[str, Any]:
-        event = {"t": time.monotonic(), "process": process, "f": f, "type": type, **fields}
-        line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            self.events.append(event)
-            if self._fd is not None:
-                os.write(self._fd, line)  # one write: whole lines even if the process is killed
-        return event
-
-    def invoke(self, process: str, f: str, **fields: Any) -> str:
-        """Record the start of an operation; returns its id for `complete`."""
-        op = f"{self._tag}-{next(self._op_numbers)}"
-        self.record(process, f, "invoke", op=op, **fields)
-        return op
-
-    def complete(self, op: str, process: str, f: str, type: str, **fields: Any) -> dict[str, Any]:
-        if type not in ("ok", "fail", "unknown"):
-            raise ValueError(f"completion type must be ok, fail or unknown, got {type!r}")
-        return self.record(process, f, type, op=op, **fields)
-
-    def read(self, process: str, offset: Any, value: str) -> None:
-        self.record(process, "read", "ok", offset=offset_list(offset), value=value)
-
-
-def offset_list(offset: Any) -> list[int]:
-    """`dlog.Offset`, a tuple or a list as ``[ledger_id, entry_id, slot]``."""
-    if hasattr(offset, "ledger_id"):
-        return [offset.ledger_id, offset.entry_id, offset.slot]
-    ledger_id, entry_id, slot = offset
-    return [int(ledger_id), int(entry_id), int(slot)]
-
-
-def load(path: Path | str) -> list[dict[str, Any]]:
-    """The events of a history file in time order; a torn (partly written) line is skipped."""
-    events = []
-    with open(path, "rb") as file:
-        for line in file:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-    events.sort(key=lambda event: event["t"])
-    return events
 
 
 # ---------------------------------------------------------------------------------- metadata
@@ -185,43 +119,6 @@ async def _ledger_states(client: Any, segments: list[dict[str, Any]]) -> dict[st
 # ---------------------------------------------------------------------------------- checking
 
 
-@dataclass(frozen=True, slots=True)
-class Anomaly:
-    kind: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.message}"
-
-
-@dataclass(slots=True)
-class Report:
-    anomalies: list[Anomaly] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.anomalies
-
-    def kinds(self) -> set[str]:
-        return {anomaly.kind for anomaly in self.anomalies}
-
-    def summary(self) -> str:
-        lines = [", ".join(f"{key} {value}" for key, value in self.stats.items())]
-        counts = Counter(anomaly.kind for anomaly in self.anomalies)
-        shown: Counter[str] = Counter()
-        for anomaly in self.anomalies:
-            shown[anomaly.kind] += 1
-            if shown[anomaly.kind] <= EXAMPLES_PER_KIND_MAX:
-                lines.append(f"  {anomaly}")
-        for kind, count in counts.items():
-            if count > EXAMPLES_PER_KIND_MAX:
-                lines.append(f"  ... and {count - EXAMPLES_PER_KIND_MAX} more {kind}")
-        if not self.anomalies:
-            lines.append("  no anomalies")
-        return "\n".join(lines)
-
-
 @dataclass(slots=True)
 class _Op:
     op: str
@@ -254,6 +151,7 @@ class _Checker:
         self.liveness_failures: list[str] = []
         self.renewed: Counter[str] = Counter()  # readers that reopened their namespace (reported)
         self.sequence_of: dict[int, int] = {}
+        self._truncated: set[int] | None = None
         self._parse()
 
     def add(self, kind: str, message: str) -> None:
@@ -317,10 +215,11 @@ class _Checker:
         return None if sequence is None else (sequence, offset[1], offset[2])
 
     def _truncated_ledgers(self) -> set[int]:
-        if not self.snapshots:
-            return set()
-        return {segment["ledger_id"] for segment in self.snapshots[-1].get("segments", [])
-                if segment.get("state") == "truncated" and isinstance(segment.get("ledger_id"), int)}
+        if self._truncated is None:
+            last = self.snapshots[-1].get("segments", []) if self.snapshots else []
+            self._truncated = {segment["ledger_id"] for segment in last
+                               if segment.get("state") == "truncated" and isinstance(segment.get("ledger_id"), int)}
+        return self._truncated
 
     def removed(self, offset: OffsetKey) -> bool:
         """Whether the record at `offset` was removed on purpose (so its absence is no loss)."""
@@ -350,6 +249,7 @@ class _Checker:
         self._check_stale_writes(writes)
         self._check_metadata(writes)
         self._check_liveness(writes)
+        promises.check_all(self, self.resume_bound_s)
         return Report(self.anomalies, self._stats(writes))
 
     def _check_final_read(self, writes: list[_Op]) -> None:
@@ -461,8 +361,8 @@ class _Checker:
             return
         opened_at = {process: t for t, process in opened}
         for op in writes:
-            if op.type != "ok":
-                continue
+            if op.type != "ok" or op.process not in opened_at:
+                continue  # a write of no writer session (a sink commit) has no takeover to miss
             own_open = opened_at.get(op.process, float("-inf"))
             takeover = next(((t, process) for t, process in opened
                              if process != op.process and own_open < t < op.invoke_t), None)
@@ -575,10 +475,10 @@ def _show(offset: Any) -> str:
     return "?" if offset is None else ":".join(str(part) for part in offset)
 
 
-def check(events: Iterable[dict[str, Any]], *, resume_bound_s: float | None = None) -> Report:
-    """Every anomaly in a history (see the module docstring); an empty list means it passed."""
+def has_stream_events(events: Iterable[dict[str, Any]]) -> bool:
+    return any(not str(event.get("f", "")).startswith("ledger_") for event in events)
+
+
+def check_stream(events: Iterable[dict[str, Any]], *, resume_bound_s: float | None = None) -> Report:
+    """Every stream anomaly in a history (see the module docstring); an empty report means it passed."""
     return _Checker(events, resume_bound_s).run()
-
-
-def check_file(path: Path | str, *, resume_bound_s: float | None = None) -> Report:
-    return check(load(path), resume_bound_s=resume_bound_s)

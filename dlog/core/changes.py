@@ -1,0 +1,148 @@
+"""Pure planners of segment-list changes: sealing, merging with concurrent changes, truncation,
+retention and tombstone trimming.
+
+Who owns what in a segment (so concurrent changes MERGE instead of one undoing another):
+- the writer of a segment owns its progress: state in progress -> completed, last entry, record
+  count, bytes, timestamps (`metadata.PROGRESS_FIELDS`);
+- truncation owns the truncation point inside a segment (`min_active_entry`, `min_active_slot`)
+  and the TRUNCATED state of whole segments below it; retention owns TRUNCATED too.
+A writer whose compare-and-set lost re-reads the list and rebases its change on it
+(`rebase_progress`): only its in-progress segment gone, completed by someone else, or followed by
+another segment means a takeover. Truncation and retention simply plan again from the new list.
+
+The record count of a sealed segment has one formula: the header of its last entry says the
+index of its first record within the segment and how many it holds
+(`RecordSetHeader.next_record_index`); `sealed_segment` takes that number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from bookkeeper.errors import invariant
+from dlog.core.errors import OffsetOutOfRangeError
+from dlog.offsets import Offset
+from dlog.segments.metadata import (
+    Segment,
+    SegmentChange,
+    SegmentList,
+    SegmentState,
+    StreamConfig,
+)
+
+TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as truncated
+
+
+# ---------------------------------------------------------------------------------- sealing
+
+
+def sealed_segment(segment: Segment, *, last_entry: int, records: int, size_bytes: int,
+                   first_timestamp_ms: int, last_timestamp_ms: int, now_ms: int) -> Segment:
+    """The completed form of an in-progress segment whose ledger ends at `last_entry`."""
+    invariant(segment.is_in_progress, f"segment {segment.sequence} is {segment.state.value}, not in progress")
+    invariant(last_entry >= segment.first_entry and records >= 0,
+              f"segment {segment.sequence}: sealed at entry {last_entry} with {records} records")
+    return segment.completed(last_entry, records, size_bytes, first_timestamp_ms, last_timestamp_ms, now_ms)
+
+
+def seal_change(segment: Segment, sealed: Segment | None) -> SegmentChange:
+    """Complete a previous writer's in-progress segment, or drop it when it holds nothing (L4)."""
+    return SegmentChange(update=(sealed,)) if sealed is not None else SegmentChange(delete=(segment,))
+
+
+# ---------------------------------------------------------------------------------- merging
+
+
+def rebase_progress(ours: Segment, stored: Segment) -> Segment:
+    """A writer's new version of its segment on top of the stored one: its progress fields, the
+    stored truncation point (which truncation may have moved since the writer last read)."""
+    invariant(ours.sequence == stored.sequence and ours.ledger_id == stored.ledger_id,
+              f"segment {ours.sequence}/{ours.ledger_id} rebased on {stored.sequence}/{stored.ledger_id}")
+    return replace(ours, min_active_entry=stored.min_active_entry, min_active_slot=stored.min_active_slot)
+
+
+def still_owned(segment: Segment, current: SegmentList) -> Segment | None:
+    """The stored form of a writer's in-progress segment if the writer still owns the stream:
+    the segment is still in progress and still the last one. None means a takeover."""
+    stored = current.by_ledger(segment.ledger_id)
+    if stored is None or not stored.is_in_progress or current.segments[-1] is not stored:
+        return None
+    return stored
+
+
+# ---------------------------------------------------------------------------------- truncation
+
+
+def truncation_change(listing: SegmentList, offset: Offset, target_end_entry: int,
+                      stream: str) -> tuple[SegmentChange, list[Segment]]:
+    """Remove every record strictly below `offset` (L5): segments wholly below it are marked
+    truncated; the one it falls in records it as its truncation point (never lowered).
+    `target_end_entry` is the last entry of that segment (its LAC while in progress). Returns the
+    change and the segments it marks; OffsetOutOfRangeError for an offset in no live segment or
+    past the end."""
+    target = listing.by_ledger(offset.ledger_id)
+    if target is None or target.is_truncated:
+        raise OffsetOutOfRangeError(f"cannot truncate stream {stream!r} before {offset}: no live "
+                                    f"segment has ledger {offset.ledger_id}")
+    end = target_end_entry
+    if offset.entry_id > end + 1 or (offset.entry_id == end + 1 and offset.slot > 0):
+        raise OffsetOutOfRangeError(f"cannot truncate stream {stream!r} before {offset}: that is past "
+                                    f"its end (ledger {target.ledger_id} ends at entry {end})")
+    marked = [replace(s, state=SegmentState.TRUNCATED) for s in listing.segments
+              if s.sequence < target.sequence and not s.is_truncated]
+    updates = list(marked)
+    if (offset.entry_id, offset.slot) > (target.min_active_entry, target.min_active_slot):
+        updates.append(replace(target, min_active_entry=offset.entry_id, min_active_slot=offset.slot))
+    return SegmentChange(update=tuple(updates)), marked
+
+
+def tombstone_trim(listing: SegmentList, tombstones_max: int = TOMBSTONES_MAX) -> SegmentChange | None:
+    """Truncated segments stay listed as tombstones (an offset in them reads as truncated, not as
+    unknown); only the oldest beyond `tombstones_max` are deleted."""
+    tombstones = [s for s in listing.segments if s.is_truncated]
+    excess = tombstones[: max(0, len(tombstones) - tombstones_max)]
+    return SegmentChange(delete=tuple(excess)) if excess else None
+
+
+# ---------------------------------------------------------------------------------- retention
+
+
+def retention_plan(listing: SegmentList, config: StreamConfig, subscriptions: Mapping[str, Mapping[str, int]],
+                   now_ms: int) -> list[Segment]:
+    """Completed segments the policy removes: older than the age limit, or oldest first while the
+    stream is over its size limit. Never the in-progress segment, never the last completed one
+    (so an idle stream keeps its latest records readable, and a stream whose in-progress segment
+    has just started is never emptied), never what a subscriber has not consumed (when
+    `retention_keeps_unconsumed`)."""
+    completed = [s for s in listing.segments if s.state is SegmentState.COMPLETED]
+    candidates = completed[:-1]
+    if config.retention_keeps_unconsumed:
+        floor = subscriber_floor(listing, subscriptions.values())
+        candidates = [s for s in candidates if floor is None or s.sequence < floor]
+    plan: list[Segment] = []
+    if config.retention_age_ms:
+        plan = [s for s in candidates if s.last_timestamp_ms < now_ms - config.retention_age_ms]
+    if config.retention_bytes:
+        total = sum(s.bytes for s in listing.live) - sum(s.bytes for s in plan)
+        for segment in candidates:
+            if total <= config.retention_bytes:
+                break
+            if segment not in plan:
+                plan.append(segment)
+                total -= segment.bytes
+    return sorted(plan, key=lambda s: s.sequence)
+
+
+def subscriber_floor(listing: SegmentList, offsets: Iterable[Mapping[str, int]]) -> int | None:
+    """The lowest segment sequence some subscriber still has to read."""
+    floors = []
+    for offset_json in offsets:
+        segment = listing.by_ledger(int(offset_json["ledger"]))
+        if segment is not None:
+            floors.append(segment.sequence)
+    return min(floors) if floors else None
+
+
+def retention_change(plan: list[Segment]) -> SegmentChange:
+    return SegmentChange(update=tuple(replace(s, state=SegmentState.TRUNCATED) for s in plan))

@@ -1,0 +1,153 @@
+"""The eleven stream-layer bugs of issue 11, planted on purpose: the checker must catch each one.
+
+Each plant puts one old behaviour back at the seam where the bug lived (a planner, a machine
+method, a driver's helper, the GC rule, the store's retries) for the duration of a `with
+planted(name)` block, and names the anomaly kind the checker reports for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from bookkeeper.bookie import gc
+from dlog import writer as writer_driver
+from dlog.core import changes, reader
+from dlog.core import writer as writer_core
+from dlog.core.effects import FailChunks, WakeWriters
+from dlog.segments import port
+from dlog.segments.metadata import SegmentState
+
+
+@dataclass(frozen=True, slots=True)
+class Plant:
+    patches: tuple[tuple[Any, str, Any], ...]
+    describe: str
+    kind: str  # the anomaly the checker reports
+
+
+def _old_retention_plan(listing: Any, config: Any, subscriptions: Any, now_ms: int) -> list[Any]:
+    """Issue 11 item 6: the last completed segment was fair game while one was in progress."""
+    completed = [s for s in listing.segments if s.state is SegmentState.COMPLETED]
+    candidates = completed[:-1] if listing.in_progress is None else completed
+    plan = []
+    if config.retention_age_ms:
+        plan = [s for s in candidates if s.last_timestamp_ms < now_ms - config.retention_age_ms]
+    if config.retention_bytes:
+        total = sum(s.bytes for s in listing.live) - sum(s.bytes for s in plan)
+        for segment in candidates:
+            if total <= config.retention_bytes:
+                break
+            if segment not in plan:
+                plan.append(segment)
+                total -= segment.bytes
+    return sorted(plan, key=lambda s: s.sequence)
+
+
+_fail = writer_core.WriterMachine._fail  # noqa: SLF001 - the seam the plants wrap
+
+
+def _fail_without_waking(self: Any, error: Any, now_ms: int) -> list[Any]:
+    """Issue 11 item 3: a failed writer did not wake callers parked in wait_writable()."""
+    return [effect for effect in _fail(self, error, now_ms) if not isinstance(effect, WakeWriters)]
+
+
+def _fail_in_flight_only(self: Any, error: Any, now_ms: int) -> list[Any]:
+    """Issue 11 item 4: records still buffered when the writer failed stayed pending."""
+    last = self.in_flight[-1].first_chunk_id + self.in_flight[-1].chunk_count - 1 if self.in_flight else -1
+    effects = []
+    for effect in _fail(self, error, now_ms):
+        if isinstance(effect, FailChunks):
+            if last < effect.first_chunk_id:
+                continue
+            effect = FailChunks(effect.first_chunk_id, effect.error, last)
+        effects.append(effect)
+    return effects
+
+
+_on_segments_changed = reader.ReaderMachine.on_segments_changed
+_on_waited = reader.ReaderMachine.on_waited
+
+
+def _notified_only_while_waiting(self: Any, now_ms: int) -> list[Any]:
+    """Issue 11 item 2: a notification that came while the reader was not long-polling was lost."""
+    if self.step == "wait":
+        return _on_segments_changed(self, now_ms)
+    return []
+
+
+def _closed_ledger_not_noticed(self: Any, ledger_id: int, entry: Any, lac: int, closed: bool, now_ms: int) -> list[Any]:
+    return _on_waited(self, ledger_id, entry, lac, False, now_ms)
+
+
+def _linger_always(name: str, **settings: Any) -> Any:
+    """Issue 11 item 9: every record waited for the linger timer, even with nothing in flight."""
+    return writer_core.WriterSettings(name, **{**settings, "linger_ms": 50.0})
+
+
+async def _single_attempt(self: Any, what: str, operation: Any) -> Any:
+    """Issue 11 item 11: a retryable metadata error (ConnectionLoss) was final."""
+    return await operation()
+
+
+PLANTS: dict[str, Plant] = {
+    "lost-cas-is-takeover": Plant(
+        ((changes, "still_owned", lambda segment, current: None),),
+        "a writer takes any lost compare-and-set (truncation, retention) for a takeover (item 1)", "writer_death"),
+    "reader-misses-roll": Plant(
+        ((reader.ReaderMachine, "on_segments_changed", _notified_only_while_waiting),
+         (reader.ReaderMachine, "on_waited", _closed_ledger_not_noticed),
+         (reader, "EMPTY_POLLS_BEFORE_LIST_READ", 10**9)),
+        "a reader whose queue is full misses a roll and long-polls the closed ledger (item 2)", "reader_behind"),
+    "waiters-not-woken": Plant(
+        ((writer_core.WriterMachine, "_fail", _fail_without_waking),),
+        "callers parked in wait_writable() are not woken when the writer fails (item 3)", "liveness"),
+    "buffered-left-pending": Plant(
+        ((writer_core.WriterMachine, "_fail", _fail_in_flight_only),),
+        "records still buffered when the writer fails stay pending (item 4)", "liveness"),
+    "reader-ignores-truncation": Plant(
+        ((reader, "below_truncation", lambda segment, position: segment.is_truncated),
+         (reader, "readable_slot",
+          lambda segment, entry_id, slot: None if segment is None or segment.is_truncated else slot)),
+        "a reader goes on returning records below a new truncation point (item 5)", "truncation_ignored"),
+    "retention-takes-last-completed": Plant(
+        ((changes, "retention_plan", _old_retention_plan),),
+        "retention removes the last completed segment while one is in progress (item 6)", "retention"),
+    "entries-ignore-roll-size": Plant(
+        ((writer_core.WriterSettings, "entry_bytes_limit", property(lambda settings: settings.entry_bytes_max)),),
+        "entries are bounded by the entry maximum only, not by the roll size (item 7)", "entry_size"),
+    "batch-columns-not-filled": Plant(
+        ((writer_driver, "fill_missing_columns", lambda batch, schema, now_ms: batch),),
+        "write_batch refuses a batch without its nullable key or timestamp column (item 8)", "refused"),
+    "records-wait-for-linger": Plant(
+        ((writer_driver, "WriterSettings", _linger_always),),
+        "every record waits for the linger timer, even when nothing is in flight (item 9)", "slow_write"),
+    "gc-without-sync": Plant(
+        ((gc, "SYNC_BEFORE_CHECK", False),
+         (gc, "may_collect", lambda *, exists, first_seen_s, now_s, grace_s: not exists)),
+        "bookie GC trusts a lagging metadata view and has no grace period (item 10)", "liveness"),
+    "metadata-errors-not-retried": Plant(
+        ((port.RetryingSegmentStore, "_retry", _single_attempt),),
+        "a retryable metadata error (ConnectionLoss) ends a writer (item 11)", "writer_death"),
+}
+NAMES = tuple(PLANTS)
+
+
+@contextmanager
+def planted(name: str | None) -> Iterator[None]:
+    """Apply the plant `name` (None: nothing) for the block."""
+    if name is None:
+        yield
+        return
+    with ExitStack() as undo:
+        for target, attribute, replacement in PLANTS[name].patches:
+            original = target.__dict__[attribute] if isinstance(target, type) else getattr(target, attribute)
+            setattr(target, attribute, replacement)
+            undo.callback(setattr, target, attribute, original)
+        yield
+
+
+def describe(name: str) -> str:
+    return PLANTS[name].describe
