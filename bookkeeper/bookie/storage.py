@@ -196,6 +196,21 @@ class LedgerStorage:
         if entry_id > self._last_entry.get(ledger_id, -1):
             self._last_entry[ledger_id] = entry_id
 
+    def add_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+        """Several entries of one ledger into the write cache (an ADD_BATCH group)."""
+        cache = self._active.get(ledger_id)
+        if cache is None:
+            cache = self._active[ledger_id] = {}
+        added_bytes, highest = 0, -1
+        for entry_id, data in entries:
+            cache[entry_id] = data
+            added_bytes += len(data)
+            if entry_id > highest:
+                highest = entry_id
+        self._active_bytes += added_bytes
+        if highest > self._last_entry.get(ledger_id, -1):
+            self._last_entry[ledger_id] = highest
+
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         entries = self._active.get(ledger_id)
         if entries is not None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,6 +47,41 @@ def event_values(count: int, size: int = 100) -> list[bytes]:
                     rng.randrange(10**7), rng.getrandbits(48)))
         values.append((value + b" " * size)[: size - 8] + b"%08d" % index)
     return values
+
+
+class CpuMeter:
+    """CPU seconds used by this process and by the cluster's bookie processes between `start()` and
+    `per_op(count)`: figures per operation that a busy machine does not move, where wall-clock rates
+    move by 2x (the bookies' from /proc/<pid>/stat, user + system)."""
+
+    def __init__(self, cluster: LocalCluster | None = None) -> None:
+        self._pids = [bookie.pid for bookie in cluster.bookies if bookie.pid] if cluster else []
+        self._client_s = 0.0
+        self._bookies_s = 0.0
+
+    def _bookie_cpu_s(self) -> float:
+        total = 0.0
+        for pid in self._pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # not Linux, or the bookie is gone: the figure leaves it out
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def start(self) -> CpuMeter:
+        self._client_s, self._bookies_s = time.process_time(), self._bookie_cpu_s()
+        return self
+
+    def per_op(self, count: int) -> dict[str, float]:
+        """Microseconds of CPU per operation: this client's, and all bookies' together."""
+        client_s = time.process_time() - self._client_s
+        figures = {"client_cpu_us_per_op": round(client_s / max(count, 1) * 1e6, 2)}
+        if self._pids:
+            bookies_s = self._bookie_cpu_s() - self._bookies_s
+            figures["bookies_cpu_us_per_op"] = round(bookies_s / max(count, 1) * 1e6, 2)
+        return figures
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:

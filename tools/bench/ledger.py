@@ -4,6 +4,7 @@ through the ledger client at E3/Qw2/Qa2 on three bookie processes)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from typing import Any, Sequence
 
@@ -16,6 +17,7 @@ from bookkeeper.protocol.wire import (
 )
 from tools.bench.common import (
     PASSWORD,
+    CpuMeter,
     bookie_args,
     client_security,
     event_payload,
@@ -69,7 +71,8 @@ class _RawAdder(asyncio.Protocol):
             self.done.set_result(self.latencies)
 
 
-async def _raw_adds(address: str, ledger_id: int, count: int, size: int, in_flight: int) -> dict[str, Any]:
+async def _raw_adds(address: str, ledger_id: int, count: int, size: int, in_flight: int,
+                    meter: CpuMeter) -> dict[str, Any]:
     key, digest = master_key(PASSWORD), Digest.for_ledger(DigestType.CRC32C, PASSWORD)
     frames = [encode_request(AddRequest(index, ledger_id, index, key,
                                         pack_entry(digest, ledger_id, index, index - 1, 0,
@@ -78,13 +81,15 @@ async def _raw_adds(address: str, ledger_id: int, count: int, size: int, in_flig
     loop = asyncio.get_running_loop()
     done: asyncio.Future[list[float]] = loop.create_future()
     host, _, port = address.rpartition(":")
+    meter.start()
     started = time.perf_counter()
     transport, _ = await loop.create_connection(lambda: _RawAdder(frames, in_flight, done), host, int(port))
     latencies = await done
     elapsed_s = time.perf_counter() - started
     transport.close()
     return {"entries": count, "entry_bytes": size, "in_flight": in_flight,
-            "adds_per_s": round(count / elapsed_s), **percentiles(latencies)}
+            "adds_per_s": round(count / elapsed_s), **percentiles(latencies),
+            "bookie_cpu_us_per_add": meter.per_op(count)["bookies_cpu_us_per_op"]}
 
 
 def bench_bookie(entries: int = 200_000, sizes: tuple[int, ...] = (100, 1024),
@@ -98,7 +103,8 @@ def bench_bookie(entries: int = 200_000, sizes: tuple[int, ...] = (100, 1024),
         for size in sizes:
             for in_flight in in_flights:
                 count = entries if in_flight > 1 else min(entries, 20_000)
-                runs.append(asyncio.run(_raw_adds(address, ledger_id, count, size, in_flight)))
+                runs.append(asyncio.run(_raw_adds(address, ledger_id, count, size, in_flight,
+                                                  CpuMeter(cluster))))
                 ledger_id += 1
     return {"mode": "bookie", "fsync": fsync, "bookies": 1, "runs": runs}
 
@@ -106,31 +112,63 @@ def bench_bookie(entries: int = 200_000, sizes: tuple[int, ...] = (100, 1024),
 # ---------------------------------------------------------------------------- ledger
 
 
+async def _throughput(client: Any, cluster: LocalCluster, entries: int, in_flight: int,
+                      batch_entries: int) -> dict[str, Any]:
+    """`entries` appends of 100 B with `in_flight` outstanding: one future per append, or with
+    `batch_entries` > 0 one `append_batch` call (one future) per that many entries."""
+    handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
+    payloads = [event_payload(index, 100) for index in range(entries)]
+    meter = CpuMeter(cluster).start()
+    started = time.perf_counter()
+    if batch_entries:
+        await _append_batches(handle, payloads, in_flight, batch_entries)
+    else:
+        await _append_each(handle, payloads, in_flight)
+    elapsed_s = time.perf_counter() - started
+    cpu = meter.per_op(entries)
+    await handle.close()
+    return {"run": "throughput", "entries": entries, "entry_bytes": 100, "in_flight": in_flight,
+            "batch_entries": batch_entries or 1, "appends_per_s": round(entries / elapsed_s), **cpu}
+
+
+async def _append_each(handle: Any, payloads: list[bytes], in_flight: int) -> None:
+    semaphore = asyncio.Semaphore(in_flight)
+
+    def release(_: object) -> None:
+        semaphore.release()
+
+    futures = []
+    for payload in payloads:
+        await semaphore.acquire()
+        future = handle.append_async(payload)
+        future.add_done_callback(release)
+        futures.append(future)
+    await asyncio.gather(*futures)
+
+
+async def _append_batches(handle: Any, payloads: list[bytes], in_flight: int, batch_entries: int) -> None:
+    """At most `in_flight` entries outstanding, appended `batch_entries` at a time."""
+    pending: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
+    outstanding = 0
+    for start in range(0, len(payloads), batch_entries):
+        chunk = payloads[start: start + batch_entries]
+        while pending and outstanding + len(chunk) > in_flight:
+            future, count = pending.popleft()
+            await future
+            outstanding -= count
+        pending.append((handle.append_batch(chunk), len(chunk)))
+        outstanding += len(chunk)
+    for future, _ in pending:
+        await future
+
+
 async def _ledger_runs(cluster: LocalCluster, entries: int, in_flight: int, latency_entries: int,
-                       rates_per_s: Sequence[int]) -> list[dict[str, Any]]:
+                       rates_per_s: Sequence[int], batch_entries: int = 0) -> list[dict[str, Any]]:
     from bookkeeper.client import BookKeeper
 
     runs = []
     async with BookKeeper(zk=cluster.zk_address, security=client_security(cluster, admin=True)) as client:
-        handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
-        payloads = [event_payload(index, 100) for index in range(entries)]
-        semaphore = asyncio.Semaphore(in_flight)
-        started = time.perf_counter()
-
-        def release(_: object) -> None:
-            semaphore.release()
-
-        futures = []
-        for payload in payloads:
-            await semaphore.acquire()
-            future = handle.append_async(payload)
-            future.add_done_callback(release)
-            futures.append(future)
-        await asyncio.gather(*futures)
-        elapsed_s = time.perf_counter() - started
-        runs.append({"run": "throughput", "entries": entries, "entry_bytes": 100,
-                     "in_flight": in_flight, "appends_per_s": round(entries / elapsed_s)})
-        await handle.close()
+        runs.append(await _throughput(client, cluster, entries, in_flight, batch_entries))
 
         handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
         latencies = []
@@ -178,12 +216,14 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, A
 
 def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: int = 5_000,
                  rate_per_s: int = 1000, fsync: bool = True,
-                 sweep_rates_per_s: Sequence[int] = (), secure: bool = False) -> dict[str, Any]:
+                 sweep_rates_per_s: Sequence[int] = (), secure: bool = False,
+                 batch_entries: int = 0) -> dict[str, Any]:
     """Throughput, sequential latency, and tail latency at `rate_per_s` (and at each sweep rate,
     for a chart of latency against offered throughput)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
     with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
-        runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries, rates))
+        runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries, rates,
+                                        batch_entries))
     return {"mode": "ledger", "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2",
             **({"security": "TLS + token auth + ZooKeeper ACLs (admin token)"} if secure else {}),
             "runs": runs}

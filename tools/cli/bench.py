@@ -96,6 +96,9 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @click.option("--latency-entries", default=5_000, show_default=True, type=click.IntRange(10))
 @click.option("--rate", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
               help="appends per second offered in the tail-latency run")
+@click.option("--batch", "batch_entries", default=0, show_default=True, type=click.IntRange(0, 10_000),
+              help="throughput run: append this many entries per append_batch() call (one future "
+                   "per call); 0 appends one by one")
 @rates_option(LEDGER_SWEEP_RATES)
 @plot_option
 @no_fsync_option
@@ -103,8 +106,8 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @json_option
 @fails_cleanly
 def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
-                         sweep_rates: tuple[int, ...], plot_dir: Path | None, no_fsync: bool,
-                         secure: bool, as_json: bool) -> None:
+                         batch_entries: int, sweep_rates: tuple[int, ...], plot_dir: Path | None,
+                         no_fsync: bool, secure: bool, as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
     from tools.bench.ledger import bench_ledger
 
@@ -112,7 +115,7 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
     if plot_dir is not None and not sweep_rates:
         sweep_rates = LEDGER_SWEEP_RATES
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
-                          sweep_rates_per_s=sweep_rates, secure=secure)
+                          sweep_rates_per_s=sweep_rates, secure=secure, batch_entries=batch_entries)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "ledger-tail-latency.png",
                                             "ledger append to tailing reader latency", "appends"))]
