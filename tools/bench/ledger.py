@@ -8,6 +8,7 @@ import collections
 import time
 from typing import Any, Sequence
 
+from bookkeeper.protocol.batch import encode_add_batch
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -30,15 +31,19 @@ from tools.cluster import LocalCluster
 
 
 class _RawAdder(asyncio.Protocol):
-    """Keeps `in_flight` pre-encoded adds outstanding on one connection and times each."""
+    """Keeps `in_flight` pre-encoded add frames outstanding on one connection and times each; a
+    frame holds `per_frame` entries (an ADD_BATCH when more than one)."""
 
-    def __init__(self, frames: list[bytes], in_flight: int, done: asyncio.Future[list[float]]) -> None:
+    def __init__(self, frames: list[bytes], in_flight: int, per_frame: int,
+                 done: asyncio.Future[list[float]]) -> None:
         self.frames = frames
         self.in_flight = in_flight
+        self.per_frame = per_frame
         self.done = done
         self.decoder = ResponseDecoder()
         self.sent_at: list[float] = [0.0] * len(frames)
         self.latencies: list[float] = []
+        self.answered = 0
         self.next_index = 0
         self.transport: asyncio.Transport | None = None
 
@@ -61,40 +66,55 @@ class _RawAdder(asyncio.Protocol):
         now = time.perf_counter()
         answered = 0
         while (response := self.decoder.next_message()) is not None:
-            if isinstance(response, ErrorResponse):
+            if isinstance(response, ErrorResponse) or getattr(response, "failures", ()):
                 self.done.set_exception(RuntimeError(f"add failed: {response}"))
                 return
-            self.latencies.append(now - self.sent_at[response.request_id])
+            self.latencies += [now - self.sent_at[response.request_id]] * self.per_frame
             answered += 1
+        self.answered += answered
         self._send(answered)
-        if len(self.latencies) == len(self.frames) and not self.done.done():
+        if self.answered == len(self.frames) and not self.done.done():
             self.done.set_result(self.latencies)
 
 
-async def _raw_adds(address: str, ledger_id: int, count: int, size: int, in_flight: int,
-                    meter: CpuMeter) -> dict[str, Any]:
+def _add_frames(ledger_id: int, count: int, size: int, per_frame: int) -> list[bytes]:
+    """`count` entries as single ADD frames (`per_frame` 1) or ADD_BATCH frames of `per_frame`."""
     key, digest = master_key(PASSWORD), Digest.for_ledger(DigestType.CRC32C, PASSWORD)
-    frames = [encode_request(AddRequest(index, ledger_id, index, key,
-                                        pack_entry(digest, ledger_id, index, index - 1, 0,
-                                                   event_payload(index, size))))
-              for index in range(count)]
+    entries = [pack_entry(digest, ledger_id, index, index - 1, 0, event_payload(index, size))
+               for index in range(count)]
+    if per_frame == 1:
+        return [encode_request(AddRequest(index, ledger_id, index, key, entry))
+                for index, entry in enumerate(entries)]
+    return [encode_add_batch(index, [(ledger_id, key, False, entries[start: start + per_frame])])
+            for index, start in enumerate(range(0, count, per_frame))]
+
+
+async def _raw_adds(address: str, ledger_id: int, count: int, size: int, in_flight: int,
+                    per_frame: int, meter: CpuMeter) -> dict[str, Any]:
+    per_frame = min(per_frame, in_flight)
+    count -= count % per_frame
+    frames = _add_frames(ledger_id, count, size, per_frame)
     loop = asyncio.get_running_loop()
     done: asyncio.Future[list[float]] = loop.create_future()
     host, _, port = address.rpartition(":")
     meter.start()
     started = time.perf_counter()
-    transport, _ = await loop.create_connection(lambda: _RawAdder(frames, in_flight, done), host, int(port))
+    transport, _ = await loop.create_connection(
+        lambda: _RawAdder(frames, max(1, in_flight // per_frame), per_frame, done), host, int(port))
     latencies = await done
     elapsed_s = time.perf_counter() - started
     transport.close()
     return {"entries": count, "entry_bytes": size, "in_flight": in_flight,
+            "frame": "ADD" if per_frame == 1 else f"ADD_BATCH of {per_frame}",
             "adds_per_s": round(count / elapsed_s), **percentiles(latencies),
             "bookie_cpu_us_per_add": meter.per_op(count)["bookies_cpu_us_per_op"]}
 
 
 def bench_bookie(entries: int = 200_000, sizes: tuple[int, ...] = (100, 1024),
-                 in_flights: tuple[int, ...] = (1, 64), fsync: bool = True) -> dict[str, Any]:
-    """Raw adds against one bookie process; each run on a fresh ledger."""
+                 in_flights: tuple[int, ...] = (1, 64), fsync: bool = True,
+                 batches: tuple[int, ...] = (1, 16)) -> dict[str, Any]:
+    """Raw adds against one bookie process, each run on a fresh ledger: single ADD frames, and
+    (with more than one in flight) ADD_BATCH frames of each of `batches` entries."""
     args = [] if fsync else ["--no-fsync"]
     runs = []
     with local_cluster(1, args) as cluster:
@@ -103,9 +123,10 @@ def bench_bookie(entries: int = 200_000, sizes: tuple[int, ...] = (100, 1024),
         for size in sizes:
             for in_flight in in_flights:
                 count = entries if in_flight > 1 else min(entries, 20_000)
-                runs.append(asyncio.run(_raw_adds(address, ledger_id, count, size, in_flight,
-                                                  CpuMeter(cluster))))
-                ledger_id += 1
+                for per_frame in sorted({1, *(batch for batch in batches if batch <= in_flight)}):
+                    runs.append(asyncio.run(_raw_adds(address, ledger_id, count, size, in_flight,
+                                                      per_frame, CpuMeter(cluster))))
+                    ledger_id += 1
     return {"mode": "bookie", "fsync": fsync, "bookies": 1, "runs": runs}
 
 

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from bookkeeper.errors import DlogError
 from tools.bench.common import (
     NAMESPACE,
+    CpuMeter,
     event_values,
     mb_per_s,
     peak_rss_mb,
@@ -79,7 +80,7 @@ async def _round_robin(writers: list[Any], values: list[bytes]) -> float:
     return time.perf_counter() - started
 
 
-async def _scale_run(ns: Any, stream_count: int, values: list[bytes]) -> dict[str, Any]:
+async def spread_run(ns: Any, stream_count: int, values: list[bytes]) -> dict[str, Any]:
     """The same records spread round-robin over `stream_count` streams, each with its own writer.
     The producer lets the event loop run every PRODUCER_YIELD_RECORDS records, as one fed by a
     socket would, so each writer's linger timer fires on time and entries hold what arrived."""
@@ -87,8 +88,10 @@ async def _scale_run(ns: Any, stream_count: int, values: list[bytes]) -> dict[st
     started = time.perf_counter()
     writers = await _open_writers(ns, names)
     open_s = time.perf_counter() - started
+    meter = CpuMeter().start()
     try:
         elapsed_s = await _round_robin(writers, values)
+        cpu = meter.per_op(len(values))
     finally:
         closed = await _bounded(OPEN_CONCURRENCY, [writer.close() for writer in writers])
     _raise_first(closed)
@@ -100,7 +103,7 @@ async def _scale_run(ns: Any, stream_count: int, values: list[bytes]) -> dict[st
             "entries": entries, "records_per_entry": round(len(values) / max(entries, 1), 1),
             "stored_records": sum(item["records"] for item in stored),
             "compression_ratio": ratio(raw_bytes, sum(item["bytes"] for item in stored)),
-            "open_s": round(open_s, 2)}
+            "open_s": round(open_s, 2), **cpu}
 
 
 async def _answer(connection: Any, timeout_s: float) -> dict[str, Any]:
@@ -196,7 +199,7 @@ def bench_scale(records: int = 200_000, stream_counts: Sequence[int] = (1, 10, 1
 
     async def runs(ns: Any, cluster: LocalCluster) -> tuple[list[Any], list[Any]]:
         values = event_values(records)
-        spread = [await _scale_run(ns, count, values) for count in stream_counts]
+        spread = [await spread_run(ns, count, values) for count in stream_counts]
         memory = [await _backlog_run(ns, cluster, count, backlog_batch_records) for count in backlog_records]
         return spread, memory
 

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from bookkeeper.errors import DlogError
 from dlog.segments.codec import records_to_batch
 from tools.bench.common import (
+    CpuMeter,
     event_values,
     mb_per_s,
     percentiles,
@@ -51,6 +52,7 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
     """Per-record write, pipelined: write_nowait, waiting only when the writer's buffer is full."""
     await ns.create_stream(stream)
     async with ns.open_writer(stream) as writer:
+        meter = CpuMeter().start()
         started = time.perf_counter()
         pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         for value in values:
@@ -63,11 +65,13 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
         for future in pending:
             future.result()
         elapsed_s = time.perf_counter() - started
+        cpu = meter.per_op(len(values))
     raw_bytes = sum(map(len, values))
     stored = await stored_totals(ns, stream)
     return {"run": "write", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
             "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
-            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"])}
+            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"]),
+            **cpu}
 
 
 async def read_run(ns: Any, stream: str) -> dict[str, Any]:
@@ -144,13 +148,18 @@ def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_ra
 
 
 def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
-                write_records: int = 300_000, fsync: bool = True, secure: bool = False) -> dict[str, Any]:
-    """Stream writes: write_batch of Arrow batches, and per-record write() of `write_records`."""
+                write_records: int = 300_000, fsync: bool = True, secure: bool = False,
+                streams: int = 1) -> dict[str, Any]:
+    """Stream writes: write_batch of Arrow batches, and per-record write() of `write_records`
+    (with `streams` > 1, spread round-robin over that many streams, one writer each)."""
+    from tools.bench.scale import spread_run
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         values = event_values(records)
+        per_record = values[:min(records, write_records)]
         return [await _write_batch_run(ns, "batches", values, batch_records),
-                await _write_records_run(ns, "records", values[:min(records, write_records)])]
+                await (_write_records_run(ns, "records", per_record) if streams == 1
+                       else spread_run(ns, streams, per_record))]
 
     return {**stream_header("write", fsync, secure), "record_bytes": 100,
             "runs": run_streams(fsync, runs, secure)}

@@ -78,15 +78,18 @@ def bench() -> None:
 @click.option("--size", "sizes", multiple=True, type=SIZE, help="entry payload size (repeatable; default 100 and 1KiB)")
 @click.option("--in-flight", "in_flights", multiple=True, type=click.IntRange(1, 10_000),
               help="adds kept outstanding (repeatable; default 1 and 64)")
+@click.option("--batch", "batches", multiple=True, type=click.IntRange(1, 4096),
+              help="entries per ADD_BATCH frame, runs beside single ADD frames (repeatable; default 16)")
 @no_fsync_option
 @json_option
 @fails_cleanly
 def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple[int, ...],
-                         no_fsync: bool, as_json: bool) -> None:
-    """Raw adds against one bookie process."""
+                         batches: tuple[int, ...], no_fsync: bool, as_json: bool) -> None:
+    """Raw adds against one bookie process: single ADD frames and ADD_BATCH frames."""
     from tools.bench.ledger import bench_bookie
 
-    result = bench_bookie(entries, sizes or (100, 1024), in_flights or (1, 64), fsync=not no_fsync)
+    result = bench_bookie(entries, sizes or (100, 1024), in_flights or (1, 64), fsync=not no_fsync,
+                          batches=batches or (16,))
     print_bench(result, as_json)
 
 
@@ -145,16 +148,19 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
 @click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1))
 @click.option("--write-records", default=300_000, show_default=True, type=click.IntRange(100),
               help="records written one by one with write() (at most --records)")
+@click.option("--streams", default=1, show_default=True, type=click.IntRange(1, 10_000),
+              help="spread the per-record writes round-robin over this many streams, one writer each")
 @no_fsync_option
 @secure_option
 @json_option
 @fails_cleanly
-def bench_write_command(records: int, batch_records: int, write_records: int, no_fsync: bool,
-                        secure: bool, as_json: bool) -> None:
+def bench_write_command(records: int, batch_records: int, write_records: int, streams: int,
+                        no_fsync: bool, secure: bool, as_json: bool) -> None:
     """Stream writes: write_batch() of Arrow batches and per-record write(), records/s and MB/s."""
     from tools.bench.streams import bench_write
 
-    print_bench(bench_write(records, batch_records, write_records, fsync=not no_fsync, secure=secure),
+    print_bench(bench_write(records, batch_records, write_records, fsync=not no_fsync, secure=secure,
+                            streams=streams),
                 as_json)
 
 
@@ -246,15 +252,18 @@ def bench_limits_command(directory: Path | None, journal_writes: int, sequential
               help="records per write_batch call / XADDs per pipeline")
 @click.option("--in-flight", default=8, show_default=True, type=click.IntRange(1, 256),
               help="batches (pipelines) outstanding on each side")
+@click.option("--sequential-records", default=2000, show_default=True, type=click.IntRange(0),
+              help="records written one awaited write at a time on each side (0: none)")
 @no_fsync_option
 @json_option
 @fails_cleanly
-def bench_compare_command(records: int, batch_records: int, in_flight: int, no_fsync: bool,
-                          as_json: bool) -> None:
+def bench_compare_command(records: int, batch_records: int, in_flight: int, sequential_records: int,
+                          no_fsync: bool, as_json: bool) -> None:
     """The same writes and catch-up reads on dlog and on Redis Streams (needs scripts/ensure-redis.sh)."""
     from tools.bench.compare import bench_compare
 
-    print_bench(bench_compare(records, batch_records, in_flight, fsync=not no_fsync), as_json)
+    print_bench(bench_compare(records, batch_records, in_flight, fsync=not no_fsync,
+                              sequential_records=sequential_records), as_json)
 
 
 @bench.command("codec")
