@@ -85,10 +85,13 @@ class BatchHandlers:
                 good, refused = self._add_group(group)
                 failures += [AddFailure(index + position, status, message)
                              for position, status, message in refused]
-                if good:
-                    records.append(group.section if not refused else group_record(group.ledger_id, good))
-                    accepted += len(good)
-                    added_bytes += sum(map(len, good))
+                if good and not refused:  # the group's entries as framed: no per-entry copy
+                    records.append(_GROUP_RECORD.pack(RECORD_ADD_GROUP, group.ledger_id, len(good))
+                                   + group.section)
+                elif good:
+                    records.append(group_record(group.ledger_id, good))
+                accepted += len(good)
+                added_bytes += sum(map(len, good))
             index += count
         self.add_count += accepted
         self.add_bytes += added_bytes
