@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from dlog.namespace import Namespace
 
 log = logging.getLogger(__name__)
-READ_BATCH_ENTRIES = 64
+READ_BATCH_ENTRIES = 32  # entries per ledger read; one more range is fetched ahead (64 in flight)
 READ_AHEAD_BYTES = 64 * 2**20  # decoded Arrow bytes a reader holds ahead of its consumer
 
 
@@ -268,6 +268,14 @@ class StreamReader:
 
     async def _read_segment(self, segment: Segment, position: _Position) -> _Position | None:
         handle = await self.namespace.open_segment_ledger(self.config, segment)
+        prefetch = _Prefetch(handle)
+        try:
+            return await self._read_segment_from(segment, position, handle, prefetch)
+        finally:
+            prefetch.cancel()
+
+    async def _read_segment_from(self, segment: Segment, position: _Position, handle: Any,
+                                 prefetch: _Prefetch) -> _Position | None:
         next_entry = position.entry_id
         first_slot = position.slot
         while True:
@@ -278,7 +286,10 @@ class StreamReader:
                 handle.advance_lac(limit)  # the list changed since the handle was opened
             if next_entry <= limit:
                 last = min(limit, next_entry + READ_BATCH_ENTRIES - 1)
-                for entry in await handle.read(next_entry, last):
+                entries = await prefetch.take(next_entry, last)
+                if last < limit:  # fetched while this range is decoded: bookies and decoding overlap
+                    prefetch.start(last + 1, min(limit, last + READ_BATCH_ENTRIES))
+                for entry in entries:
                     await self._emit(segment, entry.entry_id, entry.payload, first_slot)
                     first_slot = 0
                 next_entry = last + 1
@@ -437,3 +448,39 @@ def _to_ms(value: Any) -> int:
     if hasattr(value, "timestamp"):
         return int(value.timestamp() * 1000)
     return int(value)
+
+
+class _Prefetch:
+    """At most one ledger range read ahead of the one being decoded."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self._range: tuple[int, int] | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def start(self, first: int, last: int) -> None:
+        self.cancel()
+        self._range = (first, last)
+        self._task = asyncio.ensure_future(self.handle.read(first, last))
+
+    async def take(self, first: int, last: int) -> Any:
+        task, wanted = self._task, self._range
+        self._task = self._range = None
+        if task is not None and wanted == (first, last):
+            return await task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return await self.handle.read(first, last)
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task.add_done_callback(_consume)
+        self._task = self._range = None
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a prefetch nobody took: its failure was not this reader's
+
