@@ -99,6 +99,9 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @click.option("--latency-entries", default=5_000, show_default=True, type=click.IntRange(10))
 @click.option("--rate", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
               help="appends per second offered in the tail-latency run")
+@click.option("--checkpoint-entries", default=0, show_default=True, type=click.IntRange(0, 10_000_000),
+              help="also measure the tail latency at --rate for 12 s while the bookies checkpoint this "
+                   "many entries written just before (0: skip)")
 @click.option("--batch", "batch_entries", default=0, show_default=True, type=click.IntRange(0, 10_000),
               help="throughput run: append this many entries per append_batch() call (one future "
                    "per call); 0 appends one by one")
@@ -109,8 +112,8 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @json_option
 @fails_cleanly
 def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
-                         batch_entries: int, sweep_rates: tuple[int, ...], plot_dir: Path | None,
-                         no_fsync: bool, secure: bool, as_json: bool) -> None:
+                         checkpoint_entries: int, batch_entries: int, sweep_rates: tuple[int, ...],
+                         plot_dir: Path | None, no_fsync: bool, secure: bool, as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
     from tools.bench.ledger import bench_ledger
 
@@ -118,7 +121,8 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
     if plot_dir is not None and not sweep_rates:
         sweep_rates = LEDGER_SWEEP_RATES
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
-                          sweep_rates_per_s=sweep_rates, secure=secure, batch_entries=batch_entries)
+                          sweep_rates_per_s=sweep_rates, secure=secure, batch_entries=batch_entries,
+                          checkpoint_entries=checkpoint_entries)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "ledger-tail-latency.png",
                                             "ledger append to tailing reader latency", "appends"))]
