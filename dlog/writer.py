@@ -36,6 +36,7 @@ from bookkeeper.errors import (
     MetadataVersionError,
     NoSuchLedgerError,
 )
+from dlog.linger import flusher_of
 from dlog.offsets import Offset
 from dlog.segments.codec import (
     RecordSetCodec,
@@ -124,13 +125,14 @@ class StreamWriter:
         self._values: list[bytes] = []
         self._keys: list[bytes | None] = []
         self._timestamps: list[int] = []
-        self._futures: list[asyncio.Future[Offset]] = []
+        self._futures: list[asyncio.Future[Offset] | None] = []  # None: an offered record
         self._buffered_bytes = 0
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._in_flight_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._linger: asyncio.TimerHandle | None = None
+        self._linger: int | None = None  # the linger flusher's round this writer waits for
+        self._flusher = flusher_of(asyncio.get_running_loop())
         self._rolling: asyncio.Task[None] | None = None
         self._segment_records = 0
         self._segment_bytes = 0
@@ -261,8 +263,60 @@ class StreamWriter:
         if self._buffered_bytes >= self.flush_bytes or len(self._values) >= self.flush_records:
             self._flush_buffer()
         elif self._linger is None:
-            self._linger = asyncio.get_running_loop().call_later(self.linger_s, self._flush_buffer)
+            self._linger = self._flusher.schedule(self, self.linger_s)
         return future
+
+    def offer(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None) -> None:
+        """The fastest way to write records one by one: buffer one record (default schema) with no
+        future and no task. `await flush()` returns once every record offered before it is durable,
+        and raises if any of them failed (as does every later call); check `writable` (or
+        `await wait_writable()`) now and then to bound memory, as with `write_nowait`."""
+        if self.error is not None or self._closed:
+            self._check_open()
+        if type(value) is not bytes:
+            if not isinstance(value, (bytearray, memoryview)):
+                raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed "
+                                  "streams take write_batch()")
+            value = bytes(value)
+        self._values.append(value)
+        self._keys.append(key)
+        self._timestamps.append(int(_time() * 1000) if timestamp_ms is None else timestamp_ms)
+        self._futures.append(None)
+        self._buffered_bytes += len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES
+        if self._buffered_bytes >= self.flush_bytes or len(self._values) >= self.flush_records:
+            self._flush_buffer()
+        elif self._linger is None:
+            self._linger = self._flusher.schedule(self, self.linger_s)
+
+    def take_lingering(self, round_id: int) -> tuple[list[Any], ...] | None:
+        """For the linger flusher (linger.py): the buffered records (values, keys, timestamps,
+        futures) if this writer is due in that round and may send them now; they leave the buffer."""
+        if self._linger != round_id:
+            return None  # flushed meanwhile (its round was another one, or none)
+        self._linger = None
+        if (not self._values or self._rolling is not None or self.error is not None
+                or len(self._values) > self.flush_records):
+            self._flush_buffer()  # the writer's own rules (failing, rolling, splitting)
+            return None
+        taken = self._values, self._keys, self._timestamps, self._futures
+        self._values, self._keys, self._timestamps, self._futures = [], [], [], []
+        self._buffered_bytes = 0
+        return taken
+
+    def reject_taken(self, futures: list[asyncio.Future[Offset] | None], error: DlogError) -> None:
+        """Records `take_lingering` returned could not be built (a key that is not bytes, a
+        timestamp that is not an integer): they get the error, and the writer stops, since offered
+        records have no future to carry it (`flush()` and every later call raise it)."""
+        if self.error is None:
+            self.error = error
+        for future in futures:
+            if future is not None and not future.done():
+                future.set_exception(error)
+
+    def send_taken(self, batch: pa.RecordBatch, timestamps: list[int],
+                   futures: list[asyncio.Future[Offset] | None]) -> None:
+        """The records `take_lingering` returned, as one Arrow batch, into entries."""
+        self._send_records(batch, futures, (min(timestamps), max(timestamps)))
 
     async def write_batch(self, batch: pa.RecordBatch | Sequence[bytes]) -> WrittenBatch:
         """Write a whole Arrow batch (or a list of values) without per-record Python work."""
@@ -284,9 +338,7 @@ class StreamWriter:
     def _flush_buffer(self) -> None:
         """Turn buffered records into entries of at most `flush_records` records; stop as soon as a
         roll starts, so a segment overshoots its record limit by less than one entry."""
-        if self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
+        self._linger = None  # its round, when it comes, finds nothing to take
         if self.error is not None and self._futures:
             self._fail_buffered(self.error)
         while self._values and self._rolling is None and self.error is None:
@@ -299,36 +351,51 @@ class StreamWriter:
                                             for v, k in zip(values, keys))
             else:
                 self._buffered_bytes = 0
-            batch = records_to_batch(values, keys, timestamps, self.codec.schema)
-            for piece_start, piece in _pieces(split_batch(batch, self.entry_bytes_max)):
-                piece_futures = futures[piece_start: piece_start + piece.num_rows]
-                try:
-                    appended = self._append(piece)
-                except DlogError as exc:
-                    # the ledger refused at once (its writer already failed, e.g. fenced): these
-                    # records left the buffer, so they must get the error here or never complete
-                    error = (self._fenced(f"stream {self.name!r} was taken over by another writer; "
-                                          "the outcome of these records is unknown")
-                             if isinstance(exc, LedgerFencedError) else exc)
-                    if self.error is None:
-                        self.error = error
-                    for future in futures[piece_start:]:
-                        if not future.done():
-                            future.set_exception(self.error)
-                    return
+            batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
+            self._send_records(batch, futures, (min(timestamps), max(timestamps)))
+
+    def _send_records(self, batch: pa.RecordBatch, futures: list[asyncio.Future[Offset] | None],
+                      timestamp_range_ms: tuple[int, int]) -> None:
+        """Records taken from the buffer into entries; their futures (None for offered records)
+        resolve with the entries' offsets, or all fail with the error that stopped them."""
+        pieces = split_batch(batch, self.entry_bytes_max)
+        whole = len(pieces) == 1
+        for piece_start, piece in _pieces(pieces):
+            piece_futures = futures[piece_start: piece_start + piece.num_rows]
+            try:
+                appended = self._append(piece, timestamp_range_ms if whole else None)
+            except DlogError as exc:
+                # the ledger refused at once (its writer already failed, e.g. fenced): these
+                # records left the buffer, so they must get the error here or never complete
+                error = (self._fenced(f"stream {self.name!r} was taken over by another writer; "
+                                      "the outcome of these records is unknown")
+                         if isinstance(exc, LedgerFencedError) else exc)
+                if self.error is None:
+                    self.error = error
+                for future in futures[piece_start:]:
+                    if future is not None and not future.done():
+                        future.set_exception(self.error)
+                return
+            if any(piece_futures):  # offered records have none: nothing to resolve per record
                 appended.add_done_callback(lambda done, fs=piece_futures: _resolve(done, fs))
 
-    def _append(self, piece: pa.RecordBatch) -> asyncio.Future[Offset]:
+    def _append(self, piece: pa.RecordBatch,
+                timestamp_range_ms: tuple[int, int] | None = None) -> asyncio.Future[Offset]:
         """Encode and append one entry; resolves to the entry's first Offset (slot 0)."""
         ledger = self._ledger
         assert ledger is not None
-        payload = self.codec.encode(piece, self._segment_records)
-        header = self.codec.peek_header(payload)
+        if timestamp_range_ms is None:
+            payload = self.codec.encode(piece, self._segment_records)
+            header = self.codec.peek_header(payload)
+            timestamp_range_ms = header.min_timestamp_ms, header.max_timestamp_ms
+        else:  # built here from bytes and integer timestamps: no Arrow compute, no schema check
+            payload = self.codec.encode(piece, self._segment_records,
+                                        timestamp_range_ms=timestamp_range_ms, checked=True)
         if self._segment_records == 0:
-            self._segment_first_ts = header.min_timestamp_ms
+            self._segment_first_ts = timestamp_range_ms[0]
         self._segment_records += piece.num_rows
         self._segment_bytes += len(payload)
-        self._segment_last_ts = max(self._segment_last_ts, header.max_timestamp_ms)
+        self._segment_last_ts = max(self._segment_last_ts, timestamp_range_ms[1])
         appended = ledger.append_async(payload)
         offset: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
         self._in_flight.add(offset)
@@ -362,7 +429,7 @@ class StreamWriter:
         self._values, self._keys, self._timestamps, self._futures = [], [], [], []
         self._buffered_bytes = 0
         for future in futures:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_exception(error)
 
     def _should_roll(self) -> bool:
@@ -493,10 +560,10 @@ def _resolve(done: asyncio.Future[Offset], futures: list[asyncio.Future[Offset]]
     error = done.exception()
     if error is not None:
         for future in futures:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_exception(error)
         return
     first = done.result()
     for slot, future in enumerate(futures):
-        if not future.done():
+        if future is not None and not future.done():
             future.set_result(Offset(first.ledger_id, first.entry_id, slot))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from bookkeeper.client.batcher import plan_range_reads
@@ -49,7 +50,7 @@ class EffectDriver:
         self.ledger_id = ledger_id
         self.master_key = master_key
         self.loop = asyncio.get_running_loop()
-        self._tick_task: asyncio.Task[None] | None = None
+        self._ticker: _Ticker | None = None
         self._metadata_tasks: set[asyncio.Task[None]] = set()
         self._reads: dict[tuple[str, bool], list[int]] = {}  # asked in this run(), per bookie
 
@@ -57,17 +58,18 @@ class EffectDriver:
         return int(self.loop.time() * 1000)
 
     def start_ticking(self, interval_s: float) -> None:
-        async def tick() -> None:
-            while True:
-                await asyncio.sleep(interval_s)
-                self.run(self.machine.on_tick(self.now_ms()))
-
-        self._tick_task = self.loop.create_task(tick())
+        """Feed the machine `on_tick` every `interval_s` (shared with every driver of the loop that
+        ticks at that interval: one timer for 1,000 open ledgers, not 1,000 tasks)."""
+        self._ticker = _Ticker.of(self.loop, interval_s)
+        self._ticker.add(self)
 
     def stop_ticking(self) -> None:
-        if self._tick_task is not None:
-            self._tick_task.cancel()
-            self._tick_task = None
+        if self._ticker is not None:
+            self._ticker.drivers.pop(self, None)
+            self._ticker = None
+
+    def tick(self) -> None:
+        self.run(self.machine.on_tick(self.now_ms()))
 
     def run(self, effects: list[Effect]) -> None:
         pool = self.context.pool
@@ -220,6 +222,43 @@ class EffectDriver:
             self.run(self.machine.on_metadata_conflict(current, version, self.now_ms()))
         else:
             self.run(self.machine.on_metadata_written(effect.metadata, version, self.now_ms()))
+
+
+class _Ticker:
+    """One repeating timer per event loop and interval, ticking every driver registered with it."""
+
+    _tickers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, _Ticker]] = (
+        weakref.WeakKeyDictionary())
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
+        self.loop = loop
+        self.interval_s = interval_s
+        self.drivers: dict[EffectDriver, None] = {}  # in the order they started ticking
+        self._timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop, interval_s: float) -> _Ticker:
+        tickers = cls._tickers.setdefault(loop, {})
+        ticker = tickers.get(interval_s)
+        if ticker is None:
+            ticker = tickers[interval_s] = cls(loop, interval_s)
+        return ticker
+
+    def add(self, driver: EffectDriver) -> None:
+        self.drivers[driver] = None
+        if self._timer is None:
+            self._timer = self.loop.call_later(self.interval_s, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        for driver in list(self.drivers):
+            if driver in self.drivers:  # an earlier tick may have stopped it
+                try:
+                    driver.tick()
+                except Exception:  # one driver's failure must not stop the others' clocks
+                    log.exception("tick of ledger %d failed", driver.ledger_id)
+        if self.drivers:
+            self._timer = self.loop.call_later(self.interval_s, self._tick)
 
 
 def as_dlog_error(error: BaseException) -> DlogError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bookkeeper.errors import DlogError
+from bookkeeper.runtime import tune_garbage_collector
 from tools.cluster import LocalCluster
 
 PASSWORD = b"bench"
@@ -187,8 +188,12 @@ def reset_peak_rss() -> bool:
 
 
 def run_streams(fsync: bool, action: Any, secure: bool = False) -> Any:
-    """Start a 3-bookie cluster, open the bench namespace, and run `action(ns)` in it."""
+    """Start a 3-bookie cluster, open the bench namespace, and run `action(ns)` in it. The bench
+    process tunes its cycle collector as a bookie does, and as docs/operations.md recommends for
+    a client that keeps many writers or records in flight."""
     from dlog import Namespace
+
+    tune_garbage_collector()
 
     async def go(cluster: LocalCluster) -> Any:
         async with Namespace(cluster.zk_address, NAMESPACE, security=client_security(cluster)) as ns:

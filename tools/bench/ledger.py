@@ -9,6 +9,7 @@ import time
 from typing import Any, Sequence
 
 from bookkeeper.protocol.batch import encode_add_batch
+from bookkeeper.runtime import tune_garbage_collector
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -280,6 +281,7 @@ def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: 
     """Throughput, sequential latency, and tail latency at `rate_per_s` (and at each sweep rate,
     for a chart of latency against offered throughput)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
+    tune_garbage_collector()  # as run_streams does (common.py)
     with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
         runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries,
                                         [rate_per_s, *(rate for rate in rates if rate != rate_per_s)],
