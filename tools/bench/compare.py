@@ -24,7 +24,7 @@ from tools.bench.common import (
     run_streams,
     stored_totals,
 )
-from tools.bench.streams import read_run
+from tools.bench.streams import offer_run, read_run
 from tools.cluster import LocalCluster, die_with_parent, free_port
 
 ENSURE_REDIS = "scripts/ensure-redis.sh"
@@ -252,14 +252,18 @@ async def _dlog_compare_runs(ns: Any, values: list[bytes], batch_records: int,
 
 
 def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """dlog/redis records per second for each run, against each Redis client measured."""
+    """dlog/redis records per second for each run, against each Redis client measured; dlog's
+    per-record writes (offer) are set against Redis's pipelined writes."""
     dlog = {run["run"]: run for run in runs if run["system"] == "dlog"}
-    return [{"run": run["run"], "redis_client": run["client"],
-             "dlog_records_per_s": dlog[run["run"]]["records_per_s"],
+    pairs = [(run["run"], run) for run in runs if run["system"] == "redis" and run["run"] in dlog]
+    pairs += [("per-record write (offer)", run) for run in runs
+              if run["system"] == "redis" and run["run"] == "write" and "per-record write (offer)" in dlog]
+    return [{"run": name if name == run["run"] else f"{name} / redis {run['run']}",
+             "redis_client": run["client"], "dlog_records_per_s": dlog[name]["records_per_s"],
              "redis_records_per_s": run["records_per_s"],
              "dlog_over_redis": None if run["records_per_s"] is None
-             else round(dlog[run["run"]]["records_per_s"] / max(run["records_per_s"], 1), 2)}
-            for run in runs if run["system"] == "redis"]
+             else round(dlog[name]["records_per_s"] / max(run["records_per_s"], 1), 2)}
+            for name, run in pairs]
 
 
 def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight: int = 8,
@@ -273,6 +277,10 @@ def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight
 
     async def dlog_side(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         runs = await _dlog_compare_runs(ns, values, batch_records, in_flight)
+        offered = await offer_run(ns, "compare-offered", values)
+        runs.append({"system": "dlog", "client": "dlog (Python)", "run": "per-record write (offer)",
+                     **{key: offered[key] for key in ("records", "records_per_s", "mb_per_s",
+                                                      "compression_ratio")}})
         return runs + ([await _dlog_sequential(ns, sequential)] if sequential else [])
 
     runs = run_streams(fsync, dlog_side)

@@ -74,6 +74,29 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
             **cpu}
 
 
+async def offer_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
+    """The documented fast path of per-record writes: `offer()` each record (no future, no task),
+    checking `writable` as a producer must, then one `flush()` for all of their outcomes."""
+    await ns.create_stream(stream)
+    async with ns.open_writer(stream) as writer:
+        meter = CpuMeter().start()
+        started = time.perf_counter()
+        offer = writer.offer
+        for value in values:
+            if not writer.writable:
+                await writer.wait_writable()
+            offer(value)
+        await writer.flush()
+        elapsed_s = time.perf_counter() - started
+        cpu = meter.per_op(len(values))
+    raw_bytes = sum(map(len, values))
+    stored = await stored_totals(ns, stream)
+    return {"run": "offer", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
+            "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
+            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"]),
+            **cpu}
+
+
 async def read_run(ns: Any, stream: str) -> dict[str, Any]:
     """Catch-up read of a stream whose segments are all completed, entry by entry as Arrow
     batches (`next_entry`), without following the tail."""
@@ -150,16 +173,20 @@ def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_ra
 def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
                 write_records: int = 300_000, fsync: bool = True, secure: bool = False,
                 streams: int = 1) -> dict[str, Any]:
-    """Stream writes: write_batch of Arrow batches, and per-record write() of `write_records`
-    (with `streams` > 1, spread round-robin over that many streams, one writer each)."""
+    """Stream writes: write_batch of Arrow batches, per-record write_nowait() of `write_records`
+    and the same records with offer() (with `streams` > 1, write_nowait spread round-robin over
+    that many streams, one writer each)."""
     from tools.bench.scale import spread_run
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         values = event_values(records)
         per_record = values[:min(records, write_records)]
+        if streams > 1:
+            return [await _write_batch_run(ns, "batches", values, batch_records),
+                    await spread_run(ns, streams, per_record)]
         return [await _write_batch_run(ns, "batches", values, batch_records),
-                await (_write_records_run(ns, "records", per_record) if streams == 1
-                       else spread_run(ns, streams, per_record))]
+                await _write_records_run(ns, "records", per_record),
+                await offer_run(ns, "offered", per_record)]
 
     return {**stream_header("write", fsync, secure), "record_bytes": 100,
             "runs": run_streams(fsync, runs, secure)}
