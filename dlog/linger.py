@@ -73,22 +73,22 @@ class LingerFlusher:
                 self._send_alone(schema, *part)
             return
         start = 0
-        for writer, (values, _, timestamps, futures) in parts:
+        for writer, (values, _, timestamps, futures, taken_bytes) in parts:
             count = len(values)
             self.entries_flushed += 1
-            writer.send_taken(batch.slice(start, count), timestamps, futures)
+            writer.send_taken(batch.slice(start, count), timestamps, futures, taken_bytes)
             start += count
 
 
     def _send_alone(self, schema: Any, writer: StreamWriter, records: tuple[list[Any], ...]) -> None:
-        values, keys, timestamps, futures = records
+        values, keys, timestamps, futures, taken_bytes = records
         try:
             batch = records_to_batch(values, keys, timestamps, schema, check=False)
         except DlogError as exc:
             writer.reject_taken(futures, exc)
             return
         self.entries_flushed += 1
-        writer.send_taken(batch, timestamps, futures)
+        writer.send_taken(batch, timestamps, futures, taken_bytes)
 
 
 _FLUSHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LingerFlusher] = weakref.WeakKeyDictionary()

@@ -39,6 +39,7 @@ from bookkeeper.errors import (
 from dlog.linger import flusher_of
 from dlog.offsets import Offset
 from dlog.segments.codec import (
+    SMALL_BATCH_SLACK_BYTES,
     RecordSetCodec,
     check_batch,
     records_to_batch,
@@ -298,7 +299,7 @@ class StreamWriter:
                 or len(self._values) > self.flush_records):
             self._flush_buffer()  # the writer's own rules (failing, rolling, splitting)
             return None
-        taken = self._values, self._keys, self._timestamps, self._futures
+        taken = self._values, self._keys, self._timestamps, self._futures, self._buffered_bytes
         self._values, self._keys, self._timestamps, self._futures = [], [], [], []
         self._buffered_bytes = 0
         return taken
@@ -314,9 +315,9 @@ class StreamWriter:
                 future.set_exception(error)
 
     def send_taken(self, batch: pa.RecordBatch, timestamps: list[int],
-                   futures: list[asyncio.Future[Offset] | None]) -> None:
+                   futures: list[asyncio.Future[Offset] | None], taken_bytes: int) -> None:
         """The records `take_lingering` returned, as one Arrow batch, into entries."""
-        self._send_records(batch, futures, (min(timestamps), max(timestamps)))
+        self._send_records(batch, futures, (min(timestamps), max(timestamps)), taken_bytes)
 
     async def write_batch(self, batch: pa.RecordBatch | Sequence[bytes]) -> WrittenBatch:
         """Write a whole Arrow batch (or a list of values) without per-record Python work."""
@@ -347,23 +348,29 @@ class StreamWriter:
             futures = self._futures[:count]
             del self._values[:count], self._keys[:count], self._timestamps[:count], self._futures[:count]
             if self._values:
-                self._buffered_bytes -= sum(len(v) + (len(k) if k else 0) + RECORD_OVERHEAD_BYTES
-                                            for v, k in zip(values, keys))
+                taken_bytes = sum(len(v) + (len(k) if k else 0) + RECORD_OVERHEAD_BYTES
+                                  for v, k in zip(values, keys))
+                self._buffered_bytes -= taken_bytes
             else:
-                self._buffered_bytes = 0
+                taken_bytes, self._buffered_bytes = self._buffered_bytes, 0
             batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
-            self._send_records(batch, futures, (min(timestamps), max(timestamps)))
+            self._send_records(batch, futures, (min(timestamps), max(timestamps)), taken_bytes)
 
     def _send_records(self, batch: pa.RecordBatch, futures: list[asyncio.Future[Offset] | None],
-                      timestamp_range_ms: tuple[int, int]) -> None:
-        """Records taken from the buffer into entries; their futures (None for offered records)
-        resolve with the entries' offsets, or all fail with the error that stopped them."""
-        pieces = split_batch(batch, self.entry_bytes_max)
+                      timestamp_range_ms: tuple[int, int], taken_bytes: int) -> None:
+        """Records taken from the buffer (`taken_bytes` as the buffer counts them) into entries;
+        their futures (None for offered records) resolve with the entries' offsets, or all fail
+        with the error that stopped them."""
+        if taken_bytes * 2 + SMALL_BATCH_SLACK_BYTES <= self.entry_bytes_max:
+            pieces = [batch]  # Arrow needs no more than the buffer counted: one entry, no estimate
+        else:
+            pieces = split_batch(batch, self.entry_bytes_max)
         whole = len(pieces) == 1
         for piece_start, piece in _pieces(pieces):
             piece_futures = futures[piece_start: piece_start + piece.num_rows]
+            wanted = any(piece_futures)  # offered records have none: nothing to resolve per record
             try:
-                appended = self._append(piece, timestamp_range_ms if whole else None)
+                appended = self._append(piece, timestamp_range_ms if whole else None, wanted)
             except DlogError as exc:
                 # the ledger refused at once (its writer already failed, e.g. fenced): these
                 # records left the buffer, so they must get the error here or never complete
@@ -376,12 +383,14 @@ class StreamWriter:
                     if future is not None and not future.done():
                         future.set_exception(self.error)
                 return
-            if any(piece_futures):  # offered records have none: nothing to resolve per record
+            if wanted:
                 appended.add_done_callback(lambda done, fs=piece_futures: _resolve(done, fs))
 
-    def _append(self, piece: pa.RecordBatch,
-                timestamp_range_ms: tuple[int, int] | None = None) -> asyncio.Future[Offset]:
-        """Encode and append one entry; resolves to the entry's first Offset (slot 0)."""
+    def _append(self, piece: pa.RecordBatch, timestamp_range_ms: tuple[int, int] | None = None,
+                want_offset: bool = True) -> asyncio.Future[Offset]:
+        """Encode and append one entry; resolves to the entry's first Offset (slot 0). Without
+        `want_offset` (offered records: nobody awaits them one by one) the ledger's own future is
+        what `flush()` waits for, and an error reaches the writer only."""
         ledger = self._ledger
         assert ledger is not None
         if timestamp_range_ms is None:
@@ -397,7 +406,8 @@ class StreamWriter:
         self._segment_bytes += len(payload)
         self._segment_last_ts = max(self._segment_last_ts, timestamp_range_ms[1])
         appended = ledger.append_async(payload)
-        offset: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
+        offset: asyncio.Future[Offset] = (asyncio.get_running_loop().create_future() if want_offset
+                                          else appended)  # type: ignore[assignment]
         self._in_flight.add(offset)
         self._in_flight_bytes += len(payload)
         ledger_id, size = ledger.ledger_id, len(payload)
@@ -414,9 +424,11 @@ class StreamWriter:
                                          "the outcome of this record is unknown")
                 elif self.error is None and isinstance(error, DlogError):
                     self.error = error
-                offset.set_exception(error)
+                if want_offset:
+                    offset.set_exception(error)
                 return
-            offset.set_result(Offset(ledger_id, answer.result(), 0))
+            if want_offset:
+                offset.set_result(Offset(ledger_id, answer.result(), 0))
 
         appended.add_done_callback(done)
         if self._should_roll():

@@ -174,8 +174,8 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
                 write_records: int = 300_000, fsync: bool = True, secure: bool = False,
                 streams: int = 1) -> dict[str, Any]:
     """Stream writes: write_batch of Arrow batches, per-record write_nowait() of `write_records`
-    and the same records with offer() (with `streams` > 1, write_nowait spread round-robin over
-    that many streams, one writer each)."""
+    and the same records with offer() (with `streams` > 1, both spread round-robin over that many
+    streams, one writer each)."""
     from tools.bench.scale import spread_run
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
@@ -183,7 +183,8 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
         per_record = values[:min(records, write_records)]
         if streams > 1:
             return [await _write_batch_run(ns, "batches", values, batch_records),
-                    await spread_run(ns, streams, per_record)]
+                    await spread_run(ns, streams, per_record),
+                    await spread_run(ns, streams, per_record, offer=True)]
         return [await _write_batch_run(ns, "batches", values, batch_records),
                 await _write_records_run(ns, "records", per_record),
                 await offer_run(ns, "offered", per_record)]
