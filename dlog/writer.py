@@ -250,11 +250,9 @@ class StreamWriter:
         # the hot path of per-record writes: no call that is not needed
         if self.error is not None or self._closed:
             self._check_open()
-        if type(value) is not bytes:
-            if not isinstance(value, (bytearray, memoryview)):
-                raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed "
-                                  "streams take write_batch()")
-            value = bytes(value)
+        if type(value) is not bytes or (key is not None and type(key) is not bytes) or (
+                timestamp_ms is not None and type(timestamp_ms) is not int):
+            value, key = _checked_record(value, key, timestamp_ms)
         future: asyncio.Future[Offset] = asyncio.get_running_loop().create_future()
         self._values.append(value)
         self._keys.append(key)
@@ -274,11 +272,9 @@ class StreamWriter:
         `await wait_writable()`) now and then to bound memory, as with `write_nowait`."""
         if self.error is not None or self._closed:
             self._check_open()
-        if type(value) is not bytes:
-            if not isinstance(value, (bytearray, memoryview)):
-                raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed "
-                                  "streams take write_batch()")
-            value = bytes(value)
+        if type(value) is not bytes or (key is not None and type(key) is not bytes) or (
+                timestamp_ms is not None and type(timestamp_ms) is not int):
+            value, key = _checked_record(value, key, timestamp_ms)
         self._values.append(value)
         self._keys.append(key)
         self._timestamps.append(int(_time() * 1000) if timestamp_ms is None else timestamp_ms)
@@ -559,6 +555,22 @@ class StreamWriter:
     @property
     def segment(self) -> Segment | None:
         return self._segment
+
+
+def _checked_record(value: Any, key: Any, timestamp_ms: Any) -> tuple[bytes, bytes | None]:
+    """The slow path of write_nowait and offer: bytes-like values and keys become bytes; anything
+    else is refused at the call, before it could fail an entry of other records."""
+    def as_bytes(what: str, item: Any) -> bytes:
+        if type(item) is bytes:
+            return item  # type: ignore[no-any-return]
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            return bytes(item)
+        raise ConfigError(f"a record {what} must be bytes, got {type(item).__name__}; typed streams "
+                          "take write_batch()")
+
+    if timestamp_ms is not None and (type(timestamp_ms) is not int or isinstance(timestamp_ms, bool)):
+        raise ConfigError(f"a record timestamp is an integer of milliseconds, got {timestamp_ms!r}")
+    return as_bytes("value", value), None if key is None else as_bytes("key", key)
 
 
 def _pieces(pieces: list[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
