@@ -258,7 +258,7 @@ def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pairs = [(run["run"], run) for run in runs if run["system"] == "redis" and run["run"] in dlog]
     pairs += [("per-record write (offer)", run) for run in runs
               if run["system"] == "redis" and run["run"] == "write" and "per-record write (offer)" in dlog]
-    return [{"run": name if name == run["run"] else f"{name} / redis {run['run']}",
+    return [{"run": name, "redis_run": run["run"],
              "redis_client": run["client"], "dlog_records_per_s": dlog[name]["records_per_s"],
              "redis_records_per_s": run["records_per_s"],
              "dlog_over_redis": None if run["records_per_s"] is None

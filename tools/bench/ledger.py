@@ -184,12 +184,13 @@ async def _append_batches(handle: Any, payloads: list[bytes], in_flight: int, ba
         await future
 
 
-CHECKPOINT_TAIL_S = 12  # longer than the bookies' checkpoint interval (10 s)
+CHECKPOINT_TAIL_S = 12.0  # longer than the bookies' checkpoint interval (10 s)
 
 
 async def _ledger_runs(cluster: LocalCluster, entries: int, in_flight: int, latency_entries: int,
                        rates_per_s: Sequence[int], batch_entries: int = 0,
-                       checkpoint_entries: int = 0) -> list[dict[str, Any]]:
+                       checkpoint_entries: int = 0,
+                       checkpoint_seconds: float = CHECKPOINT_TAIL_S) -> list[dict[str, Any]]:
     from bookkeeper.client import BookKeeper
 
     runs = []
@@ -209,7 +210,8 @@ async def _ledger_runs(cluster: LocalCluster, entries: int, in_flight: int, late
         for rate_per_s in rates_per_s:
             runs.append(await _tail_latency(client, rate_per_s, latency_entries))
         if checkpoint_entries:
-            runs.append(await _tail_during_checkpoint(client, cluster, rates_per_s[0], checkpoint_entries))
+            runs.append(await _tail_during_checkpoint(client, cluster, rates_per_s[0], checkpoint_entries,
+                                                      checkpoint_seconds))
     return runs
 
 
@@ -229,16 +231,16 @@ def _checkpoints(cluster: LocalCluster) -> int:
 
 
 async def _tail_during_checkpoint(client: Any, cluster: LocalCluster, rate_per_s: int,
-                                  entries: int) -> dict[str, Any]:
-    """Append-to-tail latency at `rate_per_s` while the bookies checkpoint `entries` entries just
-    written: tail appends run until every bookie completed a checkpoint after the load, at least
-    12 s (the checkpoint interval is 10 s)."""
+                                  entries: int, seconds: float) -> dict[str, Any]:
+    """Append-to-tail latency at `rate_per_s` for `seconds` (by default longer than the bookies'
+    10 s checkpoint interval) right after `entries` entries were written, which the bookies'
+    next checkpoint moves to entry logs meanwhile; `checkpoints` says how many ran."""
     loader = await client.create_ledger(3, 2, 2, password=PASSWORD)
     payloads = [event_payload(index, 100) for index in range(entries)]
     await _append_batches(loader, payloads, 4096, 512)
     await loader.close()
     before = await asyncio.to_thread(_checkpoints, cluster)
-    count = rate_per_s * CHECKPOINT_TAIL_S
+    count = max(1, int(rate_per_s * seconds))
     result = await _tail_latency(client, rate_per_s, count)
     after = await asyncio.to_thread(_checkpoints, cluster)
     return {**result, "run": "tail during checkpoint", "checkpointed_entries": entries,
@@ -277,7 +279,8 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, A
 def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: int = 5_000,
                  rate_per_s: int = 1000, fsync: bool = True,
                  sweep_rates_per_s: Sequence[int] = (), secure: bool = False,
-                 batch_entries: int = 0, checkpoint_entries: int = 0) -> dict[str, Any]:
+                 batch_entries: int = 0, checkpoint_entries: int = 0,
+                 checkpoint_seconds: float = CHECKPOINT_TAIL_S) -> dict[str, Any]:
     """Throughput, sequential latency, and tail latency at `rate_per_s` (and at each sweep rate,
     for a chart of latency against offered throughput)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
@@ -285,7 +288,7 @@ def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: 
     with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
         runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries,
                                         [rate_per_s, *(rate for rate in rates if rate != rate_per_s)],
-                                        batch_entries, checkpoint_entries))
+                                        batch_entries, checkpoint_entries, checkpoint_seconds))
     return {"mode": "ledger", "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2",
             **({"security": "TLS + token auth + ZooKeeper ACLs (admin token)"} if secure else {}),
             "runs": runs}

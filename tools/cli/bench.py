@@ -100,8 +100,10 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @click.option("--rate", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
               help="appends per second offered in the tail-latency run")
 @click.option("--checkpoint-entries", default=0, show_default=True, type=click.IntRange(0, 10_000_000),
-              help="also measure the tail latency at --rate for 12 s while the bookies checkpoint this "
-                   "many entries written just before (0: skip)")
+              help="also measure the tail latency at --rate for --checkpoint-seconds while the bookies "
+                   "checkpoint this many entries written just before (0: skip)")
+@click.option("--checkpoint-seconds", default=12.0, show_default=True, type=click.FloatRange(0.1, 600),
+              help="how long that run lasts (longer than the bookies' 10 s checkpoint interval)")
 @click.option("--batch", "batch_entries", default=0, show_default=True, type=click.IntRange(0, 10_000),
               help="throughput run: append this many entries per append_batch() call (one future "
                    "per call); 0 appends one by one")
@@ -112,8 +114,9 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @json_option
 @fails_cleanly
 def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
-                         checkpoint_entries: int, batch_entries: int, sweep_rates: tuple[int, ...],
-                         plot_dir: Path | None, no_fsync: bool, secure: bool, as_json: bool) -> None:
+                         checkpoint_entries: int, checkpoint_seconds: float, batch_entries: int,
+                         sweep_rates: tuple[int, ...], plot_dir: Path | None, no_fsync: bool,
+                         secure: bool, as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
     from tools.bench.ledger import bench_ledger
 
@@ -122,7 +125,7 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
         sweep_rates = LEDGER_SWEEP_RATES
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
                           sweep_rates_per_s=sweep_rates, secure=secure, batch_entries=batch_entries,
-                          checkpoint_entries=checkpoint_entries)
+                          checkpoint_entries=checkpoint_entries, checkpoint_seconds=checkpoint_seconds)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "ledger-tail-latency.png",
                                             "ledger append to tailing reader latency", "appends"))]
