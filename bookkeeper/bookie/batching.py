@@ -72,13 +72,18 @@ class BatchHandlers:
 
     # ------------------------------------------------------------------ ADD_BATCH
 
-    def on_add_batch(self: BookieCore, request: AddBatchRequest, reply: Reply) -> None:
+    def on_add_batch(self: BookieCore, request: AddBatchRequest, reply: Reply,
+                     refusals: dict[int, tuple[Status, str]] | None = None) -> None:
+        """`refusals`: groups (by position) a secure bookie's guard refused (FORBIDDEN, NO_LEDGER),
+        checked once per ledger of the frame; they are answered as refused entries."""
         failures: list[AddFailure] = []
         records: list[bytes] = []
         index = accepted = added_bytes = 0
-        for group in request.groups:
+        for position, group in enumerate(request.groups):
             count = len(group.entries)
-            refusal = self._group_refusal(group)
+            refusal = refusals.get(position) if refusals else None
+            if refusal is None:
+                refusal = self._group_refusal(group)
             if refusal is not None:
                 failures += [AddFailure(index + position, *refusal) for position in range(count)]
             else:
