@@ -131,6 +131,7 @@ class StreamWriter:
         self.config = config
         self.name = config.name
         self.clock = namespace.clock
+        self._wall_ms = self.clock.wall_ms  # bound once: the per-record path calls it
         self.codec = RecordSetCodec(namespace.schema_of(config))
         self.settings = WriterSettings(
             config.name, roll_bytes=config.roll_bytes, roll_age_ms=config.roll_age_ms,
@@ -239,32 +240,38 @@ class StreamWriter:
                      headers: Headers | None = None) -> asyncio.Future[Offset]:
         """Buffer one record without waiting; the future resolves to its offset once durable.
         The caller bounds memory with `wait_writable()`."""
+        future: asyncio.Future[Offset] = self.loop.create_future()
+        self._buffer(value, key, timestamp_ms, headers, future)
+        return future
+
+    def offer(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
+              headers: Headers | None = None) -> None:
+        """The fastest way to write records one by one: buffer one record (default schema) with
+        no future and no task. `await flush()` returns once every record offered before it is
+        durable, and raises if any of them failed (as does every later call); check `writable`
+        (or `await wait_writable()`) now and then to bound memory, as with `write_nowait`."""
+        self._buffer(value, key, timestamp_ms, headers, None)
+
+    def _buffer(self, value: Any, key: Any, timestamp_ms: Any, headers: Headers | None,
+                future: asyncio.Future[Offset] | None) -> None:
+        """The per-record hot path: refuse a bad record at the call (before it could fail an
+        entry of other records), then hand it to the machine."""
         machine = self.machine
         if machine.ended or self._closed is not None or self._crash is not None:
             self._check_open()
-        if type(value) is not bytes:
-            if not isinstance(value, (bytearray, memoryview)):
-                raise ConfigError(f"a record value must be bytes, got {type(value).__name__}; typed "
-                                  "streams take write_batch()")
-            value = bytes(value)
-        if key is not None and type(key) is not bytes:
-            if not isinstance(key, (bytearray, memoryview)):
-                raise ConfigError(f"a record key must be bytes or None, got {type(key).__name__}")
-            key = bytes(key)
-        if timestamp_ms is not None and (type(timestamp_ms) is not int):
-            raise ConfigError(f"a record timestamp must be integer milliseconds, got {timestamp_ms!r}")
+        if type(value) is not bytes or (key is not None and type(key) is not bytes) or (
+                timestamp_ms is not None and type(timestamp_ms) is not int):
+            value, key = _checked_record(value, key, timestamp_ms)
         headers_bytes = self._check_headers(headers) if headers else 0
         size_bytes = len(value) + (len(key) if key else 0) + headers_bytes + RECORD_OVERHEAD_BYTES
         if size_bytes > machine.budget_bytes:
             raise ConfigError(machine.check_record(size_bytes) or "record too large")
-        now_ms = self.clock.wall_ms()
-        future: asyncio.Future[Offset] = self.loop.create_future()
+        now_ms = self._wall_ms()
         self._chunks.append((future, 1))
         _, effects = machine.write((value, key, now_ms if timestamp_ms is None else timestamp_ms, headers or None),
                                    size_bytes, now_ms)
         if effects:
             self.run(effects)
-        return future
 
     def _check_headers(self, headers: Headers) -> int:
         """Refuse headers that could not be written (now, not at flush time); their size."""
@@ -318,8 +325,14 @@ class StreamWriter:
             batch = items[0]
         else:
             values, keys, timestamps, headers = zip(*items)
-            batch = records_to_batch(values, keys, timestamps, self.codec.schema,
-                                     headers if any(headers) else None)
+            if not any(headers):
+                # built here from checked bytes and integer timestamps: no schema check and no
+                # Arrow compute call for the timestamp range (the per-record path's cost)
+                batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
+                low, high = min(timestamps), max(timestamps)
+                payload = self.codec.encode(batch, first_record_index, timestamp_range_ms=(low, high), checked=True)
+                return Encoded(payload, low, high)
+            batch = records_to_batch(values, keys, timestamps, self.codec.schema, headers)
         payload = self.codec.encode(batch, first_record_index)
         header = self.codec.peek_header(payload)
         return Encoded(payload, header.min_timestamp_ms, header.max_timestamp_ms)
@@ -490,7 +503,7 @@ class StreamWriter:
             target, records = chunks.popleft()
             if type(target) is _BatchWaiter:
                 target.piece_done(ledger_id, entry_id, records)
-            elif not target.done():
+            elif target is not None and not target.done():  # None: an offered record
                 target.set_result(Offset(ledger_id, entry_id, slot))
             slot += records
         self._first_chunk_id += effect.chunk_count
@@ -509,7 +522,7 @@ class StreamWriter:
         for target, _ in failed:
             if type(target) is _BatchWaiter:
                 target.fail(effect.error)
-            elif not target.done():
+            elif target is not None and not target.done():  # None: an offered record
                 target.set_exception(effect.error)
         self._first_chunk_id += skip + len(failed)
         self._release_drained(everything=True)
@@ -556,7 +569,7 @@ class StreamWriter:
         for target, _ in self._chunks:
             if type(target) is _BatchWaiter:
                 target.fail(exc)
-            elif not target.done():
+            elif target is not None and not target.done():
                 target.set_exception(exc)
         self._chunks.clear()
         for future in (self._opened, self._closed):
@@ -569,3 +582,17 @@ class StreamWriter:
 def _headers_bytes(headers: Headers | None) -> int:
     """What a record's headers cost in the buffer."""
     return sum(len(key) + len(value or b"") + RECORD_OVERHEAD_BYTES for key, value in headers or ())
+
+
+def _checked_record(value: Any, key: Any, timestamp_ms: Any) -> tuple[bytes, bytes | None]:
+    """The slow path of write_nowait and offer: bytes-like values and keys become bytes; anything
+    else is refused at the call, before it could fail an entry of other records."""
+    def as_bytes(what: str, item: Any) -> bytes:
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            return bytes(item)
+        raise ConfigError(f"a record {what} must be bytes, got {type(item).__name__}; typed streams "
+                          "take write_batch()")
+
+    if timestamp_ms is not None and (type(timestamp_ms) is not int or isinstance(timestamp_ms, bool)):
+        raise ConfigError(f"a record timestamp is an integer of milliseconds, got {timestamp_ms!r}")
+    return as_bytes("value", value), None if key is None else as_bytes("key", key)

@@ -21,6 +21,11 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bookkeeper.bookie.batching import (
+    RECORD_ADD_GROUP,
+    BatchHandlers,
+    replay_group_record,
+)
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.storage import LedgerData, LedgerStorage
 from bookkeeper.errors import BookieIOError, invariant
@@ -83,7 +88,7 @@ class _Waiter:
     timer: asyncio.TimerHandle | None = None
 
 
-class BookieCore:
+class BookieCore(BatchHandlers):
     def __init__(self, journal: Journal, storage: LedgerStorage, *, long_poll_waiters_max: int = 10000,
                  long_poll_timeout_ms_max: int = 60_000) -> None:
         self.journal = journal
@@ -112,6 +117,9 @@ class BookieCore:
         if kind == RECORD_ADD:
             _, ledger_id, entry_id = _ADD_RECORD.unpack_from(record)
             self.storage.add_entry(ledger_id, entry_id, record[_ADD_RECORD.size:])
+        elif kind == RECORD_ADD_GROUP:
+            ledger_id, entries = replay_group_record(record)
+            self.storage.add_entries(ledger_id, entries)
         elif kind == RECORD_KEY:
             _, ledger_id, master_key = _KEY_RECORD.unpack(record)
             if self.storage.get_state(ledger_id) is None:
@@ -428,7 +436,10 @@ class BookieCore:
         def fenced(_: object) -> None:
             waiting, ledger.fence_pending = ledger.fence_pending or [], None
             for pending_request, pending_reply in waiting:
-                self._answer_read(pending_request, ledger, pending_reply)
+                if type(pending_request) is ReadRequest:
+                    self._answer_read(pending_request, ledger, pending_reply)
+                else:  # a fencing READ_RANGE (batching.py)
+                    self._answer_read_range(pending_request, ledger.lac, pending_reply)
 
         self.journal.append(_FENCE_RECORD.pack(RECORD_FENCE, ledger_id), fenced, None)
 

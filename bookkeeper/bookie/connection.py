@@ -11,7 +11,15 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
-from bookkeeper.protocol.wire import ErrorResponse, FrameError, RequestDecoder, Status, encode_response
+from bookkeeper.protocol.wire import (
+    PROTOCOL_VERSION,
+    ErrorResponse,
+    FrameError,
+    RequestDecoder,
+    Status,
+    encode_response,
+    with_version,
+)
 from bookkeeper.security.authz import Principal
 
 if TYPE_CHECKING:
@@ -235,6 +243,8 @@ class ClientConnection(asyncio.Protocol):
     def send(self, frame: bytes) -> None:
         if self.closed:
             return
+        if self.decoder.peer_version != PROTOCOL_VERSION:
+            frame = with_version(frame, self.decoder.peer_version)  # a version 1 client
         self._out.append(frame)
         self._out_bytes += len(frame)
         if not self._flush_scheduled:
@@ -311,7 +321,13 @@ class ClientConnection(asyncio.Protocol):
     def _refuse(self, exc: FrameError) -> bool:
         """Answer a refused frame; returns True when the connection must close."""
         self.server.metrics_protocol_error()
-        self.send(encode_response(ErrorResponse(exc.request_id, exc.opcode, exc.status, str(exc))))
+        answer = encode_response(ErrorResponse(exc.request_id, exc.opcode, exc.status, str(exc)))
+        if exc.status == Status.BAD_VERSION:
+            if not self.closed:  # in the refused version, which the peer can read
+                self._out.append(with_version(answer, exc.version))
+                self._out_bytes += len(answer)
+        else:
+            self.send(answer)
         if exc.fatal:
             log.info("closing connection from %s: %s", self.peer, exc)
             self._flush()

@@ -155,7 +155,7 @@ class EntryLogger:
         if self._broken is not None:
             raise BookieIOError(f"entry logger broken by an earlier error: {self._broken!r}")
         locations = []
-        pack_size_crc, pack_ids = _SIZE_CRC.pack, _IDS.pack
+        pack_head, pack_ids = _RECORD_HEAD.pack, _IDS.pack
         ledger_total = 0
         for entry_id in entry_ids:
             data = entries[entry_id]
@@ -166,10 +166,10 @@ class EntryLogger:
                 self._add_ledger_bytes(ledger_id, ledger_total)
                 ledger_total = 0
                 self._roll()
-            body = pack_ids(ledger_id, entry_id) + data
+            # the crc covers ids then data: chained, so the record is never copied whole
             buffer = self._buffer
-            buffer += pack_size_crc(len(data), crc32c(body))
-            buffer += body
+            buffer += pack_head(len(data), crc32c(data, crc32c(pack_ids(ledger_id, entry_id))), ledger_id, entry_id)
+            buffer += data
             locations.append(self._log_id << 32 | self._position)
             self._position += record_bytes
             ledger_total += record_bytes

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bookkeeper.errors import AuthenticationError, DlogError, NoSuchLedgerError
+from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.wire import (
     AddRequest,
     AuthMechanism,
@@ -87,9 +88,9 @@ class Connection(Protocol):
 
 def action_of(request: Any) -> Action:
     kind = type(request)
-    if kind is AddRequest:
+    if kind is AddRequest or kind is AddBatchRequest:
         return Action.ADD
-    if kind is ReadRequest:
+    if kind is ReadRequest or kind is ReadRangeRequest:
         return Action.FENCE if request.fence else Action.READ
     if kind is ReadLacRequest:
         return Action.READ
@@ -174,6 +175,9 @@ class Guard:
         if action is Action.INFO:
             self.handlers[type(request)](request, connection)
             return
+        if type(request) is AddBatchRequest:
+            self._dispatch_batch(request, connection, principal)
+            return
         ledger_id = request.ledger_id
         if principal.is_admin and (self._knows_ledger(ledger_id)
                                    or action not in (Action.ADD, Action.FENCE)):
@@ -196,6 +200,73 @@ class Guard:
         if action is Action.ADD and namespace is not None and self._quota_lookup is not None:
             self._pace(namespace, len(request.packed_entry), connection)
         self.handlers[type(request)](request, connection)
+
+    # ------------------------------------------------------------------ ADD_BATCH
+
+    def _dispatch_batch(self, request: AddBatchRequest, connection: Connection, principal: Principal) -> None:
+        """Authorize an ADD_BATCH once per ledger of the frame (not per entry): the groups of a
+        ledger the principal may not write are refused in the batch's one answer, the rest run.
+        Ledgers whose namespace is not known yet are looked up first; the frame waits for all."""
+        missing = {group.ledger_id for group in request.groups
+                   if group.ledger_id >= 0 and group.ledger_id not in self._namespaces
+                   and not (principal.is_admin and self._knows_ledger(group.ledger_id))}
+        if not missing:
+            self._authorize_batch(request, connection, {})
+            return
+        if self._lookup is None or self._waiting_count + len(missing) > self.pending_max:
+            why = ("this bookie cannot check ledger metadata" if self._lookup is None else
+                   f"{self._waiting_count} requests already wait for ledger metadata (maximum "
+                   f"{self.pending_max})")
+            self._refuse(connection, request.request_id, OpCode.ADD_BATCH,
+                         Status.NO_LEDGER if self._lookup is None else Status.TOO_MANY_REQUESTS, why)
+            return
+        wait = _BatchWait(request, connection, missing)
+        for ledger_id in sorted(missing):
+            self._wait_for_lookup(ledger_id, wait, connection)
+
+    def _batch_lookup_done(self, wait: _BatchWait, ledger_id: int, outcome: Any) -> None:
+        wait.outcomes[ledger_id] = outcome
+        if len(wait.outcomes) == len(wait.missing) and not wait.connection.closed:
+            self._authorize_batch(wait.request, wait.connection, wait.outcomes)
+
+    def _authorize_batch(self, request: AddBatchRequest, connection: Connection,
+                         looked_up: dict[int, Any]) -> None:
+        principal = connection.principal or ANONYMOUS
+        refusals: dict[int, tuple[Status, str]] = {}
+        decided: dict[int, tuple[Status, str] | None] = {}
+        paced: dict[str, int] = {}
+        for index, group in enumerate(request.groups):
+            ledger_id = group.ledger_id
+            if ledger_id not in decided:
+                decided[ledger_id] = self._batch_verdict(principal, ledger_id, looked_up)
+            verdict = decided[ledger_id]
+            if verdict is not None:
+                refusals[index] = verdict
+                continue
+            namespace = self._namespaces.get(ledger_id)
+            if namespace is not None:
+                paced[namespace] = paced.get(namespace, 0) + sum(map(len, group.entries))
+        if self._quota_lookup is not None:
+            for namespace, size_bytes in paced.items():
+                self._pace(namespace, size_bytes, connection)
+        self.handlers[AddBatchRequest](request, connection, refusals)  # type: ignore[call-arg]
+
+    def _batch_verdict(self, principal: Principal, ledger_id: int,
+                       looked_up: dict[int, Any]) -> tuple[Status, str] | None:
+        """None when the principal may add to the ledger; else the status and reason."""
+        if ledger_id < 0 or (principal.is_admin and self._knows_ledger(ledger_id)):
+            return None  # a bad id is the core's to refuse (BAD_REQUEST), as for one ADD
+        outcome = looked_up.get(ledger_id, self._namespaces.get(ledger_id, _MISSING))
+        if isinstance(outcome, NoSuchLedgerError) or outcome is _MISSING:
+            return Status.NO_LEDGER, (f"ledger {ledger_id} has no metadata: a bookie never creates a "
+                                      "ledger for a request (create it through the client first)")
+        if isinstance(outcome, BaseException):
+            return Status.TOO_MANY_REQUESTS, f"cannot check ledger {ledger_id}'s metadata now: {outcome}"
+        reason = decide(principal, Action.ADD, outcome)
+        if reason is not None:
+            self.forbidden += 1
+            return Status.FORBIDDEN, f"ledger {ledger_id}: {reason}"
+        return None
 
     # ------------------------------------------------------------------ quotas
 
@@ -276,6 +347,9 @@ class Guard:
         for request, connection in waiting:
             if connection.closed:
                 continue
+            if type(request) is _BatchWait:
+                self._batch_lookup_done(request, ledger_id, outcome)
+                continue
             if isinstance(outcome, NoSuchLedgerError):
                 self._refuse(connection, request.request_id, _opcode(request), Status.NO_LEDGER,
                              f"ledger {ledger_id} has no metadata: a bookie never creates a ledger "
@@ -316,7 +390,24 @@ class Guard:
 
 _OPCODES: dict[type, int] = {AddRequest: OpCode.ADD, ReadRequest: OpCode.READ,
                              ReadLacRequest: OpCode.READ_LAC, WriteLacRequest: OpCode.WRITE_LAC,
-                             BookieInfoRequest: OpCode.GET_BOOKIE_INFO, AuthRequest: OpCode.AUTH}
+                             BookieInfoRequest: OpCode.GET_BOOKIE_INFO, AuthRequest: OpCode.AUTH,
+                             AddBatchRequest: OpCode.ADD_BATCH, ReadRangeRequest: OpCode.READ_RANGE}
+
+
+class _BatchWait:
+    """An ADD_BATCH waiting for the namespaces of some of its ledgers (one lookup per ledger)."""
+
+    __slots__ = ("request", "connection", "missing", "outcomes")
+
+    def __init__(self, request: AddBatchRequest, connection: Connection, missing: set[int]) -> None:
+        self.request = request
+        self.connection = connection
+        self.missing = missing
+        self.outcomes: dict[int, Any] = {}
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
 
 
 def _opcode(request: Any) -> int:

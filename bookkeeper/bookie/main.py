@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -11,6 +10,7 @@ import sys
 from bookkeeper.bookie.config import BookieConfig
 from bookkeeper.bookie.service import BookieService
 from bookkeeper.errors import DlogError
+from bookkeeper.runtime import tune_garbage_collector
 
 log = logging.getLogger("bookkeeper.bookie")
 
@@ -24,15 +24,6 @@ def install_event_loop_policy() -> None:
 
 
 SWITCH_INTERVAL_S = 0.0005
-
-
-def tune_garbage_collector() -> None:
-    """Requests are freed by reference counting; the cycle collector's frequent generation-0
-    passes (every 700 container allocations) only add pauses to the add path. Freeze what start-up
-    allocated, so full collections skip it, and collect young objects less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
 
 
 def share_the_interpreter_promptly() -> None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.guard import Guard
 from bookkeeper.protocol import wire
+from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.wire import (
     AddRequest,
     AuthRequest,
@@ -105,6 +106,8 @@ class BookieServer:
             ReadRequest: core.on_read,
             ReadLacRequest: core.on_read_lac,
             WriteLacRequest: core.on_write_lac,
+            AddBatchRequest: core.on_add_batch,
+            ReadRangeRequest: core.on_read_range,
             BookieInfoRequest: self._on_info,
             AuthRequest: self._on_auth_unneeded,
         }

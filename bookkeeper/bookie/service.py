@@ -68,6 +68,7 @@ class BookieService:
                                on_fatal=self._on_fatal)
         self.core = BookieCore(self.journal, self.storage,
                                long_poll_waiters_max=config.long_poll_waiters_max)
+        self.core.read_range_bytes_max = config.limits.entry_bytes_max
         security = config.security
         self.guard: Guard | None = None
         if security.tls is not None or security.token_key is not None:

@@ -172,9 +172,11 @@ class BookieConnection(asyncio.Protocol):
             if response is None:
                 return
             if isinstance(response, ErrorResponse):
-                self._complete(response.request_id,
-                               error_for_status(response.status,
-                                                f"{self.address}: {response.message}"))
+                message = f"{self.address}: {response.message}"
+                if response.status == wire.Status.BAD_VERSION:  # an older bookie
+                    message += (f" (this client speaks protocol version {wire.PROTOCOL_VERSION}: run "
+                                "bookies and clients of one release, bookies upgraded first)")
+                self._complete(response.request_id, error_for_status(response.status, message))
             else:
                 self._complete(response.request_id, response)
 

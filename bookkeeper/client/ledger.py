@@ -10,16 +10,16 @@ about replication themselves.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
+from bookkeeper.client.driver import EffectDriver
 from bookkeeper.errors import (
     DlogError,
     LedgerClosedError,
-    MetadataError,
-    MetadataVersionError,
     NoSuchEntryError,
     NoSuchLedgerError,
 )
@@ -30,25 +30,18 @@ from bookkeeper.protocol.effects import (
     FailAdds,
     FailRead,
     Finished,
-    SendAdd,
-    SendRead,
-    SendWriteLac,
-    WriteMetadata,
 )
 from bookkeeper.protocol.entry import Digest, DigestMismatchError, unpack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.reader import ReadOp
 from bookkeeper.protocol.recovery import RecoveryOp
-from bookkeeper.protocol.wire import ReadRequest, WriteLacRequest, encode_add_request
+from bookkeeper.protocol.wire import ReadRequest
 from bookkeeper.protocol.writer import LedgerWriter, WriterState
-from bookkeeper.retry import Backoff, retry
 
 if TYPE_CHECKING:
     from bookkeeper.client.settings import DriverContext
 
 log = logging.getLogger(__name__)
-# while the store is unreachable: 9 attempts, 0.05 s doubling to 2 s between them (~8 s in all)
-METADATA_WRITE_RETRY = Backoff(attempts_max=9, delay_s_first=0.05, delay_s_max=2.0, deadline_s=12.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,129 +52,7 @@ class LedgerEntry:
     length: int = -1  # the ledger's length in bytes up to and including this entry (-1: unknown)
 
 
-class _Driver:
-    """Runs effects for one machine; subclasses route answers to their machine."""
-
-    machine: Any
-
-    def __init__(self, context: DriverContext, ledger_id: int, master_key: bytes) -> None:
-        self.context = context
-        self.ledger_id = ledger_id
-        self.master_key = master_key
-        self.loop = asyncio.get_running_loop()
-        self._tick_task: asyncio.Task[None] | None = None
-        self._metadata_tasks: set[asyncio.Task[None]] = set()
-
-    def now_ms(self) -> int:
-        return int(self.loop.time() * 1000)
-
-    def start_ticking(self, interval_s: float) -> None:
-        async def tick() -> None:
-            while True:
-                await asyncio.sleep(interval_s)
-                self.run(self.machine.on_tick(self.now_ms()))
-
-        self._tick_task = self.loop.create_task(tick())
-
-    def stop_ticking(self) -> None:
-        if self._tick_task is not None:
-            self._tick_task.cancel()
-            self._tick_task = None
-
-    def run(self, effects: list[Effect]) -> None:
-        for effect in effects:
-            kind = type(effect)
-            if kind is SendAdd:
-                self._send_add(effect)  # type: ignore[arg-type]
-            elif kind is SendRead:
-                self._send_read(effect)  # type: ignore[arg-type]
-            elif kind is SendWriteLac:
-                self._send_write_lac(effect)  # type: ignore[arg-type]
-            elif kind is WriteMetadata:
-                task = self.loop.create_task(self._write_metadata(effect))  # type: ignore[arg-type]
-                self._metadata_tasks.add(task)
-                task.add_done_callback(self._metadata_tasks.discard)
-            else:
-                self.on_outcome(effect)
-
-    def on_outcome(self, effect: Effect) -> None:
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------ bookie requests
-
-    def _send_add(self, effect: SendAdd) -> None:
-        pool = self.context.pool
-        request_id = pool.next_request_id()
-        frame = encode_add_request(request_id, self.ledger_id, effect.entry_id, self.master_key,
-                                   effect.packed_entry, effect.recovery)
-        bookie, entry_id, machine = effect.bookie, effect.entry_id, self.machine
-
-        def answered(outcome: Any) -> None:
-            if isinstance(outcome, BaseException):
-                self.run(machine.on_add_error(bookie, entry_id, _as_dlog_error(outcome), self.now_ms()))
-            else:
-                self.run(machine.on_add_ok(bookie, entry_id, self.now_ms()))
-
-        pool.send_callback(bookie, request_id, frame, answered)
-
-    def _send_read(self, effect: SendRead) -> None:
-        pool = self.context.pool
-        request = ReadRequest(pool.next_request_id(), self.ledger_id, effect.entry_id, effect.fence,
-                              self.master_key if effect.fence else b"")
-        future = pool.send(effect.bookie, request)
-        bookie, entry_id = effect.bookie, effect.entry_id
-
-        def done(answer: asyncio.Future[Any]) -> None:
-            error = answer.exception()
-            if error is None:
-                self.on_read_ok(bookie, entry_id, answer.result())
-            else:
-                self.run(self.machine.on_read_error(bookie, entry_id, _as_dlog_error(error),
-                                                    self.now_ms()))
-
-        future.add_done_callback(done)
-
-    def on_read_ok(self, bookie: str, entry_id: int, response: Any) -> None:
-        self.run(self.machine.on_read_ok(bookie, entry_id, response.packed_entry, self.now_ms()))
-
-    def _send_write_lac(self, effect: SendWriteLac) -> None:
-        pool = self.context.pool
-        future = pool.send(effect.bookie, WriteLacRequest(pool.next_request_id(), self.ledger_id,
-                                                          self.master_key, effect.lac))
-        future.add_done_callback(_log_failure(f"explicit LAC of ledger {self.ledger_id} to {effect.bookie}"))
-
-    # ------------------------------------------------------------------ metadata
-
-    async def _write_metadata(self, effect: WriteMetadata) -> None:
-        """Compare-and-set the metadata, retrying while the store is unreachable (bounded by
-        METADATA_WRITE_RETRY); a lost compare-and-set or a deleted ledger goes to the machine."""
-        store = self.context.store
-
-        async def attempt() -> tuple[LedgerMetadata | None, int]:
-            try:
-                return None, await store.write_ledger(self.ledger_id, effect.metadata,
-                                                      effect.expected_version)
-            except MetadataVersionError:
-                return await store.read_ledger(self.ledger_id)  # what won, to rebase on
-
-        try:
-            current, version = await retry(attempt, METADATA_WRITE_RETRY,
-                                           what=f"ledger {self.ledger_id} metadata write")
-        except NoSuchLedgerError as exc:  # deleted under the writer: nothing to retry
-            self.run(self.machine.on_metadata_failed(exc))
-            return
-        except MetadataError as exc:
-            self.run(self.machine.on_metadata_failed(MetadataError(
-                f"ledger {self.ledger_id}: the metadata store stayed unreachable "
-                f"(gave up after {METADATA_WRITE_RETRY.attempts_max} attempts): {exc}")))
-            return
-        if current is not None:
-            self.run(self.machine.on_metadata_conflict(current, version, self.now_ms()))
-        else:
-            self.run(self.machine.on_metadata_written(effect.metadata, version, self.now_ms()))
-
-
-class LedgerHandle(_Driver):
+class LedgerHandle(EffectDriver):
     """The writer of one open ledger."""
 
     def __init__(self, context: DriverContext, ledger_id: int, writer: LedgerWriter,
@@ -189,7 +60,8 @@ class LedgerHandle(_Driver):
         super().__init__(context, ledger_id, master_key)
         self.machine: LedgerWriter = writer
         self.pending_max = context.settings.pending_adds_max
-        self._futures: dict[int, asyncio.Future[int]] = {}
+        # (last entry id, future) in entry order: one future per append, or per append_batch
+        self._futures: collections.deque[tuple[int, asyncio.Future[int]]] = collections.deque()
         self._room = asyncio.Event()
         self._room.set()
         self._closed: asyncio.Future[Finished] | None = None
@@ -210,7 +82,7 @@ class LedgerHandle(_Driver):
 
     async def append(self, payload: bytes) -> int:
         """Append one entry; returns its entry id once an ack quorum has it durable."""
-        while len(self._futures) >= self.pending_max:
+        while self.machine.pending_count >= self.pending_max:
             self._room.clear()
             await self._room.wait()
         return await self.append_async(payload)
@@ -219,31 +91,42 @@ class LedgerHandle(_Driver):
         """Append without waiting (the caller bounds how many are in flight)."""
         entry_id, effects = self.machine.append(payload, self.now_ms())
         future: asyncio.Future[int] = self.loop.create_future()
-        self._futures[entry_id] = future
+        self._futures.append((entry_id, future))
+        self.run(effects)
+        return future
+
+    def append_batch(self, payloads: Sequence[bytes]) -> asyncio.Future[int]:
+        """Append several entries with one future, which resolves to the last one's entry id once
+        all of them are durable on an ack quorum (the caller bounds how many are in flight)."""
+        last_entry_id, effects = self.machine.append_many(payloads, self.now_ms())
+        future: asyncio.Future[int] = self.loop.create_future()
+        self._futures.append((last_entry_id, future))
         self.run(effects)
         return future
 
     def on_outcome(self, effect: Effect) -> None:
+        futures = self._futures
         if isinstance(effect, CompleteAdds):
-            for entry_id in range(effect.first_entry_id, effect.last_entry_id + 1):
-                future = self._futures.pop(entry_id, None)
-                if future is not None and not future.done():
+            last = effect.last_entry_id
+            while futures and futures[0][0] <= last:
+                entry_id, future = futures.popleft()
+                if not future.done():
                     future.set_result(entry_id)
         elif isinstance(effect, FailAdds):
-            for entry_id in [e for e in self._futures if e >= effect.first_entry_id]:
-                future = self._futures.pop(entry_id)
+            while futures and futures[-1][0] >= effect.first_entry_id:
+                _, future = futures.pop()
                 if not future.done():
                     future.set_exception(effect.error)
         elif isinstance(effect, Finished):
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(effect)
-        if len(self._futures) < self.pending_max and not self._room.is_set():
+        if not self._room.is_set() and self.machine.pending_count < self.pending_max:
             self._room.set()
 
     async def close(self) -> None:
         """Wait for pending appends, then seal the ledger at its LAC (compare-and-set)."""
         if self._futures:
-            await asyncio.gather(*self._futures.values(), return_exceptions=True)
+            await asyncio.gather(*(future for _, future in self._futures), return_exceptions=True)
         while self.machine.state is WriterState.CHANGING_ENSEMBLE:
             await asyncio.sleep(0.01)
         try:
@@ -259,7 +142,7 @@ class LedgerHandle(_Driver):
             self._unwatch()
 
 
-class _RangeRead(_Driver):
+class _RangeRead(EffectDriver):
     """One read of a range: its own machine, results and clock, so reads of one handle may run
     at the same time."""
 
@@ -421,15 +304,14 @@ class ReadHandle:
         return LedgerEntry(self.ledger_id, entry_id, entry.payload, entry.length)
 
 
-class RecoveryDriver(_Driver):
+class RecoveryDriver(EffectDriver):
     def __init__(self, context: DriverContext, ledger_id: int, op: RecoveryOp, master_key: bytes) -> None:
         super().__init__(context, ledger_id, master_key)
         self.machine: RecoveryOp = op
         self._finished: asyncio.Future[Finished] = self.loop.create_future()
 
-    def on_read_ok(self, bookie: str, entry_id: int, response: Any) -> None:
-        self.run(self.machine.on_read_ok(bookie, entry_id, response.lac, response.packed_entry,
-                                         self.now_ms()))
+    def read_ok(self, bookie: str, entry_id: int, lac: int, packed_entry: bytes) -> list[Effect]:
+        return self.machine.on_read_ok(bookie, entry_id, lac, packed_entry, self.now_ms())
 
     def on_outcome(self, effect: Effect) -> None:
         if isinstance(effect, Finished) and not self._finished.done():
@@ -442,20 +324,6 @@ class RecoveryDriver(_Driver):
             return await self._finished
         finally:
             self.stop_ticking()
-
-
-def _as_dlog_error(error: BaseException) -> DlogError:
-    if isinstance(error, DlogError):
-        return error
-    return DlogError(f"unexpected {type(error).__name__}: {error}")
-
-
-def _log_failure(what: str) -> Callable[[asyncio.Future[Any]], None]:
-    def done(future: asyncio.Future[Any]) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            log.debug("%s failed: %s", what, future.exception())
-
-    return done
 
 
 __all__ = ["LedgerEntry", "LedgerHandle", "ReadHandle", "RecoveryDriver"]

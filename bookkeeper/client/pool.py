@@ -14,6 +14,7 @@ import asyncio
 import time
 from typing import Any, Callable
 
+from bookkeeper.client.batcher import AddBatcher, AddSink
 from bookkeeper.client.connection import (
     NO_CONNECT_SECURITY,
     BookieConnection,
@@ -42,6 +43,7 @@ class BookiePool:
         self._queued: dict[str, list[tuple[Request, float, asyncio.Future[Any]]]] = {}
         self._failed_at: dict[str, float] = {}
         self._closed = False
+        self._batchers: dict[str, AddBatcher] = {}
 
     @staticmethod
     def next_request_id() -> int:
@@ -82,6 +84,26 @@ class BookiePool:
         future = self.send(bookie_id, EncodedRequest(request_id, frame), wait_s=wait_s)  # type: ignore[arg-type]
         future.add_done_callback(lambda done: callback(done.exception() or done.result()))
 
+    def queue_add(self, bookie_id: str, sink: AddSink, ledger_id: int, master_key: bytes,
+                  recovery: bool, entry_id: int, packed_entry: bytes) -> None:
+        """Queue an add for the bookie's next ADD_BATCH frame (batcher.py); the answer reaches
+        `sink.on_adds_answered` together with those of the other entries of the frame."""
+        batcher = self._batchers.get(bookie_id)
+        if batcher is None:
+            batcher = self._batchers[bookie_id] = AddBatcher(bookie_id, self.send_callback,
+                                                             next_request_id)
+        batcher.add(sink, ledger_id, master_key, recovery, entry_id, packed_entry)
+
+    @property
+    def add_frames_sent(self) -> int:
+        """ADD_BATCH frames sent so far, to every bookie."""
+        return sum(batcher.frames_sent for batcher in self._batchers.values())
+
+    @property
+    def add_entries_sent(self) -> int:
+        """Adds sent so far in ADD_BATCH frames (entries to bookies, so Qw per entry)."""
+        return sum(batcher.entries_sent for batcher in self._batchers.values())
+
     async def _connect(self, bookie_id: str) -> None:
         try:
             connection = await BookieConnection.open(
@@ -105,6 +127,8 @@ class BookiePool:
 
     async def close(self) -> None:
         self._closed = True
+        for batcher in self._batchers.values():
+            batcher.flush()  # its answers are the "client is closed" errors below
         for task in list(self._connecting.values()):
             task.cancel()
         for connection in list(self._connections.values()):

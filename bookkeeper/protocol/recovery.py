@@ -277,6 +277,11 @@ class RecoveryOp:
             return []
         return self._writer_effects(self._writer.on_add_ok(bookie, entry_id, now_ms))
 
+    def on_adds_ok(self, bookie: str, entry_ids: list[int], now_ms: int) -> list[Effect]:
+        if self._writer is None or self.phase is Phase.DONE:
+            return []
+        return self._writer_effects(self._writer.on_adds_ok(bookie, entry_ids, now_ms))
+
     def on_add_error(self, bookie: str, entry_id: int, error: DlogError, now_ms: int) -> list[Effect]:
         if self._writer is None or self.phase is Phase.DONE:
             return []

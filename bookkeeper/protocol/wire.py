@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 from bookkeeper.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+# versions a bookie serves: version 1 clients (no batched opcodes) keep working, answered in version 1
+SUPPORTED_VERSIONS = (1, 2)
 LENGTH = struct.Struct(">I")
 # after the length: version u8, opcode u8, flags (requests) or status (responses) u16, request id u64
 HEADER = struct.Struct(">BBHQ")
@@ -38,6 +40,11 @@ class OpCode(enum.IntEnum):
     WRITE_LAC = 4
     GET_BOOKIE_INFO = 5
     AUTH = 6
+    ADD_BATCH = 7  # version 2 (bookkeeper.protocol.batch)
+    READ_RANGE = 8  # version 2
+
+
+V1_OPCODE_MAX = OpCode.AUTH
 
 
 class Flag(enum.IntFlag):
@@ -90,12 +97,13 @@ class FrameError(ProtocolError):
     code = 5
 
     def __init__(self, message: str, *, fatal: bool, request_id: int = 0, opcode: int = 0,
-                 status: Status = Status.BAD_REQUEST) -> None:
+                 status: Status = Status.BAD_REQUEST, version: int = PROTOCOL_VERSION) -> None:
         super().__init__(message)
         self.fatal = fatal
         self.request_id = request_id
         self.opcode = opcode
         self.status = status
+        self.version = version  # of the refused frame: its answer goes out in it, so the peer reads it
 
 
 # ---------------------------------------------------------------- requests
@@ -236,6 +244,12 @@ _FULL_HEADER = struct.Struct(">IBBHQ")  # length + header, for encoding in one p
 _AUTH_HEAD = struct.Struct(">B")
 
 
+def with_version(frame: bytes, version: int) -> bytes:
+    """`frame` with another version byte (the header's layout is the same in every version): a
+    bookie answers a version 1 client in version 1, and refuses any version in the peer's own."""
+    return frame[:4] + bytes((version,)) + frame[5:]
+
+
 def _frame(opcode: int, flags_or_status: int, request_id: int, body: bytes) -> bytes:
     return _FULL_HEADER.pack(HEADER_BYTES + len(body), PROTOCOL_VERSION, opcode, flags_or_status,
                              request_id) + body
@@ -278,6 +292,10 @@ def encode_request(request: Request) -> bytes:
     if isinstance(request, AuthRequest):
         return _frame(OpCode.AUTH, 0, request.request_id,
                       _AUTH_HEAD.pack(request.mechanism) + request.credentials)
+    if isinstance(request, _batch.AddBatchRequest):
+        return _batch.encode_add_batch_request(request)
+    if isinstance(request, _batch.ReadRangeRequest):
+        return _batch.encode_read_range_request(request)
     raise TypeError(f"not a request: {request!r}")
 
 
@@ -308,6 +326,13 @@ def encode_response(response: Response) -> bytes:
     if isinstance(response, ErrorResponse):
         message = response.message.encode("utf-8", "replace")[:ERROR_MESSAGE_BYTES_MAX]
         return _frame(response.opcode, response.status, response.request_id, message)
+    if isinstance(response, _batch.AddBatchResponse):
+        return _batch.encode_add_batch_response(response.request_id, response.entry_count,
+                                                response.failures)
+    if isinstance(response, _batch.ReadRangeResponse):
+        return _batch.encode_read_range_response(response.request_id, response.ledger_id,
+                                                 response.lac, response.covered_last_entry_id,
+                                                 response.entries)
     raise TypeError(f"not a response: {response!r}")
 
 
@@ -324,6 +349,8 @@ class _FrameReader:
         self._buffer = bytearray()
         self._position = 0
         self._broken: FrameError | None = None
+        self.peer_version = PROTOCOL_VERSION  # of the last frame returned
+        self._versions: tuple[int, ...] = (PROTOCOL_VERSION,)
 
     def receive_data(self, data: bytes) -> None:
         if self._position > 65536 and self._position * 2 > len(self._buffer):
@@ -349,11 +376,18 @@ class _FrameReader:
             return None
         version, opcode, flags, request_id = HEADER.unpack_from(buffer, position + 4)
         if version != PROTOCOL_VERSION:
-            self._fail(f"protocol version {version} is not supported (expected {PROTOCOL_VERSION})",
-                       request_id=request_id, opcode=opcode, status=Status.BAD_VERSION)
+            if version not in self._versions:
+                self._refuse_version(version, opcode, flags, request_id,
+                                     bytes(buffer[position + 4 + HEADER_BYTES: position + 4 + length]))
+            self.peer_version = version
         start = position + 4 + HEADER_BYTES
         self._position = position + 4 + length
         return opcode, flags, request_id, bytes(buffer[start: position + 4 + length])
+
+    def _refuse_version(self, version: int, opcode: int, flags: int, request_id: int, body: bytes) -> None:
+        expected = " or ".join(str(known) for known in self._versions)
+        self._fail(f"protocol version {version} is not supported (expected {expected})",
+                   request_id=request_id, opcode=opcode, status=Status.BAD_VERSION, version=version)
 
     def _fail(self, message: str, **details: object) -> None:
         self._broken = FrameError(message, fatal=True, **details)  # type: ignore[arg-type]
@@ -367,6 +401,7 @@ class RequestDecoder(_FrameReader):
                  entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT) -> None:
         super().__init__(frame_bytes_max)
         self.entry_bytes_max = entry_bytes_max
+        self._versions = SUPPORTED_VERSIONS
 
     def next_message(self) -> Request | None:
         frame = self._next_frame()
@@ -384,6 +419,13 @@ class RequestDecoder(_FrameReader):
             return FrameError(message, fatal=False, request_id=request_id, opcode=opcode,
                               status=status)
 
+        if opcode > V1_OPCODE_MAX and self.peer_version == 1:
+            raise refuse(f"unknown opcode {opcode} in protocol version 1 (ADD_BATCH and READ_RANGE "
+                         "need version 2)")
+        if opcode == OpCode.ADD_BATCH:
+            return _batch.parse_add_batch(request_id, flags, body, self.entry_bytes_max)
+        if opcode == OpCode.READ_RANGE:
+            return _batch.parse_read_range(request_id, flags, body)
         if flags & ~KNOWN_FLAGS:
             raise refuse(f"unknown flags 0x{flags:x} (known: 0x{KNOWN_FLAGS:x})")
         if opcode == OpCode.ADD:
@@ -450,6 +492,15 @@ class ResponseDecoder(_FrameReader):
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
         super().__init__(frame_bytes_max)
+        self._versions = SUPPORTED_VERSIONS
+
+    def _refuse_version(self, version: int, opcode: int, flags: int, request_id: int, body: bytes) -> None:
+        if flags == Status.BAD_VERSION:  # a bookie of another version refused ours, in its version
+            said = body.decode("utf-8", "replace")[:200]
+            self._fail(f"the bookie speaks protocol version {version} and refused this client's "
+                       f"version {PROTOCOL_VERSION} ({said}): run bookies and clients of one release",
+                       request_id=request_id, opcode=opcode, status=Status.BAD_VERSION, version=version)
+        super()._refuse_version(version, opcode, flags, request_id, body)
 
     def next_message(self) -> Response | None:
         frame = self._next_frame()
@@ -488,6 +539,10 @@ def _parse_response(opcode: int, status: int, request_id: int, body: bytes) -> R
         free_bytes, total_bytes, state = _INFO.unpack_from(body)
         return BookieInfoResponse(request_id, free_bytes, total_bytes, BookieState(state),
                                   body[_INFO.size:].decode())
+    if opcode == OpCode.ADD_BATCH:
+        return _batch.parse_add_batch_response(request_id, body)
+    if opcode == OpCode.READ_RANGE:
+        return _batch.parse_read_range_response(request_id, body)
     raise ValueError(f"unknown opcode {opcode}")
 
 
@@ -496,3 +551,8 @@ def _opcode_name(opcode: int) -> str:
         return OpCode(opcode).name
     except ValueError:
         return f"opcode {opcode}"
+
+
+# The batched messages of version 2 live in their own module, which builds on the names above:
+# imported last so that either module may be imported first.
+from bookkeeper.protocol import batch as _batch  # noqa: E402

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from bookkeeper.errors import (
     BookieError,
+    ConfigError,
     DlogError,
     LedgerClosedError,
     LedgerFencedError,
@@ -137,6 +138,18 @@ class LedgerWriter:
                             self.length + len(payload), payload)
         return entry_id, self.append_packed(entry_id, packed_entry, self.length + len(payload), now_ms)
 
+    def append_many(self, payloads: Sequence[bytes], now_ms: int) -> tuple[int, list[Effect]]:
+        """Append several entries at once; returns the last one's entry id (entry ids follow on)."""
+        if not payloads:
+            raise ConfigError("append_many needs at least one payload")
+        effects: list[Effect] = []
+        digest, ledger_id = self.digest, self.ledger_id
+        for payload in payloads:
+            entry_id, length = self.next_entry_id, self.length + len(payload)
+            effects += self.append_packed(entry_id, pack_entry(digest, ledger_id, entry_id, self.lac,
+                                                               length, payload), length, now_ms)
+        return self.next_entry_id - 1, effects
+
     def append_packed(self, entry_id: int, packed_entry: bytes, length: int, now_ms: int) -> list[Effect]:
         """Add an already packed_entry entry (recovery write-back re-sends the bytes it read)."""
         if self.state not in (WriterState.OPEN, WriterState.CHANGING_ENSEMBLE):
@@ -165,6 +178,19 @@ class LedgerWriter:
         pending.acked.add(bookie)
         if (entry_id != self.lac + 1
                 or not ack_quorum_reached(len(pending.acked), self.metadata.ack_quorum)):
+            return []
+        return self._complete(now_ms)
+
+    def on_adds_ok(self, bookie: str, entry_ids: Iterable[int], now_ms: int) -> list[Effect]:
+        """`bookie` acknowledged all of `entry_ids` (one ADD_BATCH answer): the same as one
+        `on_add_ok` per entry, with one completion step at the end."""
+        pending_adds = self._pending
+        for entry_id in entry_ids:
+            pending = pending_adds.get(entry_id)
+            if pending is not None and pending.sent.pop(bookie, None) is not None:
+                pending.acked.add(bookie)
+        first = pending_adds.get(self.lac + 1)
+        if first is None or not ack_quorum_reached(len(first.acked), self.metadata.ack_quorum):
             return []
         return self._complete(now_ms)
 

@@ -50,6 +50,24 @@ def test_bench_bookie_reports_each_run():
         assert run["adds_per_s"] > 0 and 0 < run["p50_ms"] <= run["p99_ms"] <= run["p999_ms"]
 
 
+def test_bench_bookie_runs_add_batch_frames_beside_single_adds():
+    result = run_bench("bookie", "--entries", "400", "--size", "100", "--in-flight", "8", "--batch", "4")
+    assert [(run["frame"], run["entries"]) for run in result["runs"]] == [("ADD", 400), ("ADD_BATCH of 4", 400)]
+    for run in result["runs"]:
+        assert run["adds_per_s"] > 0 and run["bookie_cpu_us_per_add"] >= 0
+
+
+def test_bench_ledger_batches_and_measures_the_tail_during_a_checkpoint():
+    result = run_bench("ledger", "--entries", "300", "--batch", "50", "--latency-entries", "10",
+                       "--rate", "200", "--checkpoint-entries", "500", "--checkpoint-seconds", "0.5")
+    runs = {run["run"]: run for run in result["runs"]}
+    assert runs["throughput"]["batch_entries"] == 50 and runs["throughput"]["appends_per_s"] > 0
+    assert runs["throughput"]["client_cpu_us_per_op"] > 0 and "bookies_cpu_us_per_op" in runs["throughput"]
+    during = runs["tail during checkpoint"]
+    assert during["entries"] == 100 and during["checkpointed_entries"] == 500 and during["checkpoints"] >= 0
+    assert_latencies(during)
+
+
 def test_bench_ledger_reports_throughput_latency_and_tail():
     result = run_bench("ledger", "--entries", "300", "--latency-entries", "30", "--rate", "200")
     assert result["quorum"] == "E3/Qw2/Qa2" and result["fsync"] is True
@@ -80,16 +98,27 @@ def test_bench_write_reports_write_batch_and_per_record_writes():
                        "--sequential-records", "200")
     assert result["mode"] == "write" and result["fsync"] is True and "fdatasync" in result["durability"]
     runs = {run["run"]: run for run in result["runs"]}
-    assert set(runs) == {"write_batch", "write", "sequential"}
+    assert set(runs) == {"write_batch", "write", "offer", "sequential"}
     sequential = runs["sequential"]
     assert sequential["records"] == 200 and 0 < sequential["p50_ms"] <= sequential["p99_ms"]
-    batch, single = runs["write_batch"], runs["write"]
+    batch, single, offered = runs["write_batch"], runs["write"], runs["offer"]
     assert batch["records"] == batch["stored_records"] == 2000 and batch["entries"] == 4
-    assert single["records"] == single["stored_records"] == 1000 and single["entries"] >= 1
-    assert batch["compression_ratio"] > 1 and single["compression_ratio"] > 0
-    for run in (batch, single):
+    for run in (single, offered):
+        assert run["records"] == run["stored_records"] == 1000 and run["entries"] >= 1
+        assert run["compression_ratio"] > 0 and run["client_cpu_us_per_op"] > 0
+    assert batch["compression_ratio"] > 1
+    for run in (batch, single, offered):
         assert run["records_per_s"] > 0
         assert_mb_per_s_matches(run)
+
+
+def test_bench_write_spreads_per_record_writes_over_streams():
+    result = run_bench("write", "--records", "600", "--batch-records", "300", "--write-records", "600",
+                       "--streams", "3")
+    spread = [run for run in result["runs"] if run["run"] == "spread"]
+    assert [(run["api"], run["streams"]) for run in spread] == [("write_nowait", 3), ("offer", 3)]
+    for run in spread:
+        assert run["records"] == run["stored_records"] == 600 and run["entries"] >= 3
 
 
 def test_bench_read_reads_back_every_record_of_the_closed_segment():
@@ -141,7 +170,8 @@ def test_bench_limits_reports_synced_writes_and_loopback_round_trips(tmp_path: P
 
 @pytest.mark.skipif(not HAS_REDIS, reason=NO_REDIS)
 def test_bench_compare_runs_the_same_workload_on_dlog_and_redis():
-    result = run_bench("compare", "--records", "3000", "--batch-records", "500", "--in-flight", "2")
+    result = run_bench("compare", "--records", "3000", "--batch-records", "500", "--in-flight", "2",
+                       "--sequential-records", "100")
     assert result["fsync"] is True and "appendfsync always" in result["redis"]
     assert "no replication" in result["redis"] and "E3/Qw2/Qa2" in result["dlog"]
     runs = {(run["system"], run["client"], run["run"]): run for run in result["runs"]}
@@ -153,10 +183,13 @@ def test_bench_compare_runs_the_same_workload_on_dlog_and_redis():
         assert run["records_per_s"] > 0
         if key[2] == "read" and key[1] != "redis-benchmark (C)":
             assert run["records"] == 3000
-    assert {ratio["run"] for ratio in result["ratios"]} == {"write", "read"}
+    assert {(ratio["run"], ratio["redis_run"]) for ratio in result["ratios"]} == {
+        ("write", "write"), ("read", "read"), ("sequential write", "sequential write"),
+        ("per-record write (offer)", "write")}  # per-record writes against Redis's pipelines
+    assert runs["dlog", "dlog (Python)", "sequential write"]["records"] == 100
     for ratio in result["ratios"]:
         dlog = runs["dlog", "dlog (Python)", ratio["run"]]["records_per_s"]
-        peer = runs["redis", ratio["redis_client"], ratio["run"]]["records_per_s"]
+        peer = runs["redis", ratio["redis_client"], ratio["redis_run"]]["records_per_s"]
         assert ratio["dlog_over_redis"] == round(dlog / peer, 2)
 
 

@@ -37,7 +37,7 @@ def bookie_address(zk_server, tmp_path_factory):
 
 
 def raw_exchange(address: str, data: bytes, *, close_write: bool = True,
-                 timeout_s: float = 10.0) -> tuple[list, bool]:
+                 timeout_s: float = 10.0, answer_version: int = 1) -> tuple[list, bool]:
     """Send raw bytes; return the decoded answers and whether the bookie closed the connection."""
     host, port = address.split(":")
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
@@ -56,6 +56,9 @@ def raw_exchange(address: str, data: bytes, *, close_write: bool = True,
             if not chunk:
                 closed = True
                 break
+            if answer_version not in (1, 2):  # a refusal in a version no decoder speaks
+                assert chunk[4] == answer_version
+                chunk = chunk[:4] + b"\x02" + chunk[5:]
             decoder.receive_data(chunk)
             while (answer := decoder.next_message()) is not None:
                 answers.append(answer)
@@ -85,7 +88,8 @@ def assert_still_serving(address: str) -> None:
     (raw_frame(2, b"\x00" * 3), Status.BAD_REQUEST, False),  # body shorter than the opcode's
 ])
 def test_bad_frames_get_an_error_answer(bookie_address, data, status, closes):
-    answers, closed = raw_exchange(bookie_address, data)
+    answers, closed = raw_exchange(bookie_address, data,
+                                   answer_version=data[4] if status == Status.BAD_VERSION else 1)
     assert isinstance(answers[0], ErrorResponse) and answers[0].status == status
     assert answers[0].message  # says what was wrong
     if closes:

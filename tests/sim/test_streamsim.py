@@ -67,7 +67,7 @@ PLANTED = [
     ("waiters-not-woken", 17),
     ("buffered-left-pending", 0),
     ("reader-ignores-truncation", 3),
-    ("retention-takes-last-completed", 5),
+    ("retention-takes-last-completed", 4),
     ("entries-ignore-roll-size", 2),
     ("batch-columns-not-filled", 1),
     ("records-wait-for-linger", 1),

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from bookkeeper.errors import DlogError
+from bookkeeper.runtime import tune_garbage_collector
 from tools.cluster import LocalCluster
 
 PASSWORD = b"bench"
@@ -45,6 +48,41 @@ def event_values(count: int, size: int = 100) -> list[bytes]:
                     rng.randrange(10**7), rng.getrandbits(48)))
         values.append((value + b" " * size)[: size - 8] + b"%08d" % index)
     return values
+
+
+class CpuMeter:
+    """CPU seconds used by this process and by the cluster's bookie processes between `start()` and
+    `per_op(count)`: figures per operation that a busy machine does not move, where wall-clock rates
+    move by 2x (the bookies' from /proc/<pid>/stat, user + system)."""
+
+    def __init__(self, cluster: LocalCluster | None = None) -> None:
+        self._pids = [bookie.pid for bookie in cluster.bookies if bookie.pid] if cluster else []
+        self._client_s = 0.0
+        self._bookies_s = 0.0
+
+    def _bookie_cpu_s(self) -> float:
+        total = 0.0
+        for pid in self._pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # not Linux, or the bookie is gone: the figure leaves it out
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def start(self) -> CpuMeter:
+        self._client_s, self._bookies_s = time.process_time(), self._bookie_cpu_s()
+        return self
+
+    def per_op(self, count: int) -> dict[str, float]:
+        """Microseconds of CPU per operation: this client's, and all bookies' together."""
+        client_s = time.process_time() - self._client_s
+        figures = {"client_cpu_us_per_op": round(client_s / max(count, 1) * 1e6, 2)}
+        if self._pids:
+            bookies_s = self._bookie_cpu_s() - self._bookies_s
+            figures["bookies_cpu_us_per_op"] = round(bookies_s / max(count, 1) * 1e6, 2)
+        return figures
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
@@ -150,8 +188,12 @@ def reset_peak_rss() -> bool:
 
 
 def run_streams(fsync: bool, action: Any, secure: bool = False) -> Any:
-    """Start a 3-bookie cluster, open the bench namespace, and run `action(ns)` in it."""
+    """Start a 3-bookie cluster, open the bench namespace, and run `action(ns)` in it. The bench
+    process tunes its cycle collector as a bookie does, and as docs/operations.md recommends for
+    a client that keeps many writers or records in flight."""
     from dlog import Namespace
+
+    tune_garbage_collector()
 
     async def go(cluster: LocalCluster) -> Any:
         async with Namespace(cluster.zk_address, NAMESPACE, security=client_security(cluster)) as ns:

@@ -19,11 +19,12 @@ from tools.bench.common import (
     DLOG_NO_FSYNC,
     event_values,
     mb_per_s,
+    percentiles,
     ratio,
     run_streams,
     stored_totals,
 )
-from tools.bench.streams import read_run
+from tools.bench.streams import offer_run, read_run
 from tools.cluster import LocalCluster, die_with_parent, free_port
 
 ENSURE_REDIS = "scripts/ensure-redis.sh"
@@ -147,6 +148,40 @@ async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_rec
              "as": f"XREAD COUNT {REDIS_READ_COUNT}"}]
 
 
+async def _redis_sequential(port: int, values: list[bytes]) -> dict[str, Any]:
+    """One XADD at a time, each awaited before the next (a producer that needs each reply)."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis(host="127.0.0.1", port=port)
+    latencies = []
+    started = time.perf_counter()
+    for value in values:
+        sent = time.perf_counter()
+        await client.xadd("sequential", {b"v": value})
+        latencies.append(time.perf_counter() - sent)
+    elapsed_s = time.perf_counter() - started
+    await client.aclose()
+    return {"system": "redis", "client": _redis_py_label(), "run": "sequential write",
+            "records": len(values), "records_per_s": round(len(values) / elapsed_s),
+            **percentiles(latencies)}
+
+
+async def _dlog_sequential(ns: Any, values: list[bytes]) -> dict[str, Any]:
+    """One `await writer.write(value)` at a time: each record durable before the next is sent."""
+    await ns.create_stream("sequential")
+    latencies = []
+    async with ns.open_writer("sequential", linger_ms=0) as writer:
+        started = time.perf_counter()
+        for value in values:
+            sent = time.perf_counter()
+            await writer.write(value)
+            latencies.append(time.perf_counter() - sent)
+        elapsed_s = time.perf_counter() - started
+    return {"system": "dlog", "client": "dlog (Python)", "run": "sequential write",
+            "records": len(values), "records_per_s": round(len(values) / elapsed_s),
+            **percentiles(latencies)}
+
+
 def _redis_benchmark(tool: str, port: int, arguments: list[str]) -> float | None:
     """Requests per second that redis-benchmark reports (its --csv line for the one test); None when
     the run was too short to time (it then reports an infinite rate)."""
@@ -217,30 +252,43 @@ async def _dlog_compare_runs(ns: Any, values: list[bytes], batch_records: int,
 
 
 def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """dlog/redis records per second for each run, against each Redis client measured."""
+    """dlog/redis records per second for each run, against each Redis client measured; dlog's
+    per-record writes (offer) are set against Redis's pipelined writes."""
     dlog = {run["run"]: run for run in runs if run["system"] == "dlog"}
-    return [{"run": run["run"], "redis_client": run["client"],
-             "dlog_records_per_s": dlog[run["run"]]["records_per_s"],
+    pairs = [(run["run"], run) for run in runs if run["system"] == "redis" and run["run"] in dlog]
+    pairs += [("per-record write (offer)", run) for run in runs
+              if run["system"] == "redis" and run["run"] == "write" and "per-record write (offer)" in dlog]
+    return [{"run": name, "redis_run": run["run"],
+             "redis_client": run["client"], "dlog_records_per_s": dlog[name]["records_per_s"],
              "redis_records_per_s": run["records_per_s"],
              "dlog_over_redis": None if run["records_per_s"] is None
-             else round(dlog[run["run"]]["records_per_s"] / max(run["records_per_s"], 1), 2)}
-            for run in runs if run["system"] == "redis"]
+             else round(dlog[name]["records_per_s"] / max(run["records_per_s"], 1), 2)}
+            for name, run in pairs]
 
 
 def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight: int = 8,
-                  fsync: bool = True) -> dict[str, Any]:
+                  fsync: bool = True, sequential_records: int = 2000) -> dict[str, Any]:
     """The same write and catch-up read workload on dlog and on Redis Streams, one after the other
     on this machine; figures side by side and as ratios dlog/redis."""
     server = _check_redis()
     values = event_values(records)
 
+    sequential = values[:sequential_records]
+
     async def dlog_side(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
-        return await _dlog_compare_runs(ns, values, batch_records, in_flight)
+        runs = await _dlog_compare_runs(ns, values, batch_records, in_flight)
+        offered = await offer_run(ns, "compare-offered", values)
+        runs.append({"system": "dlog", "client": "dlog (Python)", "run": "per-record write (offer)",
+                     **{key: offered[key] for key in ("records", "records_per_s", "mb_per_s",
+                                                      "compression_ratio")}})
+        return runs + ([await _dlog_sequential(ns, sequential)] if sequential else [])
 
     runs = run_streams(fsync, dlog_side)
     with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch:
         with redis_server(server, Path(scratch), fsync) as port:
             runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
+            if sequential:
+                runs.append(asyncio.run(_redis_sequential(port, sequential)))
             runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
     return {"mode": "compare", "fsync": fsync, "record_bytes": 100, "batch_records": batch_records,
             "in_flight": in_flight,

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from bookkeeper.errors import DlogError
 from tools.bench.common import (
     NAMESPACE,
+    CpuMeter,
     event_values,
     mb_per_s,
     peak_rss_mb,
@@ -64,43 +65,53 @@ async def _open_writers(ns: Any, names: list[str]) -> list[Any]:
     return _raise_first(results)
 
 
-async def _round_robin(writers: list[Any], values: list[bytes]) -> float:
-    """Write `values` one by one over the writers in turn; seconds until all are durable."""
+async def _round_robin(writers: list[Any], values: list[bytes], offer: bool = False) -> float:
+    """Write `values` one by one over the writers in turn (`write_nowait`, or with `offer` the
+    fast path with no future per record); seconds until all are durable."""
     started = time.perf_counter()
     futures = []
     for index, value in enumerate(values):
         writer = writers[index % len(writers)]
         if not writer.writable:
             await writer.wait_writable()
-        futures.append(writer.write_nowait(value))
+        if offer:
+            writer.offer(value)
+        else:
+            futures.append(writer.write_nowait(value))
         if index % PRODUCER_YIELD_RECORDS == PRODUCER_YIELD_RECORDS - 1:
             await asyncio.sleep(0)
-    await asyncio.gather(*futures)
+    if offer:
+        await asyncio.gather(*(writer.flush() for writer in writers))
+    else:
+        await asyncio.gather(*futures)
     return time.perf_counter() - started
 
 
-async def _scale_run(ns: Any, stream_count: int, values: list[bytes]) -> dict[str, Any]:
+async def spread_run(ns: Any, stream_count: int, values: list[bytes], offer: bool = False) -> dict[str, Any]:
     """The same records spread round-robin over `stream_count` streams, each with its own writer.
     The producer lets the event loop run every PRODUCER_YIELD_RECORDS records, as one fed by a
     socket would, so each writer's linger timer fires on time and entries hold what arrived."""
-    names = [f"scale-{stream_count}-{index}" for index in range(stream_count)]
+    names = [f"scale-{'offer' if offer else 'write'}-{stream_count}-{index}" for index in range(stream_count)]
     started = time.perf_counter()
     writers = await _open_writers(ns, names)
     open_s = time.perf_counter() - started
+    meter = CpuMeter().start()
     try:
-        elapsed_s = await _round_robin(writers, values)
+        elapsed_s = await _round_robin(writers, values, offer)
+        cpu = meter.per_op(len(values))
     finally:
         closed = await _bounded(OPEN_CONCURRENCY, [writer.close() for writer in writers])
     _raise_first(closed)
     stored = _raise_first(await _bounded(OPEN_CONCURRENCY, [stored_totals(ns, name) for name in names]))
     raw_bytes = sum(map(len, values))
     entries = sum(item["entries"] for item in stored)
-    return {"run": "spread", "streams": stream_count, "records": len(values),
+    return {"run": "spread", "api": "offer" if offer else "write_nowait", "streams": stream_count,
+            "records": len(values),
             "records_per_s": round(len(values) / elapsed_s), "mb_per_s": mb_per_s(raw_bytes, elapsed_s),
             "entries": entries, "records_per_entry": round(len(values) / max(entries, 1), 1),
             "stored_records": sum(item["records"] for item in stored),
             "compression_ratio": ratio(raw_bytes, sum(item["bytes"] for item in stored)),
-            "open_s": round(open_s, 2)}
+            "open_s": round(open_s, 2), **cpu}
 
 
 async def _answer(connection: Any, timeout_s: float) -> dict[str, Any]:
@@ -196,7 +207,7 @@ def bench_scale(records: int = 200_000, stream_counts: Sequence[int] = (1, 10, 1
 
     async def runs(ns: Any, cluster: LocalCluster) -> tuple[list[Any], list[Any]]:
         values = event_values(records)
-        spread = [await _scale_run(ns, count, values) for count in stream_counts]
+        spread = [await spread_run(ns, count, values) for count in stream_counts]
         memory = [await _backlog_run(ns, cluster, count, backlog_batch_records) for count in backlog_records]
         return spread, memory
 

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from bookkeeper.errors import DlogError
 from dlog.segments.codec import records_to_batch
 from tools.bench.common import (
+    CpuMeter,
     event_values,
     mb_per_s,
     percentiles,
@@ -51,6 +52,7 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
     """Per-record write, pipelined: write_nowait, waiting only when the writer's buffer is full."""
     await ns.create_stream(stream)
     async with ns.open_writer(stream) as writer:
+        meter = CpuMeter().start()
         started = time.perf_counter()
         pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         for value in values:
@@ -63,11 +65,36 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
         for future in pending:
             future.result()
         elapsed_s = time.perf_counter() - started
+        cpu = meter.per_op(len(values))
     raw_bytes = sum(map(len, values))
     stored = await stored_totals(ns, stream)
     return {"run": "write", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
             "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
-            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"])}
+            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"]),
+            **cpu}
+
+
+async def offer_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
+    """The documented fast path of per-record writes: `offer()` each record (no future, no task),
+    checking `writable` as a producer must, then one `flush()` for all of their outcomes."""
+    await ns.create_stream(stream)
+    async with ns.open_writer(stream) as writer:
+        meter = CpuMeter().start()
+        started = time.perf_counter()
+        offer = writer.offer
+        for value in values:
+            if not writer.writable:
+                await writer.wait_writable()
+            offer(value)
+        await writer.flush()
+        elapsed_s = time.perf_counter() - started
+        cpu = meter.per_op(len(values))
+    raw_bytes = sum(map(len, values))
+    stored = await stored_totals(ns, stream)
+    return {"run": "offer", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
+            "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
+            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"]),
+            **cpu}
 
 
 async def _write_sequential_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
@@ -160,14 +187,23 @@ def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_ra
 
 def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
                 write_records: int = 300_000, sequential_records: int = 5_000, fsync: bool = True,
-                secure: bool = False) -> dict[str, Any]:
+                secure: bool = False, streams: int = 1) -> dict[str, Any]:
     """Stream writes: write_batch of Arrow batches, pipelined per-record write_nowait() of
-    `write_records`, and `sequential_records` awaited one at a time."""
+    `write_records` and the same records with offer() (with `streams` > 1, both spread
+    round-robin over that many streams, one writer each), and `sequential_records` awaited one
+    at a time."""
+    from tools.bench.scale import spread_run
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         values = event_values(records)
+        per_record = values[:min(records, write_records)]
+        if streams > 1:
+            return [await _write_batch_run(ns, "batches", values, batch_records),
+                    await spread_run(ns, streams, per_record),
+                    await spread_run(ns, streams, per_record, offer=True)]
         return [await _write_batch_run(ns, "batches", values, batch_records),
-                await _write_records_run(ns, "records", values[:min(records, write_records)]),
+                await _write_records_run(ns, "records", per_record),
+                await offer_run(ns, "offered", per_record),
                 await _write_sequential_run(ns, "sequential", values[:min(records, sequential_records)])]
 
     return {**stream_header("write", fsync, secure), "record_bytes": 100,

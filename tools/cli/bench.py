@@ -78,15 +78,18 @@ def bench() -> None:
 @click.option("--size", "sizes", multiple=True, type=SIZE, help="entry payload size (repeatable; default 100 and 1KiB)")
 @click.option("--in-flight", "in_flights", multiple=True, type=click.IntRange(1, 10_000),
               help="adds kept outstanding (repeatable; default 1 and 64)")
+@click.option("--batch", "batches", multiple=True, type=click.IntRange(1, 4096),
+              help="entries per ADD_BATCH frame, runs beside single ADD frames (repeatable; default 16)")
 @no_fsync_option
 @json_option
 @fails_cleanly
 def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple[int, ...],
-                         no_fsync: bool, as_json: bool) -> None:
-    """Raw adds against one bookie process."""
+                         batches: tuple[int, ...], no_fsync: bool, as_json: bool) -> None:
+    """Raw adds against one bookie process: single ADD frames and ADD_BATCH frames."""
     from tools.bench.ledger import bench_bookie
 
-    result = bench_bookie(entries, sizes or (100, 1024), in_flights or (1, 64), fsync=not no_fsync)
+    result = bench_bookie(entries, sizes or (100, 1024), in_flights or (1, 64), fsync=not no_fsync,
+                          batches=batches or (16,))
     print_bench(result, as_json)
 
 
@@ -96,6 +99,14 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @click.option("--latency-entries", default=5_000, show_default=True, type=click.IntRange(10))
 @click.option("--rate", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
               help="appends per second offered in the tail-latency run")
+@click.option("--checkpoint-entries", default=0, show_default=True, type=click.IntRange(0, 10_000_000),
+              help="also measure the tail latency at --rate for --checkpoint-seconds while the bookies "
+                   "checkpoint this many entries written just before (0: skip)")
+@click.option("--checkpoint-seconds", default=12.0, show_default=True, type=click.FloatRange(0.1, 600),
+              help="how long that run lasts (longer than the bookies' 10 s checkpoint interval)")
+@click.option("--batch", "batch_entries", default=0, show_default=True, type=click.IntRange(0, 10_000),
+              help="throughput run: append this many entries per append_batch() call (one future "
+                   "per call); 0 appends one by one")
 @rates_option(LEDGER_SWEEP_RATES)
 @plot_option
 @no_fsync_option
@@ -103,6 +114,7 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @json_option
 @fails_cleanly
 def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
+                         checkpoint_entries: int, checkpoint_seconds: float, batch_entries: int,
                          sweep_rates: tuple[int, ...], plot_dir: Path | None, no_fsync: bool,
                          secure: bool, as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
@@ -112,7 +124,8 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
     if plot_dir is not None and not sweep_rates:
         sweep_rates = LEDGER_SWEEP_RATES
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
-                          sweep_rates_per_s=sweep_rates, secure=secure)
+                          sweep_rates_per_s=sweep_rates, secure=secure, batch_entries=batch_entries,
+                          checkpoint_entries=checkpoint_entries, checkpoint_seconds=checkpoint_seconds)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "ledger-tail-latency.png",
                                             "ledger append to tailing reader latency", "appends"))]
@@ -144,18 +157,20 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
               help="records written one by one with write_nowait(), pipelined (at most --records)")
 @click.option("--sequential-records", default=5_000, show_default=True, type=click.IntRange(100),
               help="records written with one awaited write() at a time (at most --records)")
+@click.option("--streams", default=1, show_default=True, type=click.IntRange(1, 10_000),
+              help="spread the per-record writes round-robin over this many streams, one writer each")
 @no_fsync_option
 @secure_option
 @json_option
 @fails_cleanly
 def bench_write_command(records: int, batch_records: int, write_records: int, sequential_records: int,
-                        no_fsync: bool, secure: bool, as_json: bool) -> None:
-    """Stream writes: write_batch() of Arrow batches, pipelined per-record writes, and sequential
-    awaited write() (records/s, p50/p99 latency)."""
+                        streams: int, no_fsync: bool, secure: bool, as_json: bool) -> None:
+    """Stream writes: write_batch() of Arrow batches, pipelined per-record writes (write_nowait and
+    offer), and sequential awaited write() (records/s, p50/p99 latency)."""
     from tools.bench.streams import bench_write
 
     print_bench(bench_write(records, batch_records, write_records, sequential_records, fsync=not no_fsync,
-                            secure=secure), as_json)
+                            secure=secure, streams=streams), as_json)
 
 
 @bench.command("read")
@@ -246,15 +261,18 @@ def bench_limits_command(directory: Path | None, journal_writes: int, sequential
               help="records per write_batch call / XADDs per pipeline")
 @click.option("--in-flight", default=8, show_default=True, type=click.IntRange(1, 256),
               help="batches (pipelines) outstanding on each side")
+@click.option("--sequential-records", default=2000, show_default=True, type=click.IntRange(0),
+              help="records written one awaited write at a time on each side (0: none)")
 @no_fsync_option
 @json_option
 @fails_cleanly
-def bench_compare_command(records: int, batch_records: int, in_flight: int, no_fsync: bool,
-                          as_json: bool) -> None:
+def bench_compare_command(records: int, batch_records: int, in_flight: int, sequential_records: int,
+                          no_fsync: bool, as_json: bool) -> None:
     """The same writes and catch-up reads on dlog and on Redis Streams (needs scripts/ensure-redis.sh)."""
     from tools.bench.compare import bench_compare
 
-    print_bench(bench_compare(records, batch_records, in_flight, fsync=not no_fsync), as_json)
+    print_bench(bench_compare(records, batch_records, in_flight, fsync=not no_fsync,
+                              sequential_records=sequential_records), as_json)
 
 
 @bench.command("codec")

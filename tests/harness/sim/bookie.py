@@ -52,14 +52,17 @@ FSYNC_MS_MAX = 4
 class Request:
     client: str
     request_id: int
-    kind: str  # "add" | "read" | "write_lac"
+    kind: str  # "add" | "read" | "write_lac" | "add_batch" | "read_range"
     ledger_id: int
-    entry_id: int = -1
+    entry_id: int = -1  # read_range: the first entry id
     packed_entry: bytes = b""
     master_key: bytes = b""
     recovery: bool = False
     fence: bool = False
     lac: int = -1
+    entries: tuple[tuple[int, bytes], ...] = ()  # add_batch: (entry id, packed entry)
+    last_entry_id: int = -1  # read_range
+    stride: int = 1  # read_range
 
     def label(self) -> str:
         flags = "".join(flag for flag, on in ((" fence", self.fence), (" recovery", self.recovery)) if on)
@@ -73,6 +76,9 @@ class Response:
     error: DlogError | None = None
     lac: int = -1
     packed_entry: bytes = b""
+    errors: tuple[tuple[int, DlogError], ...] = ()  # add_batch: (position, error) of refused entries
+    entries: tuple[tuple[int, bytes], ...] = ()  # read_range: (entry id, packed entry) held
+    covered_last_entry_id: int = -1  # read_range
 
     def label(self) -> str:
         outcome = type(self.error).__name__ if self.error is not None else f"ok lac {self.lac}"
@@ -189,34 +195,59 @@ class SimBookie:
     def _handle(self, request: Request) -> None:
         if request.kind == "add":
             self._on_add(request)
-        elif request.kind == "read":
+        elif request.kind == "add_batch":
+            self._on_add_batch(request)
+        elif request.kind in ("read", "read_range"):
             self._on_read(request)
         else:
             self._on_write_lac(request)
 
     def _on_add(self, request: Request) -> None:
-        packed_entry = request.packed_entry
+        accepted = self._accept(request, request.entry_id, request.packed_entry)
+        if isinstance(accepted, DlogError):
+            return self._reply(request, accepted)
+        self._journal_append(accepted, request, Response(request.request_id, self.bookie_id))
+        return None
+
+    def _on_add_batch(self, request: Request) -> None:
+        """An ADD_BATCH (bookkeeper/bookie/batching.py): each entry checked as one add, the accepted
+        ones journaled, ONE answer (listing the refused) after the fsync that covers them all."""
+        records, errors = [], []
+        for position, (entry_id, packed_entry) in enumerate(request.entries):
+            accepted = self._accept(request, entry_id, packed_entry)
+            if isinstance(accepted, DlogError):
+                errors.append((position, accepted))
+            else:
+                records.append(accepted)
+        answer = Response(request.request_id, self.bookie_id, errors=tuple(errors))
+        if not records:
+            return self._send(request, answer)
+        for record in records[:-1]:
+            self._journal_append(record, None, None)
+        self._journal_append(records[-1], request, answer)
+        return None
+
+    def _accept(self, request: Request, entry_id: int, packed_entry: bytes) -> tuple[Any, ...] | DlogError:
+        """The checks of one add; stores an accepted entry and returns its journal record."""
         if len(packed_entry) < ENTRY_HEADER_BYTES:
-            return self._reply(request, BadRequestError("entry shorter than its header"))
-        ledger_id, entry_id, lac, _, _ = ENTRY_HEADER.unpack_from(packed_entry)
-        if (ledger_id, entry_id) != (request.ledger_id, request.entry_id) or lac >= entry_id:
-            return self._reply(request, BadRequestError(f"bad header {ledger_id}:{entry_id} lac {lac}"))
+            return BadRequestError("entry shorter than its header")
+        ledger_id, header_entry_id, lac, _, _ = ENTRY_HEADER.unpack_from(packed_entry)
+        if (ledger_id, header_entry_id) != (request.ledger_id, entry_id) or lac >= header_entry_id:
+            return BadRequestError(f"bad header {ledger_id}:{header_entry_id} lac {lac}")
         ledger = self._memory.get(ledger_id)
         if ledger is None:
             ledger = self._create(ledger_id, request.master_key)
         elif ledger.master_key != request.master_key:
-            return self._reply(request, UnauthorizedError(f"wrong master key for ledger {ledger_id}"))
+            return UnauthorizedError(f"wrong master key for ledger {ledger_id}")
         elif ledger.fenced and not request.recovery:
-            return self._reply(request, LedgerFencedError(f"ledger {ledger_id} is fenced"))
+            return LedgerFencedError(f"ledger {ledger_id} is fenced")
         stored = ledger.entries.get(entry_id)
         if stored is not None and stored != packed_entry:
-            return self._reply(request, EntryExistsError(f"entry {ledger_id}:{entry_id} differs"))
+            return EntryExistsError(f"entry {ledger_id}:{entry_id} differs")
         self.recorder.add_accepted(self.bookie_id, entry_id, request.recovery, self.world.now_ms)
         ledger.entries[entry_id] = packed_entry
-        self._journal_append(("add", ledger_id, entry_id, packed_entry), request,
-                             Response(request.request_id, self.bookie_id))
         ledger.lac = max(ledger.lac, lac)
-        return None
+        return ("add", ledger_id, entry_id, packed_entry)
 
     def _on_read(self, request: Request) -> None:
         ledger = self._memory.get(request.ledger_id)
@@ -245,12 +276,26 @@ class SimBookie:
         ledger = self._memory.get(request.ledger_id)
         if ledger is None:  # crashed in between; the client saw the disconnect
             return
+        if request.kind == "read_range":
+            return self._answer_range(request, ledger)
         if request.entry_id < 0:
             return self._reply(request, None, ledger.lac)
         packed_entry = ledger.entries.get(request.entry_id)
         if packed_entry is None:
             return self._reply(request, NoSuchEntryError(f"no entry {request.ledger_id}:{request.entry_id}"))
         return self._reply(request, None, ledger.lac, packed_entry)
+
+    def _answer_range(self, request: Request, ledger: _Ledger) -> None:
+        """A READ_RANGE: the entries of the stride held here; a byte limit is played by covering
+        only part of the range now and then, so the client asks again for the rest."""
+        wanted = range(request.entry_id, request.last_entry_id + 1, request.stride)
+        covered = request.last_entry_id
+        if len(wanted) > 1 and self.world.rng.random() < 0.2:
+            covered = self.world.rng.choice(wanted[:-1])
+        held = tuple((entry_id, ledger.entries[entry_id]) for entry_id in wanted
+                     if entry_id <= covered and entry_id in ledger.entries)
+        self._send(request, Response(request.request_id, self.bookie_id, lac=ledger.lac, entries=held,
+                                     covered_last_entry_id=covered))
 
     def _on_write_lac(self, request: Request) -> None:
         ledger = self._memory.get(request.ledger_id)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from bookkeeper.client.batcher import plan_range_reads
 from bookkeeper.errors import (
     BookieUnavailableError,
     DlogError,
     MetadataError,
+    NoSuchEntryError,
     NoSuchLedgerError,
 )
 from bookkeeper.protocol.effects import (
@@ -62,12 +64,20 @@ class Driver:
         self._request_ids = itertools.count(1)
         self._outstanding: dict[int, tuple[str, str, int]] = {}  # request id -> (bookie, kind, entry)
         self._generation = 0  # a new machine (recovery retry) ignores the old one's answers
+        # batched frames, as bookkeeper/client/driver.py sends them: the adds and reads of one
+        # run() to one bookie leave together (ADD_BATCH, READ_RANGE) at its end
+        self.batched = sim.batched
+        self._adds: dict[str, list[tuple[int, bytes, bool]]] = {}
+        self._reads: dict[tuple[str, bool], list[int]] = {}
 
     # ------------------------------------------------------------------ bookie requests
 
-    def send(self, bookie: str, kind: str, entry_id: int, **fields: Any) -> None:
+    def send(self, bookie: str, kind: str, entry_id: Any, **fields: Any) -> None:
+        """`entry_id` is a tuple of entry ids for the batched kinds (add_batch, read_range)."""
         request_id = next(self._request_ids)
         self._outstanding[request_id] = (bookie, kind, entry_id)
+        if kind in ("add_batch", "read_range"):
+            entry_id = fields.pop("first", -1)
         wire_kind = "read" if kind == "lac" else kind
         request = Request(self.name, request_id, wire_kind, self.sim.ledger_id, entry_id, **fields)
         self.sim.network.send(self.name, bookie, self.sim.bookies[bookie].receive, request)
@@ -81,6 +91,30 @@ class Driver:
         bookie, kind, entry_id = sent
         self.on_answer(bookie, kind, entry_id, response)
 
+    def _send_batched(self) -> None:
+        master_key = self.sim.master_key
+        adds, self._adds = self._adds, {}
+        for bookie, entries in adds.items():
+            if len(entries) == 1:
+                entry_id, packed_entry, recovery = entries[0]
+                self.send(bookie, "add", entry_id, packed_entry=packed_entry, master_key=master_key,
+                          recovery=recovery)
+                continue
+            self.world.stats["ADD_BATCH frames"] += 1
+            self.send(bookie, "add_batch", tuple((entry_id, False) for entry_id, _, _ in entries),
+                      entries=tuple((entry_id, packed) for entry_id, packed, _ in entries),
+                      master_key=master_key, recovery=entries[0][2])
+        reads, self._reads = self._reads, {}
+        for (bookie, fence), entry_ids in reads.items():
+            ranges, singles = plan_range_reads(entry_ids)
+            for first, last, stride in ranges:
+                self.world.stats["READ_RANGE requests"] += 1
+                wanted = tuple((entry_id, fence) for entry_id in entry_ids if first <= entry_id <= last)
+                self.send(bookie, "read_range", wanted, first=first, last_entry_id=last, stride=stride,
+                          fence=fence, master_key=master_key if fence else b"")
+            for entry_id in singles:
+                self.send(bookie, "read", entry_id, fence=fence, master_key=master_key if fence else b"")
+
     def on_disconnect(self, bookie: str) -> None:
         if not self.alive:
             return
@@ -90,14 +124,51 @@ class Driver:
                 error = BookieUnavailableError(f"connection to {bookie} reset")
                 self.on_answer(bookie, kind, entry_id, Response(request_id, bookie, error))
 
-    def on_answer(self, bookie: str, kind: str, entry_id: int, response: Response) -> None:
+    def on_answer(self, bookie: str, kind: str, entry_id: Any, response: Response) -> None:
         machine, now_ms, error = self.machine, self.world.now_ms, response.error
+        if kind == "add_batch":
+            return self._batch_answered(bookie, entry_id, response)
+        if kind == "read_range":
+            return self._range_answered(bookie, entry_id, response)
         if kind == "add":
             self.run(machine.on_add_ok(bookie, entry_id, now_ms) if error is None
                      else machine.on_add_error(bookie, entry_id, error, now_ms))
         elif kind == "read":
             self.run(self.read_ok(bookie, entry_id, response) if error is None
                      else machine.on_read_error(bookie, entry_id, error, now_ms))
+
+    def _batch_answered(self, bookie: str, entries: tuple[tuple[int, bool], ...], response: Response) -> None:
+        machine, now_ms = self.machine, self.world.now_ms
+        if response.error is not None:
+            failures = [(entry_id, response.error) for entry_id, _ in entries]
+        else:
+            failures = [(entries[position][0], error) for position, error in response.errors]
+        failed = {entry_id for entry_id, _ in failures}
+        effects = machine.on_adds_ok(bookie, [entry_id for entry_id, _ in entries if entry_id not in failed],
+                                     now_ms)
+        for entry_id, error in failures:
+            effects += machine.on_add_error(bookie, entry_id, error, now_ms)
+        self.run(effects)
+
+    def _range_answered(self, bookie: str, wanted: tuple[tuple[int, bool], ...], response: Response) -> None:
+        """Each wanted entry's answer as a plain read would give it; the uncovered are asked again."""
+        machine, now_ms = self.machine, self.world.now_ms
+        effects: list[Effect] = []
+        if response.error is not None:
+            for entry_id, _ in wanted:
+                effects += machine.on_read_error(bookie, entry_id, response.error, now_ms)
+            return self.run(effects)
+        got = dict(response.entries)
+        for entry_id, fence in wanted:
+            if entry_id in got:
+                effects += self.read_ok(bookie, entry_id, Response(
+                    response.request_id, bookie, None, response.lac, got[entry_id]))
+            elif entry_id <= response.covered_last_entry_id:
+                effects += machine.on_read_error(bookie, entry_id, NoSuchEntryError(
+                    f"no entry {self.sim.ledger_id}:{entry_id} on {bookie}"), now_ms)
+            else:
+                self._reads.setdefault((bookie, fence), []).append(entry_id)
+        return self.run(effects)
 
     def read_ok(self, bookie: str, entry_id: int, response: Response) -> list[Effect]:
         return self.machine.on_read_ok(bookie, entry_id, response.packed_entry, self.world.now_ms)
@@ -106,12 +177,19 @@ class Driver:
 
     def run(self, effects: list[Effect]) -> None:
         master_key = self.sim.master_key
+        generation = self._generation
         for effect in effects:
             if isinstance(effect, SendAdd):
                 if effect.recovery:
                     self.world.stats["write-back adds"] += 1
+                if self.batched:
+                    self._adds.setdefault(effect.bookie, []).append(
+                        (effect.entry_id, effect.packed_entry, effect.recovery))
+                    continue
                 self.send(effect.bookie, "add", effect.entry_id, packed_entry=effect.packed_entry,
                           master_key=master_key, recovery=effect.recovery)
+            elif isinstance(effect, SendRead) and self.batched and effect.entry_id >= 0:
+                self._reads.setdefault((effect.bookie, effect.fence), []).append(effect.entry_id)
             elif isinstance(effect, SendRead):
                 self.send(effect.bookie, "read", effect.entry_id, fence=effect.fence,
                           master_key=master_key if effect.fence else b"")
@@ -122,6 +200,11 @@ class Driver:
                 self.write_metadata(effect, self._generation, 0)
             else:
                 self.outcome(effect)
+        if self._adds or self._reads:
+            if generation == self._generation and self.machine is not None:
+                self._send_batched()
+            else:  # the machine these were for failed or was replaced during this run
+                self._adds, self._reads = {}, {}
         self.after_run()
 
     def outcome(self, effect: Effect) -> None:

@@ -111,6 +111,9 @@ class Simulation:
         self.steps = steps
         self.wiped_bookies_rejoin = wiped_bookies_rejoin
         self.rng = random.Random(seed)
+        # odd seeds send ADD_BATCH and READ_RANGE as the real client does, even seeds one entry per
+        # request (version 1's frames): both stay covered, and drawing nothing keeps the scenarios
+        self.batched = seed % 2 == 1
         self.world = World(self.rng)
         self.scenario = Scenario.draw(self.rng)
         self.network = Network(self.world, self.scenario.network)
