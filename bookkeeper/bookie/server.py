@@ -23,6 +23,7 @@ from bookkeeper.protocol.wire import (
     AddRequest,
     BookieInfoRequest,
     BookieInfoResponse,
+    CheckEntriesRequest,
     ErrorResponse,
     FrameError,
     ReadLacRequest,
@@ -212,6 +213,7 @@ class BookieServer:
             ReadLacRequest: core.on_read_lac,
             WriteLacRequest: core.on_write_lac,
             BookieInfoRequest: self._on_info,
+            CheckEntriesRequest: core.on_check_entries,
         }
         self.protocol_errors = 0
         self.backpressure_pauses = 0

@@ -29,6 +29,7 @@ MASTER_KEY_BYTES = 32
 ENTRY_BYTES_MAX_DEFAULT = 4 * 2**20
 FRAME_BYTES_MAX_DEFAULT = ENTRY_BYTES_MAX_DEFAULT + 1024
 ERROR_MESSAGE_BYTES_MAX = 1024
+CHECK_ENTRIES_MAX = 256  # entries one CHECK_ENTRIES may ask about
 
 
 class OpCode(enum.IntEnum):
@@ -37,6 +38,7 @@ class OpCode(enum.IntEnum):
     READ_LAC = 3
     WRITE_LAC = 4
     GET_BOOKIE_INFO = 5
+    CHECK_ENTRIES = 6
 
 
 class Flag(enum.IntFlag):
@@ -65,6 +67,14 @@ class Status(enum.IntEnum):
     TOO_LARGE = 107
     ENTRY_EXISTS = 108
     LEDGER_DELETED = 109
+
+
+class EntryCheck(enum.IntEnum):
+    """What CHECK_ENTRIES says of one entry on one bookie."""
+
+    PRESENT = 0  # stored and readable (and its CRC32C digest, if it has one, checks out)
+    ABSENT = 1
+    DAMAGED = 2  # stored but unreadable, or failing its CRC32C digest
 
 
 class BookieState(enum.IntEnum):
@@ -133,7 +143,18 @@ class BookieInfoRequest:
     request_id: int
 
 
-Request = AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest
+@dataclass(frozen=True, slots=True)
+class CheckEntriesRequest:
+    """Presence and checksum of entries first..first+count-1 (a replica check, R2)."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    count: int
+
+
+Request = (AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest
+           | CheckEntriesRequest)
 
 # ---------------------------------------------------------------- responses
 
@@ -179,6 +200,17 @@ class BookieInfoResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckEntriesResponse:
+    """Per entry from `first_entry_id` on: (EntryCheck, CRC32C of the stored bytes, 0 unless
+    PRESENT)."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    entries: tuple[tuple[EntryCheck, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorResponse:
     """Any non-OK answer: the status says what, the message says why (UTF-8, at most 1 KiB)."""
 
@@ -189,7 +221,7 @@ class ErrorResponse:
 
 
 Response = (AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse
-            | ErrorResponse)
+            | CheckEntriesResponse | ErrorResponse)
 
 # ---------------------------------------------------------------- body layouts
 
@@ -201,6 +233,8 @@ _WRITE_LAC = struct.Struct(f">q{MASTER_KEY_BYTES}sq")
 _READ_RESPONSE_HEAD = struct.Struct(">qqq")
 _INFO = struct.Struct(">qqB")
 _FULL_HEADER = struct.Struct(">IBBHQ")  # length + header, for encoding in one pack
+_CHECK = struct.Struct(">qqI")  # ledger id, first entry id, count
+_CHECKED = struct.Struct(">BI")  # state, crc32c
 
 
 def _frame(opcode: int, flags_or_status: int, request_id: int, body: bytes) -> bytes:
@@ -242,6 +276,9 @@ def encode_request(request: Request) -> bytes:
         return _frame(OpCode.WRITE_LAC, 0, request.request_id, body)
     if isinstance(request, BookieInfoRequest):
         return _frame(OpCode.GET_BOOKIE_INFO, 0, request.request_id, b"")
+    if isinstance(request, CheckEntriesRequest):
+        body = _CHECK.pack(request.ledger_id, request.first_entry_id, request.count)
+        return _frame(OpCode.CHECK_ENTRIES, 0, request.request_id, body)
     raise TypeError(f"not a request: {request!r}")
 
 
@@ -267,6 +304,10 @@ def encode_response(response: Response) -> bytes:
         body = _INFO.pack(response.free_bytes, response.total_bytes, response.state)
         return _frame(OpCode.GET_BOOKIE_INFO, Status.OK, response.request_id,
                       body + response.bookie_id.encode())
+    if isinstance(response, CheckEntriesResponse):
+        body = _CHECK.pack(response.ledger_id, response.first_entry_id, len(response.entries))
+        body += b"".join(_CHECKED.pack(state, crc) for state, crc in response.entries)
+        return _frame(OpCode.CHECK_ENTRIES, Status.OK, response.request_id, body)
     if isinstance(response, ErrorResponse):
         message = response.message.encode("utf-8", "replace")[:ERROR_MESSAGE_BYTES_MAX]
         return _frame(response.opcode, response.status, response.request_id, message)
@@ -373,6 +414,12 @@ class RequestDecoder(_FrameReader):
         if opcode == OpCode.GET_BOOKIE_INFO:
             _expect_size(body, 0, refuse)
             return BookieInfoRequest(request_id)
+        if opcode == OpCode.CHECK_ENTRIES:
+            _expect_size(body, _CHECK.size, refuse)
+            ledger_id, first_entry_id, count = _CHECK.unpack(body)
+            if not 1 <= count <= CHECK_ENTRIES_MAX:
+                raise refuse(f"CHECK_ENTRIES count {count} is outside 1..{CHECK_ENTRIES_MAX}")
+            return CheckEntriesRequest(request_id, ledger_id, first_entry_id, count)
         raise refuse(f"unknown opcode {opcode} (known: "
                      f"{', '.join(f'{op.name}={op.value}' for op in OpCode)})")
 
@@ -441,6 +488,13 @@ def _parse_response(opcode: int, status: int, request_id: int, body: bytes) -> R
         free_bytes, total_bytes, state = _INFO.unpack_from(body)
         return BookieInfoResponse(request_id, free_bytes, total_bytes, BookieState(state),
                                   body[_INFO.size:].decode())
+    if opcode == OpCode.CHECK_ENTRIES:
+        ledger_id, first_entry_id, count = _CHECK.unpack_from(body)
+        if len(body) != _CHECK.size + count * _CHECKED.size:
+            raise ValueError(f"{count} entries need {_CHECK.size + count * _CHECKED.size} bytes")
+        entries = tuple((EntryCheck(state), crc) for state, crc in
+                        _CHECKED.iter_unpack(body[_CHECK.size:]))
+        return CheckEntriesResponse(request_id, ledger_id, first_entry_id, entries)
     raise ValueError(f"unknown opcode {opcode}")
 
 
