@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bookkeeper.autorecovery.settings import RecoverySettings
 from bookkeeper.bookie.server import ServerLimits
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
@@ -42,6 +43,8 @@ class BookieConfig:
     compaction_live_fraction: float = 0.5
     # wire limits
     limits: ServerLimits = field(default_factory=ServerLimits)
+    # auto-recovery in this process (auditor candidate and replication worker); None: neither
+    autorecovery: RecoverySettings | None = field(default_factory=RecoverySettings)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

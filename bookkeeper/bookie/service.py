@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from bookkeeper.autorecovery.service import AutoRecovery
+from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.config import BookieConfig
 from bookkeeper.bookie.http import make_app
@@ -69,6 +71,8 @@ class BookieService:
         self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
         self.zk: AsyncZooKeeper | None = None  # only with config.zk
         self.registration: Registration | None = None
+        self.autorecovery: AutoRecovery | None = None
+        self.recovery_store: RecoveryStore | None = None  # for the admin endpoint, with or without
         self._manual_read_only = False
         self._disk_read_only = False
         self._maintenance = asyncio.Lock()
@@ -78,6 +82,7 @@ class BookieService:
         self._stopping = False
         self.replayed_records = 0
         self._storage_open = False
+        self._unwatch_cookie: Any = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -100,6 +105,7 @@ class BookieService:
         self._check_disk()
         if self.zk is not None:
             await self._register()
+            await self._start_autorecovery()
         self._tasks = [asyncio.create_task(self._periodic(self.config.checkpoint_interval_s,
                                                           self.checkpoint), name="checkpoint"),
                        asyncio.create_task(self._periodic(self.config.disk_check_interval_s,
@@ -145,6 +151,26 @@ class BookieService:
 
         self.zk.add_state_listener(on_state)
 
+    async def _start_autorecovery(self) -> None:
+        assert self.zk is not None
+        self.recovery_store = RecoveryStore(self.zk, self.config.zk_root)
+        self._unwatch_cookie = self.zk.watch_data(layout.cookie_path(self.config.zk_root, self.bookie_id),
+                                                  self._on_cookie)
+        settings = self.config.autorecovery
+        if settings is None or not (settings.auditor or settings.workers):
+            return
+        self.autorecovery = AutoRecovery(self.zk, self.config.zk_root, settings, self.bookie_id,
+                                         registry=self.metrics.registry)
+        await self.autorecovery.start()
+
+    def _on_cookie(self, data: bytes | None, version: int) -> None:
+        """Decommissioning removes the cookie once nothing needs this bookie: stop serving, so it
+        cannot take new entries it would never be asked for again."""
+        if data is None and not self._stopping:
+            log.warning("bookie %s: its cookie was removed from ZooKeeper (decommissioned); stopping",
+                        self.bookie_id)
+            asyncio.get_running_loop().create_task(self.stop())
+
     async def _reregister(self) -> None:
         try:
             if self.registration is not None:
@@ -168,6 +194,10 @@ class BookieService:
             self._stopped.set()  # only now: serve() returns, and asyncio.run cancels what is left
 
     async def _shutdown(self) -> None:
+        if self._unwatch_cookie is not None:
+            self._unwatch_cookie()
+        if self.autorecovery is not None:
+            await self.autorecovery.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

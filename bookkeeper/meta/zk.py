@@ -500,6 +500,8 @@ class Election:
         """Return once this contender leads; MetadataError if the attempt failed."""
         if self._won is None:
             self._won = self.zk._loop_or_fail().create_future()
+            # a cancelled candidate's failure is expected; nobody need be waiting to hear it
+            self._won.add_done_callback(lambda won: won.cancelled() or won.exception())
             self._thread = threading.Thread(target=self._acquire, name=f"election {self.path}",
                                             daemon=True)
             self._thread.start()

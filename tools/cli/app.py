@@ -7,6 +7,7 @@ import logging
 
 import click
 
+from tools.cli.autorecovery import autorecovery, decommission_command
 from tools.cli.bench import bench
 from tools.cli.bookie import bookie
 from tools.cli.ledger import ledger
@@ -31,5 +32,6 @@ def main() -> None:
 
 
 for command in (bookie, ledger, stream, write_command, read_command, truncate_command, retention,
-                export_command, standalone, ui_command, bench):
+                export_command, standalone, ui_command, bench, autorecovery):
     main.add_command(command)
+bookie.add_command(decommission_command)

@@ -13,6 +13,7 @@ import click
 
 from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
+from tools.autorecovery_options import pop_recovery, recovery_options, recovery_settings
 from tools.cli.common import (
     SIZE,
     fails_cleanly,
@@ -68,6 +69,9 @@ def bookie() -> None:
 @click.option("--gc-interval", default=600.0, show_default=True, type=click.FloatRange(0),
               help="seconds between garbage collections (0: only on POST /api/v1/gc)")
 @click.option("--checkpoint-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
+@click.option("--autorecovery/--no-autorecovery", default=True, show_default=True,
+              help="run an auto-recovery auditor candidate and replication worker in this bookie")
+@recovery_options
 @click.option("--config", type=click.Path(dir_okay=False, exists=True), default=None,
               help="TOML file whose [bookie] table sets any of these (flags and DLOG_BOOKIE_* "
                    "environment variables override it); default $DLOG_CONFIG")
@@ -87,7 +91,8 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                   write_cache_size: int, max_entry_size: int,
                   max_in_flight: int, idle_timeout: float, disk_threshold: float,
                   disk_lwm: float | None, disk_check_interval: float, gc_interval: float,
-                  checkpoint_interval: float, config: str | None = None) -> Any:
+                  checkpoint_interval: float, config: str | None = None, autorecovery: bool = True,
+                  **recovery: Any) -> Any:
     """The BookieConfig that `dlog bookie start` settings describe."""
     from bookkeeper.bookie.config import BookieConfig
 
@@ -109,7 +114,15 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
         disk_usage_threshold=disk_threshold,
         disk_usage_lwm=disk_lwm if disk_lwm is not None else max(0.001, disk_threshold - 0.05),
         disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval,
-        checkpoint_interval_s=checkpoint_interval, limits=limits)
+        checkpoint_interval_s=checkpoint_interval, limits=limits,
+        autorecovery=(None if not autorecovery else recovery_settings(**pop_recovery(recovery))
+                      if recovery else _default_recovery()))
+
+
+def _default_recovery() -> Any:
+    from bookkeeper.autorecovery.settings import RecoverySettings
+
+    return RecoverySettings()
 
 
 

@@ -12,6 +12,7 @@ import click
 
 from bookkeeper.errors import DlogError
 
+from tools.autorecovery_options import delay_option
 from tools.cli.common import fails_cleanly, zk_option
 
 
@@ -26,8 +27,10 @@ ZK_PORT_DEFAULT = 2181
               show_default=f"the port of the last start in --dir, else {ZK_PORT_DEFAULT}")
 @click.option("--ui-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
               help="status page port on 127.0.0.1 (0: any free port, -1: no status page)")
+@delay_option
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int) -> None:
+def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int,
+               lost_bookie_recovery_delay: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
     A directory runs one cluster at a time (a second start on it is refused), every part must
@@ -38,7 +41,8 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int)
     stop = _stop_on_signals()
     if zk_port is None:
         zk_port = load_state(directory).get("zk_port") or ZK_PORT_DEFAULT
-    cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port)
+    cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port,
+                           bookie_args=["--lost-bookie-recovery-delay", f"{lost_bookie_recovery_delay}ms"])
     try:
         cluster.start()
     except DlogError as exc:  # a bookie's failure comes with its log's tail: the first line says it
