@@ -62,8 +62,10 @@ class Fragment:
 
     def entries_at(self, position: int, write_quorum: int) -> Iterator[int]:
         """Entry ids of this (closed) fragment stored at ensemble `position`."""
+        if self.last_entry_id is None:
+            raise ValueError("an open fragment's entries are not fixed yet")
         size = len(self.bookies)
-        for entry_id in range(self.first_entry_id, (self.last_entry_id or -1) + 1):
+        for entry_id in range(self.first_entry_id, self.last_entry_id + 1):
             if position in write_set(entry_id, size, write_quorum):
                 yield entry_id
 

@@ -293,7 +293,9 @@ class ReplicationWorker:
                 await self.client.store.write_ledger(ledger_id, swapped, version)
             except MetadataVersionError:
                 continue
-            log.info("ledger %d: fragment %d now on %s instead of %s", ledger_id, first, new, old)
+            log.info("ledger %d: fragment %d now on %s instead of %s (ensembles %s, %s, last entry %d)",
+                     ledger_id, first, new, old, swapped.ensembles, swapped.state.value,
+                     swapped.last_entry_id)
             return
         raise MetadataVersionError(f"ledger {ledger_id}: {SWAP_ATTEMPTS_MAX} conflicting metadata "
                                    "writes in a row while swapping a bookie")

@@ -24,6 +24,8 @@ straight from ZooKeeper (``metadata``) join the history, and `check` looks for:
                      that changed, a closed ledger that disagrees with its segment
     liveness         after the last heal, writes or tailing reads did not resume within the bound,
                      or the stream could not be sealed and read back
+    under_replicated the replication check (tests/harness/replication.py) found an entry of a
+                     completed segment missing from, or different on, a live member of its write set
 
 Offsets are stored as ``[ledger_id, entry_id, slot]``. Ledger-id order is NOT stream order: the
 checker orders offsets by the sequence of the ledger's segment, taken from the metadata snapshots.
@@ -55,8 +57,9 @@ UNKNOWN_SEGMENT = "unknown_segment"
 STALE_WRITE = "stale_write"
 METADATA = "metadata"
 LIVENESS = "liveness"
+UNDER_REPLICATED = "under_replicated"
 ANOMALY_KINDS = (LOST, NEVER_WRITTEN, DUPLICATE, OFFSET_CONFLICT, READER_DIVERGED, NON_MONOTONIC,
-                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS)
+                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, UNDER_REPLICATED)
 
 EXAMPLES_PER_KIND_MAX = 5  # anomalies of one kind reported one by one; the rest are counted
 METADATA_SNAPSHOT_TRIES_MAX = 20
@@ -300,6 +303,9 @@ class _Checker:
                 self.liveness_failures.append(event.get("what", "?"))
             elif kind == "renewed":
                 self.renewed[event.get("what", "?")] += 1
+            elif kind == "check" and event.get("process") == "replication" and type_ == "fail":
+                for problem in event.get("problems", []):
+                    self.add(UNDER_REPLICATED, problem)
         for snapshot in self.snapshots:
             for segment in snapshot.get("segments", []):
                 ledger_id, sequence = segment.get("ledger_id"), segment.get("sequence")

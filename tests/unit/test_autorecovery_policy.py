@@ -64,6 +64,8 @@ def test_fragments_hold_the_entries_up_to_the_next_one_or_the_end(ensembles, sta
     (0, 5, 2, 3, 3, [0, 1, 2, 3, 4, 5]),  # Qw = E: every bookie holds every entry
     (4, 7, 3, 4, 2, [6, 7]),  # absolute entry ids choose the write set, not offsets in the fragment
     (3, 2, 0, 3, 2, []),  # empty fragment
+    (0, 0, 1, 3, 2, [0]),  # one entry, ending at entry 0 (0 is not "no end")
+    (0, 0, 2, 3, 2, []),
 ])
 def test_entries_at_a_position_follow_the_write_sets(first, last, position, e, qw, expected):
     fragment = Fragment(first, last, tuple("abcd"[:e]))

@@ -42,6 +42,9 @@ def bookie() -> None:
 @click.option("--zk", default=lambda: os.environ.get("DLOG_ZK"), show_default="$DLOG_ZK",
               help="ZooKeeper address; without it the bookie runs unregistered (tests, benchmarks)")
 @click.option("--zk-root", default=DEFAULT_ROOT, show_default=True)
+@click.option("--zk-session-timeout", default=10.0, show_default=True, type=click.FloatRange(1, 60),
+              help="seconds without ZooKeeper before the session (and the registration) expires: how "
+                   "soon a dead bookie is noticed")
 @click.option("--bookie-id", default=None, help="identity in ZooKeeper (default host:port)")
 @click.option("--rack", default=None, help="rack or zone name used by placement")
 @click.option("--no-fsync", is_flag=True, help="skip fdatasync: NOT durable, for experiments only")
@@ -86,6 +89,7 @@ def bookie_start(ctx: click.Context, **_: Any) -> None:
 
 
 def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str | None, zk_root: str,
+                  zk_session_timeout: float,
                   bookie_id: str | None, rack: str | None, no_fsync: bool, group_wait_us: int,
                   group_bytes: int, entry_log_size: int, entry_log_flush_size: int,
                   write_cache_size: int, max_entry_size: int,
@@ -107,7 +111,7 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                           idle_timeout_s=idle_timeout)
     return BookieConfig(
         data_dir=data_dir, host=host, port=port, http_port=None if http_port < 0 else http_port,
-        zk=zk or None, zk_root=zk_root, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
+        zk=zk or None, zk_root=zk_root, zk_session_timeout_s=zk_session_timeout, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
         journal_group_wait_us=group_wait_us, journal_group_bytes_max=group_bytes,
         entry_log_bytes_max=entry_log_size, entry_log_flush_bytes=entry_log_flush_size,
         write_cache_bytes_max=write_cache_size,
