@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -31,6 +32,9 @@ from tools.units import format_time_ms
 @zk_option
 @click.option("--id", "identity", default=None,
               help="name of this process as auditor candidate and worker (default autorecovery-HOST-PID)")
+@click.option("--zk-session-timeout", default=10.0, show_default=True, type=click.FloatRange(1, 60),
+              help="seconds without ZooKeeper before this process's session (its ledger locks, its "
+                   "auditor election) expires")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address of the admin endpoint")
 @click.option("--http-port", default=-1, show_default=True, type=click.IntRange(-1, 65535),
               help="admin endpoint (/metrics, /health, /api/v1/autorecovery/...); 0: any free port, "
@@ -54,11 +58,15 @@ def autorecovery(ctx: click.Context, **_: Any) -> None:
     params = layered_params(ctx, "autorecovery", "DLOG_BOOKIE_")
     settings = recovery_settings(**pop_recovery(params))
     identity = params["identity"] or f"autorecovery-{socket.gethostname()}-{os.getpid()}"
-    sys.exit(asyncio.run(_serve(params["zk"], params["zk_root"], settings, identity, params["host"],
-                                params["http_port"])))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    sys.exit(asyncio.run(_serve(params["zk"], params["zk_root"], params["zk_session_timeout"], settings,
+                                identity, params["host"], params["http_port"])))
 
 
-async def _serve(zk: str, zk_root: str, settings: Any, identity: str, host: str, http_port: int) -> int:
+async def _serve(zk: str, zk_root: str, session_timeout_s: float, settings: Any, identity: str, host: str,
+                 http_port: int) -> int:
     from aiohttp import web
     from prometheus_client import generate_latest
 
@@ -67,7 +75,7 @@ async def _serve(zk: str, zk_root: str, settings: Any, identity: str, host: str,
     from bookkeeper.meta.zk import AsyncZooKeeper
     from tools.config import zk_timeout_s
 
-    client = AsyncZooKeeper(zk, timeout_s=zk_timeout_s())
+    client = AsyncZooKeeper(zk, timeout_s=zk_timeout_s(), session_timeout_s=session_timeout_s)
     await client.start()
     recovery = AutoRecovery(client, zk_root, settings, identity)
     stop = asyncio.Event()
