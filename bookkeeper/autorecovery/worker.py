@@ -127,6 +127,9 @@ class ReplicationWorker:
         for ledger_id in candidates:
             if not await self.store.try_lock(ledger_id, self.identity):
                 continue
+            if not await self.store.enabled():  # the switch's watch may not have told us yet
+                await self.store.unlock(ledger_id)
+                return False
             self.current = ledger_id
             try:
                 await self.repair(ledger_id)
