@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,9 +20,10 @@ from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.client import BookKeeper
 from bookkeeper.errors import LedgerFencedError
 from bookkeeper.protocol.metadata import LedgerState
+from tests.harness.faults.autorecovery import RecoveryProcess
 from tests.harness.replication import replication_problems
 from tests.helpers import dlog_runner, eventually, one_error_line
-from tools.cluster import LineReader, die_with_parent, project_root
+from tools.cluster import project_root
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -151,30 +150,6 @@ async def test_status_list_trigger_enable_and_disable_from_the_cli_and_the_admin
     assert "--limit" in refused.stderr and refused.returncode != 0
 
 
-class RecoveryProcess:
-    """`dlog autorecovery` as its own process (we end it by its pid only)."""
-
-    def __init__(self, cluster, name: str, log_dir: Path, *args: str) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "tools.cli", "autorecovery", "--zk", cluster.zk_address,
-                 "--zk-root", cluster.zk_root, "--id", name, *args], stdout=subprocess.PIPE, stderr=log,
-                text=True, preexec_fn=die_with_parent, cwd=project_root(),
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        line = LineReader(self.process).line_starting("autorecovery ready", 60)
-        assert line is not None, self.log_path.read_text()
-
-    def copied(self, ledger_id: int) -> bool:
-        return f"ledger {ledger_id}: copying" in self.log_path.read_text()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            self.process.wait(30)
-
-
 async def test_a_worker_killed_mid_copy_leaves_metadata_consistent_and_another_finishes(cluster_factory, tmp_path):
     cluster = cluster_factory(bookies=4, bookie_args=[*FAST, "--no-autorecovery"])
     slow = ["--zk-session-timeout", str(SESSION_S), "--lost-bookie-recovery-delay", "1s",
@@ -201,8 +176,7 @@ async def test_a_worker_killed_mid_copy_leaves_metadata_consistent_and_another_f
             other = next(w for w in workers if w is not killed)
             await eventually(lambda: killed.copied(handle.ledger_id), 10)
             assert not other.copied(handle.ledger_id)  # never two at once: the other waits for the lock
-            os.kill(killed.process.pid, signal.SIGKILL)
-            killed.process.wait(10)
+            killed.kill()
             metadata, _ = await bk.ledger_metadata(handle.ledger_id)
             assert metadata.ensembles == handle.metadata.ensembles  # the swap comes last: nothing half done
 
