@@ -9,9 +9,14 @@ the wait is the longest of them.
 `CopyWindow` keeps re-replication from hurting the writers of the bookies it copies from and to
 (R3). Copy adds go through the target's journal like any writer's adds, so their latency is the
 latency a writer on that bookie sees. The window (how many copy requests may be in flight) grows by
-one after each full window of answers under `latency_target_ms`, and halves, with a pause of the
-observed latency, whenever an answer took longer: additive increase, multiplicative decrease, as
-TCP does for a shared link.
+one after each full window of answers while the smoothed latency (an average weighted to the
+recent answers, as TCP smooths round-trip times, so one slow fsync is not taken for crowding) is
+under the target, and halves, at most once per window of answers, when it is above: additive
+increase, multiplicative decrease, as TCP does for a shared link. The target is
+`LATENCY_TARGET_FACTOR` times the baseline: the smoothed latency of answers received while the
+window is at its minimum (what an add costs on this bookie, under its other load, when copies do
+not crowd it; relearnt whenever the window falls back), at least `LATENCY_TARGET_MS_MIN` and at
+most `latency_target_ms`. So copies may at most double the latency writers see, whatever the disks.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bookkeeper.errors import ConfigError
+
+LATENCY_TARGET_MS_MIN = 1.0
+LATENCY_TARGET_FACTOR = 2.0
+SMOOTHING = 0.125  # weight of the newest answer in the smoothed latency (TCP's SRTT uses 1/8)
 
 
 class TokenBucket:
@@ -76,14 +85,38 @@ class CopyWindow:
         self.window = window_min
         self._answers_at_size = 0
         self.slowdowns = 0
+        self.baseline_ms: float | None = None
+        self.smoothed_ms: float | None = None
+        self._answers_since_decrease = 0
+
+    @property
+    def target_ms(self) -> float:
+        """The latency above which copies are crowding the bookie."""
+        if self.baseline_ms is None:
+            return self.latency_target_ms
+        return min(self.latency_target_ms, max(LATENCY_TARGET_MS_MIN,
+                                               LATENCY_TARGET_FACTOR * self.baseline_ms))
+
+    def _learn(self, latency_ms: float) -> None:
+        if self.window <= self.window_min:
+            self.baseline_ms = latency_ms if self.baseline_ms is None else (
+                (1 - SMOOTHING) * self.baseline_ms + SMOOTHING * latency_ms)
 
     def on_answer(self, latency_ms: float) -> float:
         """Account one copy request's latency; the seconds to pause before sending more."""
-        if latency_ms > self.latency_target_ms:
+        target_ms = self.target_ms
+        self._learn(latency_ms)
+        smoothed = latency_ms if self.smoothed_ms is None else (
+            (1 - SMOOTHING) * self.smoothed_ms + SMOOTHING * latency_ms)
+        self.smoothed_ms = smoothed
+        self._answers_since_decrease += 1
+        if smoothed > target_ms:
+            if self._answers_since_decrease < self.window:
+                return 0.0  # the answers of the requests sent before the last decrease
             self.window = max(self.window_min, self.window // 2)
-            self._answers_at_size = 0
+            self._answers_at_size = self._answers_since_decrease = 0
             self.slowdowns += 1
-            return min(latency_ms, 10 * self.latency_target_ms) / 1000
+            return min(smoothed, 10 * target_ms) / 1000
         self._answers_at_size += 1
         if self._answers_at_size >= self.window and self.window < self.window_max:
             self.window += 1

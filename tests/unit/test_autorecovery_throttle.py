@@ -38,21 +38,43 @@ def test_the_pacer_waits_for_the_tighter_limit():
     assert Pacer(Limits()).take(10**6, 10**12, 0.0) == 0.0
 
 
-def test_the_copy_window_halves_on_slow_answers_and_grows_back_one_by_one():
+def test_the_copy_window_halves_on_crowding_and_grows_back_one_by_one():
     window = CopyWindow(latency_target_ms=20, window_max=8)
-    assert window.window == 1
+    assert window.window == 1 and window.target_ms == 20  # nothing learnt yet: the setting
     for _ in range(40):
         assert window.on_answer(5) == 0.0
     assert window.window == 8  # 1 + 2 + ... answers grew it to the maximum, and no further
-    pause_s = window.on_answer(45)
-    assert window.window == 4 and pause_s == pytest.approx(0.045) and window.slowdowns == 1
-    window.on_answer(500)
-    window.on_answer(500)
+    assert window.target_ms == 10  # twice the latency seen while the window was at its minimum
+    assert [window.on_answer(25), window.on_answer(25)] == [0.0, 0.0]  # a slow fsync or two: no
+    pause_s = window.on_answer(25)  # the smoothed latency passes the target: crowding
+    assert window.window == 4 and window.slowdowns == 1
+    assert pause_s == pytest.approx(window.smoothed_ms / 1000) and window.smoothed_ms > 10
+    for _ in range(3):  # answers to requests sent before the decrease do not count again
+        window.on_answer(25)
+    assert window.window == 4
+    window.on_answer(25)
+    assert window.window == 2 and window.slowdowns == 2
+    for _ in range(40):
+        window.on_answer(25)
     assert window.window == 1  # never below the minimum
+    assert window.target_ms == 20  # relearnt at the minimum (25 ms now), capped by the setting
     assert window.on_answer(10_000) == pytest.approx(0.2)  # a pause is capped at 10 x the target
-    for _ in range(3):
+    for _ in range(80):  # fast again: the smoothed latency comes down, the window grows back
         window.on_answer(1)
-    assert window.window == 3
+    assert window.window > 3
+
+
+@pytest.mark.parametrize("latencies, target_ms", [
+    ([5.0] * 3, 10.0),
+    ([0.1] * 3, 1.0),  # never below 1 ms: a very fast disk is not a reason to stop copying
+    ([30.0] * 3, 20.0),  # never above the setting, however slow the disk
+    ([2.0, 6.0, 6.0], 4.0),  # learnt only at the minimum window (the first answer here)
+])
+def test_the_latency_target_is_twice_the_uncrowded_latency_within_bounds(latencies, target_ms):
+    window = CopyWindow(latency_target_ms=20, window_max=8)
+    for latency in latencies:
+        window.on_answer(latency)
+    assert window.target_ms == pytest.approx(target_ms)
 
 
 @pytest.mark.parametrize("make", [lambda: TokenBucket(-1), lambda: TokenBucket(10, 0),
