@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bookkeeper.autorecovery.policy import Missing, Reason, bookies_named
+from bookkeeper.autorecovery.policy import Missing, Reason, bookies_named, fragments
 from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.client import BookKeeper
 from bookkeeper.errors import LedgerFencedError
@@ -28,6 +28,7 @@ from tools.cluster import project_root
 pytestmark = pytest.mark.timeout(180)
 
 SESSION_S = 4
+RATE_BURST = 10  # entries a rate limit of 100/s lets through at once (a tenth of a second)
 FAST = ["--zk-session-timeout", str(SESSION_S), "--checkpoint-interval", "1"]
 
 
@@ -177,6 +178,7 @@ async def test_a_worker_killed_mid_copy_leaves_metadata_consistent_and_another_f
             await eventually(lambda: killed.copied(handle.ledger_id), 10)
             assert not other.copied(handle.ledger_id)  # never two at once: the other waits for the lock
             killed.kill()
+            killed_at = time.monotonic()
             metadata, _ = await bk.ledger_metadata(handle.ledger_id)
             assert metadata.ensembles == handle.metadata.ensembles  # the swap comes last: nothing half done
 
@@ -185,6 +187,9 @@ async def test_a_worker_killed_mid_copy_leaves_metadata_consistent_and_another_f
                 return lost not in bookies_named(metadata) and await store.count_marks() == 0
 
             await eventually(finished, 60, interval_s=0.3, message="the other worker finishes the repair")
+            # the rate limit holds: the other worker copied the position's entries at 100/s at most
+            total = fragments(handle.metadata)[0].count_at(0, 2)
+            assert time.monotonic() - killed_at >= (total - RATE_BURST) / 100
             assert other.copied(handle.ledger_id)
             metadata, _ = await bk.ledger_metadata(handle.ledger_id)
             assert target in metadata.ensembles[0][1]  # it reused the replacement the first one chose
