@@ -111,12 +111,13 @@ class Auditor:
             await self._connected.wait()
 
     async def _lead(self, election: Any) -> None:
+        state = await self.store.audit_state()
+        # before the trigger's watch delivers what it holds: a request answered before is not news
+        self._trigger_handled_ms = max(self._trigger_handled_ms, int(state.get("trigger_handled_ms", 0)))
         stops = [self.client.store.watch_bookies(self._on_bookies),
                  self.store.watch_trigger(self._on_trigger)]
         try:
             self._bookies = await self.client.store.bookies()
-            state = await self.store.audit_state()
-            self._trigger_handled_ms = max(self._trigger_handled_ms, int(state.get("trigger_handled_ms", 0)))
             now_s = self.clock.monotonic_s()
             self._start("ensembles", self._scan_ensembles("elected"))
             next_ensembles_s = now_s + (self.settings.audit_interval_s or float("inf"))
@@ -124,6 +125,7 @@ class Auditor:
             next_count_s = now_s
             replicas_from_start = False
             while True:
+                self._kick.clear()  # before looking: a kick during the awaits below is kept
                 if self._session_lost:
                     return
                 if not self._connected.is_set():
@@ -153,7 +155,6 @@ class Auditor:
                     next_count_s = now_s + COUNT_REFRESH_S
                 loss_s = self._next_loss_s()
                 wake_s = min(next_ensembles_s, next_replicas_s, next_count_s, loss_s) - self.clock.monotonic_s()
-                self._kick.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._kick.wait(), max(0.01, wake_s))
         finally:

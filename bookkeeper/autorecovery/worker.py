@@ -120,24 +120,34 @@ class ReplicationWorker:
 
     async def repair_next(self) -> bool:
         """Lock and repair one marked ledger; False when none could be taken."""
-        now_s = self.clock.monotonic_s()
-        candidates = [ledger_id for ledger_id in await self.store.marked_page()
-                      if self._not_before_s.get(ledger_id, 0.0) <= now_s]
-        self.rng.shuffle(candidates)
-        for ledger_id in candidates:
-            if not await self.store.try_lock(ledger_id, self.identity):
-                continue
-            if not await self.store.enabled():  # the switch's watch may not have told us yet
-                await self.store.unlock(ledger_id)
-                return False
-            self.current = ledger_id
-            try:
-                await self.repair(ledger_id)
-            finally:
-                self.current = None
-                await self.store.unlock(ledger_id)
-            return True
+        self._forget_old_failures()
+        after = -1
+        while page := await self.store.marked_page(after):
+            after = page[-1]
+            now_s = self.clock.monotonic_s()
+            candidates = [ledger_id for ledger_id in page if self._not_before_s.get(ledger_id, 0.0) <= now_s]
+            self.rng.shuffle(candidates)  # the workers of many bookies spread over the marks
+            for ledger_id in candidates:
+                if not await self.store.try_lock(ledger_id, self.identity):
+                    continue
+                if not await self.store.enabled():  # the switch's watch may not have told us yet
+                    await self.store.unlock(ledger_id)
+                    return False
+                self.current = ledger_id
+                try:
+                    await self.repair(ledger_id)
+                finally:
+                    self.current = None
+                    await self.store.unlock(ledger_id)
+                return True
         return False
+
+    def _forget_old_failures(self) -> None:
+        """Back-off state of ledgers long due again (others may have repaired them): bounded."""
+        horizon_s = self.clock.monotonic_s() - self.settings.retry_delay_s_max
+        for ledger_id in [k for k, due_s in self._not_before_s.items() if due_s < horizon_s]:
+            del self._not_before_s[ledger_id]
+            self._failures.pop(ledger_id, None)
 
     async def repair(self, ledger_id: int) -> None:
         """Repair one ledger whose lock this worker holds; failures are recorded, not raised."""
@@ -149,6 +159,7 @@ class ReplicationWorker:
                     return
         except RepairDeferred as exc:
             log.info("ledger %d: %s", ledger_id, exc)
+            self._not_before_s.setdefault(ledger_id, self.clock.monotonic_s() + self.settings.retry_delay_s)
             return
         except DlogError as exc:
             await self._failed(ledger_id, exc)
