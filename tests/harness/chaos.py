@@ -221,8 +221,8 @@ async def fault_damage_journal(run: Run) -> str:
     await blocking(run.nemesis.kill_bookie, DAMAGEABLE)
     damage = damage_journal_tail(run.cluster.bookies[DAMAGEABLE].data_dir, mode, run.rng)
     run.nemesis.note(f"{mode}_journal", bookie=DAMAGEABLE, **damage)
-    run.damaged_at_ms = int(time.time() * 1000)
     await blocking(run.nemesis.restart_bookie, DAMAGEABLE)
+    run.damaged_at_ms = int(time.time() * 1000)  # once back: a check begun while it was down skips it
     return f"{mode} journal tail on bookie {DAMAGEABLE} ({damage.get('bytes', 0)} bytes)"
 
 
@@ -230,8 +230,8 @@ async def fault_flip_bytes(run: Run) -> str:
     await blocking(run.nemesis.kill_bookie, DAMAGEABLE)
     damaged = flip_entry_log_bytes(run.cluster.bookies[DAMAGEABLE].data_dir, run.rng)
     run.nemesis.note("flipped_bytes", bookie=DAMAGEABLE, records=damaged)
-    run.damaged_at_ms = int(time.time() * 1000)
     await blocking(run.nemesis.restart_bookie, DAMAGEABLE)
+    run.damaged_at_ms = int(time.time() * 1000)  # once back: a check begun while it was down skips it
     return f"flipped a bit in {damaged} entry-log records of bookie {DAMAGEABLE}"
 
 
@@ -308,15 +308,18 @@ async def fault_lose_disk(run: Run) -> str:
 
 
 async def damage_repaired(run: Run, timeout_s: float) -> bool:
-    """If bookie 0 was damaged since the last replica check began, run one and wait for it and the
-    repairs it asks for (a liveness failure past `timeout_s`)."""
+    """Unless a replica check that began after bookie 0's last damage has finished and nothing is
+    marked, run one and wait for it and for every repair it asks for (a liveness failure past
+    `timeout_s`)."""
     from bookkeeper.autorecovery.store import RecoveryStore
 
     namespace = run.workload.control
     assert namespace is not None
     store = RecoveryStore(namespace.zk, run.cluster.zk_root)
     replicas = (await store.audit_state()).get("replicas", {})
-    if replicas.get("cursor", -1) < 0 and replicas.get("started_ms", 0) > run.damaged_at_ms:
+    # a margin for the auditor to see bookie 0 registered again
+    if (replicas.get("cursor", -1) < 0 and replicas.get("started_ms", 0) > run.damaged_at_ms + 5000
+            and not await store.count_marks()):
         return True
     asked_ms = int(time.time() * 1000)
     await store.trigger_audit(True, asked_ms)
