@@ -51,6 +51,7 @@ SCAN_PAGE = 100  # ledger ids per listing of a scan
 COUNT_REFRESH_S = 5.0  # how often the leader recounts the marks for its metric
 CURSOR_SAVE_EVERY = 20  # ledgers between two saves of the replica check's cursor
 CONTEND_RETRY_S = 1.0
+SCAN_RETRY_S = 5.0  # a scan stopped by an error (ZooKeeper unreachable) runs again after this
 
 
 class Auditor:
@@ -75,6 +76,8 @@ class Auditor:
         self._trigger: dict[str, Any] | None = None
         self._trigger_handled_ms = 0  # requests at or before this were answered (kept in ZooKeeper)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._failed_scans: set[str] = set()  # to run again (the replica check resumes at its cursor)
+        self._state_lock = asyncio.Lock()  # the loop and the scans update one JSON node
         store.zk.add_state_listener(self._on_session)
 
     def kick(self) -> None:
@@ -91,24 +94,34 @@ class Auditor:
     # ------------------------------------------------------------------ election
 
     async def run(self) -> None:
-        """Contend, lead while elected, contend again; until cancelled."""
-        while True:
-            election = self.store.election(self.identity)
-            try:
-                self._session_lost = False
-                await election.wait_elected()
-                log.info("%s is the auditor", self.identity)
-                self.leading = self.metrics.is_auditor = True
-                await self._lead(election)
-            except DlogError as exc:
-                log.info("auditor candidate %s: %s", self.identity, exc)
-            finally:
-                self.leading = self.metrics.is_auditor = False
-                await self._stop_tasks()
+        """Contend, lead while elected, contend again; until cancelled. A candidate whose node
+        survived a disconnection goes on with it: contending anew in the same session would queue
+        behind its own node."""
+        election: Any = None
+        try:
+            while True:
+                try:
+                    if election is None or not await election.still_held():
+                        if election is not None:
+                            await election.cancel()  # MetadataError: its node stays, retried below
+                            election = None
+                        self._session_lost = False
+                        election = self.store.election(self.identity)
+                        await election.wait_elected()
+                    log.info("%s is the auditor", self.identity)
+                    self.leading = self.metrics.is_auditor = True
+                    await self._lead(election)
+                except DlogError as exc:
+                    log.info("auditor candidate %s: %s", self.identity, exc)
+                finally:
+                    self.leading = self.metrics.is_auditor = False
+                    await self._stop_tasks()
+                await asyncio.sleep(CONTEND_RETRY_S)
+                await self._connected.wait()
+        finally:
+            if election is not None:
                 with contextlib.suppress(DlogError):
                     await election.cancel()
-            await asyncio.sleep(CONTEND_RETRY_S)
-            await self._connected.wait()
 
     async def _lead(self, election: Any) -> None:
         state = await self.store.audit_state()
@@ -132,8 +145,14 @@ class Auditor:
                     await self._connected.wait()
                     if self._session_lost or not await election.still_held():
                         return
-                now_s = self.clock.monotonic_s()
-                await self._observe()
+                try:
+                    now_s = self.clock.monotonic_s()
+                    await self._observe()
+                except DlogError as exc:  # ZooKeeper unreachable for a moment: still the auditor
+                    log.info("auditor: %s", exc)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._kick.wait(), CONTEND_RETRY_S)
+                    continue
                 if self._trigger is not None:
                     request, self._trigger = self._trigger, None
                     self._trigger_handled_ms = int(request.get("requested_ms", 0))
@@ -143,6 +162,12 @@ class Auditor:
                         next_replicas_s = 0.0
                         replicas_from_start = True
                         await self._stop_task("replicas")  # a requested check starts over
+                if "ensembles" in self._failed_scans:
+                    self._failed_scans.discard("ensembles")
+                    next_ensembles_s = 0.0
+                if "replicas" in self._failed_scans:
+                    self._failed_scans.discard("replicas")
+                    next_replicas_s = 0.0
                 if now_s >= next_ensembles_s:
                     self._start("ensembles", self._scan_ensembles("periodic check"), restart=True)
                     next_ensembles_s = now_s + (self.settings.audit_interval_s or float("inf"))
@@ -219,8 +244,10 @@ class Auditor:
     async def _guarded(self, name: str, coroutine: Any) -> None:
         try:
             await coroutine
-        except DlogError as exc:  # ZooKeeper or bookies unreachable: the next run starts over
-            log.warning("auditor %s scan stopped: %s", name, exc)
+        except DlogError as exc:  # ZooKeeper or bookies unreachable: run it again soon
+            log.warning("auditor %s scan stopped (again in %.0f s): %s", name, SCAN_RETRY_S, exc)
+            self._failed_scans.add(name)
+            asyncio.get_running_loop().call_later(SCAN_RETRY_S, self._kick.set)
 
     async def _stop_task(self, name: str) -> None:
         task = self._tasks.pop(name, None)
@@ -340,6 +367,7 @@ class Auditor:
                                     ledger_id, ", ".join(damaged))
 
     async def _save_state(self, key: str, value: Any) -> None:
-        state = await self.store.audit_state()
-        state[key] = value
-        await self.store.write_audit_state(state)
+        async with self._state_lock:
+            state = await self.store.audit_state()
+            state[key] = value
+            await self.store.write_audit_state(state)

@@ -368,7 +368,7 @@ class ReplicaState(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class EntryVerdict:
     bad: frozenset[str]  # replicas to write back from a good one
-    lost: bool = False  # no good replica answered: nothing to copy from
+    lost: bool = False  # every member answered and none holds a good copy: nothing to copy from
     unknown: bool = False  # good-looking replicas disagree with no majority: left for an operator
 
 
@@ -384,7 +384,8 @@ def entry_verdict(observations: Mapping[str, tuple[ReplicaState, int]]) -> Entry
         if state is ReplicaState.OK:
             good.setdefault(crc, set()).add(bookie)
     if not good:
-        return EntryVerdict(frozenset(bad), lost=bool(bad))
+        answered = all(state is not ReplicaState.UNREACHABLE for state, _ in observations.values())
+        return EntryVerdict(frozenset(bad), lost=bool(bad) and answered)
     if len(good) > 1:
         sizes = sorted((len(members) for members in good.values()), reverse=True)
         if sizes[0] == sizes[1]:

@@ -48,8 +48,10 @@ async def check_chunk(pool: BookiePool, ledger_id: int, fragment: Fragment, writ
     for offset in range(count):
         entry_id = first + offset
         holders = [fragment.bookies[p] for p in write_set(entry_id, size, write_quorum)]
-        observations = {b: by_bookie[b][offset] for b in holders if b in by_bookie}
-        asked += len(observations)
+        # a member not registered was not asked: it says nothing about its replica
+        observations = {b: by_bookie[b][offset] if b in by_bookie else (ReplicaState.UNREACHABLE, 0)
+                        for b in holders}
+        asked += sum(1 for b in holders if b in by_bookie)
         verdict = entry_verdict(observations)
         verdicts[entry_id] = verdict
         good[entry_id] = [b for b, (state, _) in observations.items()

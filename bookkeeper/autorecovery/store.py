@@ -205,11 +205,16 @@ class RecoveryStore:
             return {}
 
     async def write_audit_state(self, state: dict[str, Any]) -> None:
+        """Written by the auditor only (it serializes its own writes)."""
         body = json.dumps(state, sort_keys=True).encode()
+        path = layout.audit_state_path(self.root)
         try:
-            await self.zk.set(layout.audit_state_path(self.root), body)
+            await self.zk.set(path, body)
         except MetadataNotFoundError:
-            await self.zk.create(layout.audit_state_path(self.root), body, makepath=True)
+            try:
+                await self.zk.create(path, body, makepath=True)
+            except MetadataExistsError:  # created meanwhile (by a deposed auditor's last write)
+                await self.zk.set(path, body)
 
     def election(self, identifier: str) -> Election:
         return Election(self.zk, layout.auditor_election_path(self.root), identifier)

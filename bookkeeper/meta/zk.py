@@ -528,15 +528,18 @@ class Election:
         return await self._blocking(f"contenders of {self.path}", self._lock.contenders)
 
     async def cancel(self) -> None:
-        """Stop contending or leading: the node is deleted (if the session still allows)."""
+        """Stop contending or leading and delete our node. MetadataError if ZooKeeper could not be
+        told: then the node stays while the session lives, and a new contender of this session
+        would queue behind it forever, so try again (or go on leading: `still_held`)."""
         self._lock.cancel()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, self.zk.timeout_s)
-        if self._lock.is_acquired and self.zk.connected:
+        node = self._lock.node
+        if node is not None:
             try:
-                await self._blocking(f"release of {self.path}", self._lock.release)
-            except MetadataError as exc:
-                log.debug("election node at %s not released (the session will): %s", self.path, exc)
+                await self.zk.delete(f"{self.path}/{node}")
+            except MetadataNotFoundError:
+                pass  # gone with an expired session, or never created
 
     async def _blocking(self, action: str, function: Callable[[], Any]) -> Any:
         if not self.zk._started or self.zk._closed:

@@ -10,7 +10,7 @@ import pytest
 
 from bookkeeper.autorecovery.policy import Missing, Reason
 from bookkeeper.autorecovery.store import RecoveryStore
-from bookkeeper.errors import MetadataVersionError
+from bookkeeper.errors import MetadataError, MetadataVersionError
 from bookkeeper.meta import layout
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.meta.zkstore import ZooKeeperMetadataStore, ledger_ids_page
@@ -123,3 +123,47 @@ async def test_one_auditor_at_a_time_and_the_next_takes_over(zk, zk_server, zk_r
     finally:
         for client in clients:
             await client.close()
+
+
+async def test_the_auditor_leads_on_through_zookeeper_restarts(tmp_path):
+    """Its session survives a restart: the auditor must go on with its own election node, not queue
+    behind it (found by the soak: no auditor, no replica checks, for the rest of the run)."""
+    from bookkeeper.autorecovery.service import AutoRecovery
+    from bookkeeper.autorecovery.settings import RecoverySettings
+    from bookkeeper.meta.zkserver import EmbeddedZooKeeper
+
+    server = EmbeddedZooKeeper(tmp_path / "zk")
+    server.start()
+    client = AsyncZooKeeper(server.address, session_timeout_s=10)
+    recovery = None
+    try:
+        await client.start()
+        recovery = await AutoRecovery(client, "/ar", RecoverySettings(workers=False), "a1").start()
+        store = recovery.store
+        await eventually(lambda: recovery.auditor.leading, 20)
+        for restart in range(2):
+            await asyncio.to_thread(server.restart)
+            await eventually(lambda: client.connected, 20)
+            asked_ms = 10**12 + restart  # later than any wall-clock trigger handled before
+            await eventually(lambda: _trigger(store, asked_ms), 20, interval_s=0.2)
+
+            async def answered() -> bool:
+                finished = (await store.audit_state()).get("ensembles", {}).get("finished_ms", 0)
+                return (await store.audit_state()).get("trigger_handled_ms") == asked_ms and finished > 0
+
+            await eventually(answered, 30, message="the auditor answered a trigger after the restart")
+            assert await store.election("probe").contenders() == ["a1"]  # one node: its own, leading
+            assert recovery.auditor.leading
+    finally:
+        if recovery is not None:
+            await recovery.stop()
+        await client.close()
+        server.stop()
+
+
+async def _trigger(store: RecoveryStore, asked_ms: int) -> bool:
+    try:
+        await store.trigger_audit(False, asked_ms)
+    except MetadataError:
+        return False
+    return True

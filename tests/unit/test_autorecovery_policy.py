@@ -280,6 +280,7 @@ OK, ABSENT, DAMAGED, GONE = (ReplicaState.OK, ReplicaState.ABSENT, ReplicaState.
     ({"a": (OK, 1), "b": (OK, 2)}, set(), False, True),  # a tie: no majority to trust
     ({"a": (ABSENT, 0), "b": (DAMAGED, 0)}, {"a", "b"}, True, False),  # nothing good left
     ({"a": (GONE, 0), "b": (OK, 1)}, set(), False, False),  # no answer says nothing
+    ({"a": (GONE, 0), "b": (DAMAGED, 0)}, {"b"}, False, False),  # a's copy may be good: not lost
     ({"a": (GONE, 0), "b": (GONE, 0)}, set(), False, False),
 ])
 def test_replica_check_verdicts(observations, bad, lost, unknown):
