@@ -9,6 +9,7 @@ every bookie back its identity (its cookie names `127.0.0.1:port`) and its data.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import fcntl
 import json
 import os
@@ -297,6 +298,19 @@ class LocalCluster:
                      extra_args: list[str] | None = None) -> BookieProcess:
         self.launch_bookie(index, extra_args)
         return self.wait_bookie_ready(index, timeout_s)
+
+    def replace_bookie(self, index: int, timeout_s: float = 60.0) -> BookieProcess:
+        """Start a new, empty bookie in the place of bookie `index`, which must be down for good (its
+        disk lost): its own port and data directory, so a new identity; the old one is never started
+        again (its cookie would refuse the empty directory anyway)."""
+        old = self.bookies[index]
+        if old.running:
+            raise DlogError(f"bookie {index} is still running (pid {old.pid}): stop it first")
+        generation = 1 + sum(1 for _ in old.data_dir.parent.glob(f"bookie-{index}-r*"))
+        self.bookies[index] = dataclasses.replace(
+            old, port=free_port(), data_dir=old.data_dir.parent / f"bookie-{index}-r{generation}",
+            process=None, http=None, bookie_id=None, exit_reported=False)
+        return self.start_bookie(index, timeout_s)
 
     def kill_bookie(self, index: int, signum: int = signal.SIGKILL) -> None:
         """Send a signal to the bookie process we started (by its pid only)."""

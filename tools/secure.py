@@ -124,7 +124,8 @@ def create(path: Path, zk: str | None = None,
         ca_key, ca_cert = make_ca("dlog local CA")
         _write(secure.path / "ca.key", private_pem(ca_key), secret=True)
         _write(secure.ca_file, certificate_pem(ca_cert))
-        key, cert = make_certificate(ca_key, ca_cert, "dlog bookie", hosts=hosts)
+        # the bookies' certificate also authenticates them to each other (auto-recovery)
+        key, cert = make_certificate(ca_key, ca_cert, "dlog bookie", hosts=hosts, roles=("bookie",))
         _write(secure.server_key, private_pem(key), secret=True)
         _write(secure.server_cert, certificate_pem(cert))
     for name, maker in (("token.key", lambda: secrets.token_hex(32)),

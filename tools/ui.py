@@ -1,4 +1,5 @@
-"""`dlog ui`: one status page for a cluster: bookies, streams as segment timelines, subscriptions.
+"""`dlog ui`: one status page for a cluster: bookies, auto-recovery, streams as segment timelines,
+subscriptions.
 
     GET /             the page (tools/ui_static/: HTML, vanilla JS, CSS; nothing from elsewhere)
     GET /api/cluster  the JSON the page polls every 2 s
@@ -24,6 +25,10 @@ by at most the records of the entries whose sizes differ. `dlog subscription des
 entry header per subscription and is exact; a status page that polls should not cost that.
 A subscription whose segment was truncated lags by every live record. `lag_known` is false when
 some segment's records could not be read.
+
+Auto-recovery. Whether it is enabled, the auditor, how many ledgers are under-replicated, and the
+first UNDERREPLICATED_SHOWN_MAX of them with their missing bookies, worker and copy progress (from
+the marks in ZooKeeper); each bookie's re-replication bytes/s comes from its metrics like adds/s.
 
 Damage. A live segment whose ledger metadata is gone (deleted with `dlog ledger delete --force`)
 shows as damaged: its records are lost. Only the shown (newest) segments are checked, one
@@ -61,7 +66,9 @@ STREAMS_MAX = 200  # per namespace
 SEGMENTS_SHOWN_MAX = 60  # the newest; lag and truncation still use them all
 HANDLES_MAX = 256
 METRICS_BYTES_MAX = 1 << 20
-METRIC_NAMES = ("dlog_bookie_add_entries_total", "dlog_bookie_disk_used_ratio", "dlog_bookie_read_only")
+METRIC_NAMES = ("dlog_bookie_add_entries_total", "dlog_bookie_disk_used_ratio", "dlog_bookie_read_only",
+                "dlog_autorecovery_bytes_copied_total")
+UNDERREPLICATED_SHOWN_MAX = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,15 +218,15 @@ class Collector:
         result: dict[str, Any] = {"zk": self.options.zk, "bookkeeper_root": self.options.bookkeeper_root,
                                   "namespace_root": self.options.namespace_root,
                                   "generated_ms": int(time.time() * 1000), "errors": [],
-                                  "bookies": [], "namespaces": []}
+                                  "bookies": [], "namespaces": [], "autorecovery": None}
         try:
             await self._connect()
         except DlogError as exc:
             result["errors"].append(str(exc))
             return result
-        bookies, namespaces = await asyncio.gather(self._bookies(), self._namespaces(),
-                                                   return_exceptions=True)
-        for key, found in (("bookies", bookies), ("namespaces", namespaces)):
+        bookies, namespaces, recovery = await asyncio.gather(self._bookies(), self._namespaces(),
+                                                             self._autorecovery(), return_exceptions=True)
+        for key, found in (("bookies", bookies), ("namespaces", namespaces), ("autorecovery", recovery)):
             if isinstance(found, (DlogError, ValueError)):  # ValueError: a node that is not JSON
                 result["errors"].append(f"reading {key}: {found}")
             elif isinstance(found, BaseException):
@@ -250,7 +257,7 @@ class Collector:
         bookie_id = str(info.get("id"))
         row = {"id": bookie_id, "address": info.get("address"), "state": info.get("state"),
                "rack": info.get("rack"), "http": info.get("http"), "admin": "none",
-               "disk_used_percent": None, "adds_per_second": None}
+               "disk_used_percent": None, "adds_per_second": None, "copied_bytes_per_second": None}
         url = verified_admin_url(info, self.options.security.tls is not None)
         if info.get("state") in ("down", "untrusted") or url is None:
             if info.get("http") and info.get("state") not in ("down", "untrusted"):
@@ -273,7 +280,25 @@ class Collector:
         if "dlog_bookie_add_entries_total" in samples:
             rate = self.rates.rate(bookie_id, samples["dlog_bookie_add_entries_total"], self.clock())
             row["adds_per_second"] = None if rate is None else round(rate, 1)
+        if "dlog_autorecovery_bytes_copied_total" in samples:
+            rate = self.rates.rate(f"{bookie_id} copied", samples["dlog_autorecovery_bytes_copied_total"],
+                                   self.clock())
+            row["copied_bytes_per_second"] = None if rate is None else round(rate)
         return row
+
+    # ------------------------------------------------------------------ auto-recovery
+
+    async def _autorecovery(self) -> dict[str, Any]:
+        from bookkeeper.autorecovery.status import cluster_status, underreplicated
+        from bookkeeper.autorecovery.store import RecoveryStore
+
+        store = RecoveryStore(self._zk, self.options.bookkeeper_root)
+        status = await cluster_status(store)
+        audit = status.pop("audit")
+        status["last_ensemble_scan_ms"] = audit.get("ensembles", {}).get("finished_ms")
+        status["last_replica_check_ms"] = audit.get("replicas", {}).get("finished_ms")
+        status["ledgers"] = await underreplicated(store, UNDERREPLICATED_SHOWN_MAX)
+        return status
 
     # ------------------------------------------------------------------ streams
 

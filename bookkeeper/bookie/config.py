@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bookkeeper.bookie.guard import ServerSecurity
+from bookkeeper.autorecovery.settings import RecoverySettings
 from bookkeeper.bookie.gc import GC_GRACE_S_DEFAULT
+from bookkeeper.bookie.guard import ServerSecurity
 from bookkeeper.bookie.server import ServerLimits
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
@@ -52,6 +53,8 @@ class BookieConfig:
     http_open_paths: tuple[str, ...] = ("/health", "/metrics")  # served without a token
     zk_user: str | None = None
     zk_password: str | None = None
+    # auto-recovery in this process (auditor candidate and replication worker); None: neither
+    autorecovery: RecoverySettings | None = field(default_factory=RecoverySettings)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

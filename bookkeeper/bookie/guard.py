@@ -32,6 +32,7 @@ from bookkeeper.protocol.wire import (
     AuthRequest,
     AuthResponse,
     BookieInfoRequest,
+    CheckEntriesRequest,
     ErrorResponse,
     OpCode,
     ReadLacRequest,
@@ -92,8 +93,8 @@ def action_of(request: Any) -> Action:
         return Action.ADD
     if kind is ReadRequest or kind is ReadRangeRequest:
         return Action.FENCE if request.fence else Action.READ
-    if kind is ReadLacRequest:
-        return Action.READ
+    if kind is ReadLacRequest or kind is CheckEntriesRequest:
+        return Action.READ  # a replica check reveals what a read would
     if kind is WriteLacRequest:
         return Action.WRITE_LAC
     return Action.INFO
@@ -391,7 +392,8 @@ class Guard:
 _OPCODES: dict[type, int] = {AddRequest: OpCode.ADD, ReadRequest: OpCode.READ,
                              ReadLacRequest: OpCode.READ_LAC, WriteLacRequest: OpCode.WRITE_LAC,
                              BookieInfoRequest: OpCode.GET_BOOKIE_INFO, AuthRequest: OpCode.AUTH,
-                             AddBatchRequest: OpCode.ADD_BATCH, ReadRangeRequest: OpCode.READ_RANGE}
+                             AddBatchRequest: OpCode.ADD_BATCH, ReadRangeRequest: OpCode.READ_RANGE,
+                             CheckEntriesRequest: OpCode.CHECK_ENTRIES}
 
 
 class _BatchWait:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from bookkeeper.autorecovery.status import add_routes as add_autorecovery_routes
 from bookkeeper.errors import AuthenticationError, DlogError
 from bookkeeper.security.authz import Action, decide
 from bookkeeper.security.tokens import TokenVerifier
@@ -183,4 +184,7 @@ def make_app(service: BookieService) -> web.Application:
     app.router.add_put("/api/v1/bookie/state", put_state)
     app.router.add_get("/api/v1/ledgers", ledgers)
     app.router.add_post("/api/v1/gc", run_gc)
+    add_autorecovery_routes(
+        app, lambda: service.recovery_store,
+        lambda: service.autorecovery.local_status() if service.autorecovery is not None else None)
     return app

@@ -81,6 +81,7 @@ class _ServiceCollector(Collector):
             "dlog_bookie_read_entries": ("Entries read", core.read_count),
             "dlog_bookie_read_bytes": ("Entry bytes read", core.read_bytes),
             "dlog_bookie_fences": ("Ledgers fenced", core.fence_count),
+            "dlog_bookie_check_entries": ("Entries asked about by replica checks", core.check_count),
             "dlog_bookie_journal_bytes": ("Bytes written to the journal",
                                           metrics.journal_group_bytes_total),
             "dlog_bookie_protocol_errors": ("Frames refused", server.protocol_errors),

@@ -39,6 +39,7 @@ from bookkeeper.protocol.wire import (
     AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
+    CheckEntriesRequest,
     ReadLacRequest,
     ReadRequest,
     WriteLacRequest,
@@ -110,6 +111,7 @@ class BookieServer:
             ReadRangeRequest: core.on_read_range,
             BookieInfoRequest: self._on_info,
             AuthRequest: self._on_auth_unneeded,
+            CheckEntriesRequest: core.on_check_entries,
         }
         self.guard = guard
         if guard is not None:

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from bookkeeper.autorecovery.service import AutoRecovery
+from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.bookie import gc
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.config import BookieConfig
-from bookkeeper.bookie.guard import Guard
+from bookkeeper.bookie.guard import Guard, ServerSecurity
 from bookkeeper.bookie.http import make_app
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.metrics import BookieMetrics
@@ -32,6 +34,9 @@ from bookkeeper.errors import DlogError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import TOMBSTONE
 from bookkeeper.protocol.metadata import LedgerMetadata
+from bookkeeper.security.settings import SecuritySettings
+from bookkeeper.security.tls import ClientTls
+from bookkeeper.security.tokens import create_token
 from bookkeeper.security.quota import UNLIMITED, Quota
 from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
 
@@ -83,6 +88,8 @@ class BookieService:
         self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
         self.zk: AsyncZooKeeper | None = None  # only with config.zk
         self.registration: Registration | None = None
+        self.autorecovery: AutoRecovery | None = None
+        self.recovery_store: RecoveryStore | None = None  # for the admin endpoint, with or without
         self._manual_read_only = False
         self._disk_read_only = False
         self._maintenance = asyncio.Lock()
@@ -95,6 +102,7 @@ class BookieService:
         # when GC first saw each ledger (in memory: after a restart every ledger starts its grace
         # period again, which only delays collection)
         self._first_seen_s: dict[int, float] = {}
+        self._unwatch_cookie: Any = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,6 +125,7 @@ class BookieService:
         self._check_disk()
         if self.zk is not None:
             await self._register()
+            await self._start_autorecovery()
         self._tasks = [asyncio.create_task(self._periodic(self.config.checkpoint_interval_s,
                                                           self.checkpoint), name="checkpoint"),
                        asyncio.create_task(self._periodic(self.config.disk_check_interval_s,
@@ -188,6 +197,27 @@ class BookieService:
 
         self.zk.add_state_listener(on_state)
 
+    async def _start_autorecovery(self) -> None:
+        assert self.zk is not None
+        self.recovery_store = RecoveryStore(self.zk, self.config.zk_root)
+        self._unwatch_cookie = self.zk.watch_data(layout.cookie_path(self.config.zk_root, self.bookie_id),
+                                                  self._on_cookie)
+        settings = self.config.autorecovery
+        if settings is None or not (settings.auditor or settings.workers):
+            return
+        self.autorecovery = AutoRecovery(self.zk, self.config.zk_root, settings, self.bookie_id,
+                                         registry=self.metrics.registry,
+                                         security=peer_security(self.config.security, self.bookie_id))
+        await self.autorecovery.start()
+
+    def _on_cookie(self, data: bytes | None, version: int) -> None:
+        """Decommissioning removes the cookie once nothing needs this bookie: stop serving, so it
+        cannot take new entries it would never be asked for again."""
+        if data is None and not self._stopping:
+            log.warning("bookie %s: its cookie was removed from ZooKeeper (decommissioned); stopping",
+                        self.bookie_id)
+            asyncio.get_running_loop().create_task(self.stop())
+
     async def _reregister(self) -> None:
         try:
             if self.registration is not None:
@@ -211,6 +241,10 @@ class BookieService:
             self._stopped.set()  # only now: serve() returns, and asyncio.run cancels what is left
 
     async def _shutdown(self) -> None:
+        if self._unwatch_cookie is not None:
+            self._unwatch_cookie()
+        if self.autorecovery is not None:
+            await self.autorecovery.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -403,3 +437,20 @@ class BookieService:
         disk = self.disk_usage()
         state = BookieState.READ_ONLY if self.core.read_only else BookieState.WRITABLE
         return BookieInfoResponse(0, disk["free_bytes"], disk["total_bytes"], state, self.bookie_id)
+
+
+def peer_security(security: ServerSecurity, bookie_id: str) -> SecuritySettings:
+    """How this bookie's auto-recovery reaches the other bookies of a cluster secured like it:
+    its own certificate for TLS (and as a client certificate), and with an HS256 token key a token
+    of the `bookie` role it signs itself; with a public-key token key (it cannot sign) the
+    certificate authenticates, so it must carry the `dlog-role=bookie` unit (docs/security.md).
+    An open bookie reaches its peers without security."""
+    tls = security.tls
+    client_tls = None
+    if tls is not None:
+        client_tls = ClientTls(ca_file=tls.ca_file, cert_file=tls.cert_file, key_file=tls.key_file)
+    token = None
+    key = security.token_key
+    if key is not None and key.algorithm == "HS256":
+        token = create_token(key, f"bookie {bookie_id}", ["bookie"])
+    return SecuritySettings(tls=client_tls, token=token, source=f"bookie {bookie_id}")

@@ -147,7 +147,8 @@ class BookKeeper:
         metadata = LedgerMetadata(ensemble, write_quorum, ack_quorum, ((0, bookies),),
                                   digest_type=digest, password_hash=password_hash(password),
                                   ctime_ms=int(time.time() * 1000),
-                                  custom=tuple(sorted((custom or {}).items())))
+                                  custom=tuple(sorted((custom or {}).items())),
+                                  master_key=master_key(password).hex())
         ledger_id, version = await self.store.create_ledger(metadata)
         writer = LedgerWriter(ledger_id, metadata, version, Digest.for_ledger(digest, password),
                               available_bookies=self.writable_bookies(), rng=self.rng,

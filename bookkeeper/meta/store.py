@@ -44,6 +44,9 @@ class MetadataStore(Protocol):
     async def list_ledgers(self) -> list[int]:
         """Every ledger id, sorted."""
 
+    async def list_ledgers_page(self, after: int, limit: int) -> list[int]:
+        """Up to `limit` ledger ids above `after`, sorted (scans in bounded pieces)."""
+
     async def bookies(self) -> list[BookieInfo]:
         """Registered bookies."""
 
@@ -90,6 +93,9 @@ class MemoryMetadataStore:
 
     async def list_ledgers(self) -> list[int]:
         return sorted(self._ledgers)
+
+    async def list_ledgers_page(self, after: int, limit: int) -> list[int]:
+        return [ledger_id for ledger_id in sorted(self._ledgers) if ledger_id > after][:limit]
 
     async def bookies(self) -> list[BookieInfo]:
         return list(self._bookies)

@@ -574,3 +574,95 @@ class _DataWatch(_Watch):
 
     def _deliver_data(self, data: bytes | None, version: int) -> None:
         self._deliver((data, version), self.callback, data, version)
+
+
+# ---------------------------------------------------------------------------------- leader election
+
+
+class Election:
+    """Leadership among the contenders of `path`, by kazoo's Lock recipe (which its Election
+    recipe wraps): each contender holds an ephemeral sequential node, the lowest is the leader, the
+    others watch their predecessor.
+
+    The recipe's calls block, so waiting for leadership runs on a thread of its own, which only
+    posts the outcome to the loop; every other call goes through `asyncio.to_thread` and is bounded
+    by the client's timeout. Leadership ends with the session: a contender must stop leading as soon
+    as the client reports "suspended" or "lost" and, once "connected" again, lead only if
+    `still_held()` (then contend again with a new Election).
+    """
+
+    def __init__(self, zk: AsyncZooKeeper, path: str, identifier: str) -> None:
+        self.zk = zk
+        self.path = path
+        self.identifier = identifier
+        if zk.acl_policy is not None:
+            # the recipe creates its nodes (the path, the contenders) with the kazoo client's
+            # default ACL; every other create of this client passes the policy's ACL explicitly
+            zk._client.default_acl = zk.acl_policy.acl_for(f"{path}/contender")
+        self._lock = zk._client.Lock(path, identifier)
+        self._thread: threading.Thread | None = None
+        self._won: asyncio.Future[None] | None = None
+
+    async def wait_elected(self) -> None:
+        """Return once this contender leads; MetadataError if the attempt failed."""
+        if self._won is None:
+            self._won = self.zk._loop_or_fail().create_future()
+            # a cancelled candidate's failure is expected; nobody need be waiting to hear it
+            self._won.add_done_callback(lambda won: won.cancelled() or won.exception())
+            self._thread = threading.Thread(target=self._acquire, name=f"election {self.path}",
+                                            daemon=True)
+            self._thread.start()
+        await asyncio.shield(self._won)
+
+    def _acquire(self) -> None:  # on the election's own thread
+        try:
+            self._lock.acquire()
+        except KazooException as exc:  # kazoo's CancelledError too: cancel() was called
+            self.zk._post(_settle, self._won, None, metadata_error(exc, f"election at {self.path}"))
+            return
+        self.zk._post(_settle, self._won, None, None)
+
+    async def still_held(self) -> bool:
+        """Whether we were elected and our node still exists (after a reconnection): no later
+        contender can get a lower sequence number, so while it exists we lead."""
+        if self._won is None or not self._won.done() or self._won.exception() is not None:
+            return False
+        node = self._lock.node
+        return node is not None and await self.zk.exists(f"{self.path}/{node}")
+
+    async def contenders(self) -> list[str]:
+        """Identifiers of every contender, the leader first."""
+        return await self._blocking(f"contenders of {self.path}", self._lock.contenders)
+
+    async def cancel(self) -> None:
+        """Stop contending or leading and delete our node. MetadataError if ZooKeeper could not be
+        told: then the node stays while the session lives, and a new contender of this session
+        would queue behind it forever, so try again (or go on leading: `still_held`)."""
+        self._lock.cancel()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, self.zk.timeout_s)
+        node = self._lock.node
+        if node is not None:
+            try:
+                await self.zk.delete(f"{self.path}/{node}")
+            except MetadataNotFoundError:
+                pass  # gone with an expired session, or never created
+
+    async def _blocking(self, action: str, function: Callable[[], Any]) -> Any:
+        if not self.zk._started or self.zk._closed:
+            raise MetadataError(f"{action}: the ZooKeeper client for {self.zk.hosts} is not running")
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(function), self.zk.timeout_s)
+        except TimeoutError as exc:
+            raise MetadataError(f"{action}: no answer from ZooKeeper within {self.zk.timeout_s}s") from exc
+        except KazooException as exc:
+            raise metadata_error(exc, action) from exc
+
+
+async def lock_contenders(zk: AsyncZooKeeper, path: str) -> list[str]:
+    """The contenders of a kazoo Lock at `path` (the holder first), read by a non-contender."""
+    election = Election(zk, path, "")
+    try:
+        return await election.contenders()
+    except MetadataNotFoundError:
+        return []

@@ -194,6 +194,11 @@ class ZooKeeperMetadataStore:
         await walk(layout.ledgers_path(self.root), 0)
         return sorted(ids)
 
+    async def list_ledgers_page(self, after: int, limit: int) -> list[int]:
+        """Up to `limit` ledger ids above `after`, in order: a scan of millions of ledgers in
+        bounded pieces (each ZooKeeper listing holds at most 10,000 names)."""
+        return await ledger_ids_page(self.zk, layout.ledgers_path(self.root), after, limit)
+
     # ------------------------------------------------------------------ bookies
 
     async def bookies(self) -> list[BookieInfo]:
@@ -267,6 +272,38 @@ class ZooKeeperMetadataStore:
                 task.cancel()
 
         return unwatch
+
+
+async def ledger_ids_page(zk: AsyncZooKeeper, base: str, after: int, limit: int) -> list[int]:
+    """Up to `limit` ids above `after` from a tree of nodes named by `layout.split_ledger_id`
+    under `base`, in increasing order. Subtrees wholly below `after` are never listed: a page costs
+    one listing per level on the way down plus the leaves it returns."""
+    if limit < 1:
+        raise ValueError(f"a page holds at least 1 id, got limit {limit}")
+    if after >= layout.LEDGER_ID_MAX:
+        return []
+    lower = layout.split_ledger_id_parts(max(after + 1, 0))
+    found: list[int] = []
+
+    async def walk(path: str, depth: int, at_lower: bool) -> None:
+        try:
+            names = await zk.children(path)
+        except MetadataNotFoundError:
+            return
+        for name in names:  # sorted; the names are fixed-width, so text order is number order
+            if len(found) >= limit:
+                return
+            if len(name) != len(lower[depth]) or (depth == 4) != name.startswith("L"):
+                continue  # not part of the layout
+            if at_lower and name < lower[depth]:
+                continue
+            if depth == 4:
+                found.append(layout.ledger_id_from_path(f"{path}/{name}"))
+            else:
+                await walk(f"{path}/{name}", depth + 1, at_lower and name == lower[depth])
+
+    await walk(base, 0, True)
+    return found
 
 
 def _bookie_info(name: str, data: bytes) -> BookieInfo:

@@ -53,6 +53,10 @@ class LedgerMetadata:
     password_hash: str = ""
     ctime_ms: int = 0
     custom: tuple[tuple[str, str], ...] = field(default=())
+    # hex of the key bookies check adds and fences against (derived from the password, never the
+    # password): lets auto-recovery write copies and fence an abandoned ledger. "" for ledgers
+    # created before it was kept; those cannot be re-replicated automatically.
+    master_key: str = ""
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble_size, self.write_quorum, self.ack_quorum)
@@ -93,7 +97,7 @@ class LedgerMetadata:
             "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
             "state": self.state.value, "last_entry_id": self.last_entry_id, "length": self.length,
             "digest_type": self.digest_type.name, "password_hash": self.password_hash,
-            "ctime_ms": self.ctime_ms, "custom": dict(self.custom),
+            "ctime_ms": self.ctime_ms, "custom": dict(self.custom), "master_key": self.master_key,
         }
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
@@ -117,7 +121,8 @@ class LedgerMetadata:
                 last_entry_id=int(document["last_entry_id"]), length=int(document["length"]),
                 digest_type=DigestType[document["digest_type"]],
                 password_hash=str(document["password_hash"]), ctime_ms=int(document["ctime_ms"]),
-                custom=tuple(sorted((str(k), str(v)) for k, v in document["custom"].items())))
+                custom=tuple(sorted((str(k), str(v)) for k, v in document["custom"].items())),
+                master_key=str(document.get("master_key", "")))
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
             raise CorruptMetadataError(f"ledger metadata is malformed: {exc!r}") from exc
         _check_shape(metadata)
@@ -125,6 +130,9 @@ class LedgerMetadata:
 
 
 def _check_shape(metadata: LedgerMetadata) -> None:
+    if metadata.master_key and (len(metadata.master_key) != 64
+                                or any(c not in "0123456789abcdef" for c in metadata.master_key)):
+        raise CorruptMetadataError("ledger metadata's master_key must be 64 lowercase hex digits")
     if not metadata.ensembles or metadata.ensembles[0][0] != 0:
         raise CorruptMetadataError("ledger metadata must have a first fragment starting at entry 0")
     firsts = [first for first, _ in metadata.ensembles]

@@ -31,6 +31,7 @@ MASTER_KEY_BYTES = 32
 ENTRY_BYTES_MAX_DEFAULT = 4 * 2**20
 FRAME_BYTES_MAX_DEFAULT = ENTRY_BYTES_MAX_DEFAULT + 1024
 ERROR_MESSAGE_BYTES_MAX = 1024
+CHECK_ENTRIES_MAX = 256  # entries one CHECK_ENTRIES may ask about
 
 
 class OpCode(enum.IntEnum):
@@ -42,6 +43,7 @@ class OpCode(enum.IntEnum):
     AUTH = 6
     ADD_BATCH = 7  # version 2 (bookkeeper.protocol.batch)
     READ_RANGE = 8  # version 2
+    CHECK_ENTRIES = 9  # version 2 (auto-recovery replica checks)
 
 
 V1_OPCODE_MAX = OpCode.AUTH
@@ -84,6 +86,14 @@ class AuthMechanism(enum.IntEnum):
 
 
 AUTH_CREDENTIALS_BYTES_MAX = 8192
+
+
+class EntryCheck(enum.IntEnum):
+    """What CHECK_ENTRIES says of one entry on one bookie."""
+
+    PRESENT = 0  # stored and readable (and its CRC32C digest, if it has one, checks out)
+    ABSENT = 1
+    DAMAGED = 2  # stored but unreadable, or failing its CRC32C digest
 
 
 class BookieState(enum.IntEnum):
@@ -167,7 +177,18 @@ class AuthRequest:
         return f"AuthRequest(request_id={self.request_id}, mechanism={self.mechanism}, credentials=<{len(self.credentials)} bytes>)"
 
 
-Request = AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest | AuthRequest
+@dataclass(frozen=True, slots=True)
+class CheckEntriesRequest:
+    """Presence and checksum of entries first..first+count-1 (a replica check, R2)."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    count: int
+
+
+Request = (AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest | AuthRequest
+           | CheckEntriesRequest)
 
 # ---------------------------------------------------------------- responses
 
@@ -213,6 +234,17 @@ class BookieInfoResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckEntriesResponse:
+    """Per entry from `first_entry_id` on: (EntryCheck, CRC32C of the stored bytes, 0 unless
+    PRESENT)."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    entries: tuple[tuple[EntryCheck, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorResponse:
     """Any non-OK answer: the status says what, the message says why (UTF-8, at most 1 KiB)."""
 
@@ -229,7 +261,7 @@ class AuthResponse:
 
 
 Response = (AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse
-            | AuthResponse | ErrorResponse)
+            | AuthResponse | CheckEntriesResponse | ErrorResponse)
 
 # ---------------------------------------------------------------- body layouts
 
@@ -248,6 +280,8 @@ def with_version(frame: bytes, version: int) -> bytes:
     """`frame` with another version byte (the header's layout is the same in every version): a
     bookie answers a version 1 client in version 1, and refuses any version in the peer's own."""
     return frame[:4] + bytes((version,)) + frame[5:]
+_CHECK = struct.Struct(">qqI")  # ledger id, first entry id, count
+_CHECKED = struct.Struct(">BI")  # state, crc32c
 
 
 def _frame(opcode: int, flags_or_status: int, request_id: int, body: bytes) -> bytes:
@@ -296,6 +330,9 @@ def encode_request(request: Request) -> bytes:
         return _batch.encode_add_batch_request(request)
     if isinstance(request, _batch.ReadRangeRequest):
         return _batch.encode_read_range_request(request)
+    if isinstance(request, CheckEntriesRequest):
+        body = _CHECK.pack(request.ledger_id, request.first_entry_id, request.count)
+        return _frame(OpCode.CHECK_ENTRIES, 0, request.request_id, body)
     raise TypeError(f"not a request: {request!r}")
 
 
@@ -323,6 +360,10 @@ def encode_response(response: Response) -> bytes:
                       body + response.bookie_id.encode())
     if isinstance(response, AuthResponse):
         return _frame(OpCode.AUTH, Status.OK, response.request_id, response.principal.encode())
+    if isinstance(response, CheckEntriesResponse):
+        body = _CHECK.pack(response.ledger_id, response.first_entry_id, len(response.entries))
+        body += b"".join(_CHECKED.pack(state, crc) for state, crc in response.entries)
+        return _frame(OpCode.CHECK_ENTRIES, Status.OK, response.request_id, body)
     if isinstance(response, ErrorResponse):
         message = response.message.encode("utf-8", "replace")[:ERROR_MESSAGE_BYTES_MAX]
         return _frame(response.opcode, response.status, response.request_id, message)
@@ -420,8 +461,8 @@ class RequestDecoder(_FrameReader):
                               status=status)
 
         if opcode > V1_OPCODE_MAX and self.peer_version == 1:
-            raise refuse(f"unknown opcode {opcode} in protocol version 1 (ADD_BATCH and READ_RANGE "
-                         "need version 2)")
+            raise refuse(f"unknown opcode {opcode} in protocol version 1 (ADD_BATCH, READ_RANGE and "
+                         "CHECK_ENTRIES need version 2)")
         if opcode == OpCode.ADD_BATCH:
             return _batch.parse_add_batch(request_id, flags, body, self.entry_bytes_max)
         if opcode == OpCode.READ_RANGE:
@@ -460,6 +501,12 @@ class RequestDecoder(_FrameReader):
                 raise refuse(f"AUTH credentials of {len(credentials)} bytes are over the maximum "
                              f"{AUTH_CREDENTIALS_BYTES_MAX}", Status.UNAUTHENTICATED)
             return AuthRequest(request_id, mechanism, credentials)
+        if opcode == OpCode.CHECK_ENTRIES:
+            _expect_size(body, _CHECK.size, refuse)
+            ledger_id, first_entry_id, count = _CHECK.unpack(body)
+            if not 1 <= count <= CHECK_ENTRIES_MAX:
+                raise refuse(f"CHECK_ENTRIES count {count} is outside 1..{CHECK_ENTRIES_MAX}")
+            return CheckEntriesRequest(request_id, ledger_id, first_entry_id, count)
         raise refuse(f"unknown opcode {opcode} (known: "
                      f"{', '.join(f'{op.name}={op.value}' for op in OpCode)})")
 
@@ -543,6 +590,13 @@ def _parse_response(opcode: int, status: int, request_id: int, body: bytes) -> R
         return _batch.parse_add_batch_response(request_id, body)
     if opcode == OpCode.READ_RANGE:
         return _batch.parse_read_range_response(request_id, body)
+    if opcode == OpCode.CHECK_ENTRIES:
+        ledger_id, first_entry_id, count = _CHECK.unpack_from(body)
+        if len(body) != _CHECK.size + count * _CHECKED.size:
+            raise ValueError(f"{count} entries need {_CHECK.size + count * _CHECKED.size} bytes")
+        entries = tuple((EntryCheck(state), crc) for state, crc in
+                        _CHECKED.iter_unpack(body[_CHECK.size:]))
+        return CheckEntriesResponse(request_id, ledger_id, first_entry_id, entries)
     raise ValueError(f"unknown opcode {opcode}")
 
 

@@ -93,7 +93,7 @@ _NAMESPACE_GRANTS: dict[Action, frozenset[str]] = {
     Action.METADATA_ADMIN: frozenset({"admin"}),
 }
 # what bookies may do: registration, and copies between bookies for re-replication
-_BOOKIE_GRANTS = frozenset({Action.REGISTER, Action.READ, Action.ADD, Action.INFO})
+_BOOKIE_GRANTS = frozenset({Action.REGISTER, Action.READ, Action.ADD, Action.FENCE, Action.INFO})  # FENCE: auto-recovery closes abandoned ledgers
 
 
 def decide(principal: Principal, action: Action, namespace: str | None = None) -> str | None:

@@ -16,7 +16,11 @@ ZooKeeper paused (with and without a bookie dying meanwhile), restarted, a write
 expired; on bookie 0 only (so at most one replica is ever damaged): a torn or junk journal tail,
 flipped bytes in its entry logs, a full disk; truncation plus retention under a lagging reader;
 with network namespaces: a slow lossy link to a bookie, a partition from a bookie; with
-`--zk-ensemble` (three ZooKeeper servers): kill -9 of the ZooKeeper leader, then its restart.
+`--zk-ensemble` (three ZooKeeper servers): kill -9 of the ZooKeeper leader, then its restart; a
+bookie's disk lost for good (kill -9, wiped, an empty bookie started on another port), never
+bookie 0, after which auto-recovery must bring every ledger back to full replication before the
+next fault. At the end the history's replication check (tests/harness/replication.py) reads every
+entry of every completed segment from each member of its write set.
 
 Routine operations run in the background all along, as an operator's cron would: truncation and
 retention beside the live writers and the slow (lagging) reader. They are no faults: a writer they
@@ -43,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bookkeeper.errors import DlogError
+from tests.harness.faults.autorecovery import RecoveryProcess
 from tests.harness.faults.clients import STUCK_ERRORS_MAX
 from tests.harness.faults.faults import (
     CapabilityMissing,
@@ -64,8 +69,11 @@ GAP_S = (0.5, 3.0)
 ROUTINE_GAP_S = (3.0, 8.0)  # between truncation-and-retention runs in the background
 FINISH_RESERVE_S = 20.0  # time kept at the end for the last heal and the final read
 TMPFS_BYTES = 256 * 2**20
+RECOVERY_ARGS = ["--lost-bookie-recovery-delay", "3s", "--replica-check-interval", "1m",
+                 "--replica-check-rate", "20000"]
 BOOKIE_ARGS = ["--checkpoint-interval", "1", "--disk-check-interval", "0.3", "--disk-threshold", "0.9",
                "--disk-lwm", "0.8", "--gc-interval", "0"]
+REPLICATION_BOUND_S = 120.0  # from a lost disk to full replication (a liveness failure past it)
 
 log = logging.getLogger("chaos")
 
@@ -85,6 +93,7 @@ class Run:
     processes: list[WriterProcess]
     writer_families: int = 1
     ensemble: ZooKeeperEnsemble | None = None
+    damaged_at_ms: int = 0  # when bookie 0's replicas were last damaged on purpose
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:7.1f}s] {text}", flush=True)
@@ -221,6 +230,7 @@ async def fault_damage_journal(run: Run) -> str:
     damage = damage_journal_tail(run.cluster.bookies[DAMAGEABLE].data_dir, mode, run.rng)
     run.nemesis.note(f"{mode}_journal", bookie=DAMAGEABLE, **damage)
     await blocking(run.nemesis.restart_bookie, DAMAGEABLE)
+    run.damaged_at_ms = int(time.time() * 1000)  # once back: a check begun while it was down skips it
     return f"{mode} journal tail on bookie {DAMAGEABLE} ({damage.get('bytes', 0)} bytes)"
 
 
@@ -229,6 +239,7 @@ async def fault_flip_bytes(run: Run) -> str:
     damaged = flip_entry_log_bytes(run.cluster.bookies[DAMAGEABLE].data_dir, run.rng)
     run.nemesis.note("flipped_bytes", bookie=DAMAGEABLE, records=damaged)
     await blocking(run.nemesis.restart_bookie, DAMAGEABLE)
+    run.damaged_at_ms = int(time.time() * 1000)  # once back: a check begun while it was down skips it
     return f"flipped a bit in {damaged} entry-log records of bookie {DAMAGEABLE}"
 
 
@@ -294,6 +305,82 @@ async def fault_partition(run: Run) -> str:
     return f"bookie {index} partitioned from the client for {held:.1f} s"
 
 
+async def fault_lose_disk(run: Run) -> str:
+    # bookie 0's damaged replicas must be written back first: a lost disk in the same write set
+    # would leave no good copy of them
+    if not await damage_repaired(run, REPLICATION_BOUND_S):
+        return "bookie 0's damaged replicas were not repaired in time: no disk lost"
+    index = await ensemble_bookie(run, run.rng.randrange(3))
+    if index == DAMAGEABLE:  # its disk faults must stay the only damage to its replicas
+        index = run.rng.choice([b.index for b in run.cluster.bookies if b.index != DAMAGEABLE])
+    lost_at_ms = int(time.time() * 1000)
+    lost, new = await blocking(run.nemesis.lose_disk, index)
+    started = time.monotonic()
+    # a second loss in a write set before this one is repaired would lose data with Qw = 2: the
+    # next fault waits for full replication
+    if not await fully_replicated(run, lost, lost_at_ms, REPLICATION_BOUND_S):
+        run.history.record("nemesis", "liveness", "fail",
+                           what=f"ledgers still name lost bookie {lost} {REPLICATION_BOUND_S} s after its loss")
+        return f"disk of bookie {index} ({lost}) lost; NOT re-replicated within {REPLICATION_BOUND_S} s"
+    return (f"disk of bookie {index} ({lost}) lost, {new} started empty; fully replicated after "
+            f"{time.monotonic() - started:.1f} s")
+
+
+async def damage_repaired(run: Run, timeout_s: float) -> bool:
+    """Unless a replica check that began after bookie 0's last damage has finished and nothing is
+    marked, run one and wait for it and for every repair it asks for (a liveness failure past
+    `timeout_s`)."""
+    from bookkeeper.autorecovery.store import RecoveryStore
+
+    namespace = run.workload.control
+    assert namespace is not None
+    store = RecoveryStore(namespace.zk, run.cluster.zk_root)
+    replicas = (await store.audit_state()).get("replicas", {})
+    # a margin for the auditor to see bookie 0 registered again
+    if (replicas.get("cursor", -1) < 0 and replicas.get("started_ms", 0) > run.damaged_at_ms + 5000
+            and not await store.count_marks()):
+        return True
+    asked_ms = int(time.time() * 1000)
+    await store.trigger_audit(True, asked_ms)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        with contextlib.suppress(DlogError):
+            replicas = (await store.audit_state()).get("replicas", {})
+            if replicas.get("finished_ms", 0) > asked_ms and not await store.count_marks():
+                return True
+    run.history.record("nemesis", "liveness", "fail",
+                       what=f"a replica check and its repairs did not finish within {timeout_s} s")
+    return False
+
+
+async def fully_replicated(run: Run, lost: str, lost_at_ms: int, timeout_s: float) -> bool:
+    """No mark left, an ensemble scan finished after the loss was noticed, and no ledger names it."""
+    from bookkeeper.autorecovery.policy import bookies_named
+    from bookkeeper.autorecovery.store import RecoveryStore
+
+    namespace = run.workload.control
+    assert namespace is not None
+    store = RecoveryStore(namespace.zk, run.cluster.zk_root)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        try:
+            scanned = (await store.audit_state()).get("ensembles", {}).get("finished_ms", 0)
+            if scanned <= lost_at_ms or await store.count_marks():
+                continue
+            named = False
+            for ledger_id in await namespace.client.list_ledgers():
+                with contextlib.suppress(DlogError):
+                    metadata, _ = await namespace.client.ledger_metadata(ledger_id)
+                    named = named or lost in bookies_named(metadata)
+            if not named:
+                return True
+        except DlogError:
+            continue
+    return False
+
+
 FAULTS: dict[str, Callable[[Run], Any]] = {
     "kill_bookie": fault_kill_bookie,
     "kill_ack_quorum": fault_kill_ack_quorum,
@@ -311,6 +398,7 @@ FAULTS: dict[str, Callable[[Run], Any]] = {
     "kill_zookeeper_leader": fault_kill_zookeeper_leader,
     "slow_link": fault_slow_link,
     "partition": fault_partition,
+    "lose_disk": fault_lose_disk,
 }
 
 
@@ -335,8 +423,8 @@ def build_cluster(directory: Path, network: str,
                   ensemble: ZooKeeperEnsemble | None = None) -> tuple[LocalCluster, NetnsLab | None, TmpfsDisk | None]:
     lab = None
     if ensemble is not None:
-        cluster = LocalCluster(directory / "cluster", bookies=BOOKIES, zk_root="/chaos", bookie_args=BOOKIE_ARGS,
-                               zk_server=ensemble)  # type: ignore[arg-type]
+        cluster = LocalCluster(directory / "cluster", bookies=BOOKIES, zk_root="/chaos",
+                               bookie_args=[*BOOKIE_ARGS, *RECOVERY_ARGS], zk_server=ensemble)  # type: ignore[arg-type]
         return cluster, None, _tmpfs(cluster)
     if network in ("auto", "on"):
         try:
@@ -346,9 +434,12 @@ def build_cluster(directory: Path, network: str,
                 raise
             print(f"chaos: no network faults: {exc}", flush=True)
     if lab is not None:
-        cluster: LocalCluster = NetnsCluster(directory / "cluster", lab, zk_root="/chaos", bookie_args=BOOKIE_ARGS)
+        # bookies in namespaces cannot reach each other: auto-recovery runs as its own process
+        cluster: LocalCluster = NetnsCluster(directory / "cluster", lab, zk_root="/chaos",
+                                             bookie_args=[*BOOKIE_ARGS, "--no-autorecovery"])
     else:
-        cluster = LocalCluster(directory / "cluster", bookies=BOOKIES, zk_root="/chaos", bookie_args=BOOKIE_ARGS)
+        cluster = LocalCluster(directory / "cluster", bookies=BOOKIES, zk_root="/chaos",
+                               bookie_args=[*BOOKIE_ARGS, *RECOVERY_ARGS])
     return cluster, lab, _tmpfs(cluster)
 
 
@@ -389,6 +480,7 @@ async def soak(run: Run, minutes: float, only: list[str] | None) -> Report:
     run.say("time is up: heal everything, seal the stream, read it back")
     await heal_everything(run)
     await run.workload.heal("end of the soak")
+    await damage_repaired(run, FINISH_RESERVE_S * 6)
     return await run.workload.finish()
 
 
@@ -452,12 +544,16 @@ async def main_async(arguments: argparse.Namespace) -> int:
             await blocking(ensemble.stop)
         return 2
     run: Run | None = None
+    recovery: RecoveryProcess | None = None
     try:
         await blocking(cluster.start)
+        if lab is not None:
+            recovery = await blocking(lambda: RecoveryProcess(cluster, "autorecovery", directory, *RECOVERY_ARGS))
         print(f"chaos: {len(cluster.bookies)} bookies ({'own network namespaces' if lab else 'loopback'}), "
               f"ZooKeeper {cluster.zk_address}", flush=True)
         settings = Settings(stream="chaos", namespace="chaos", write_interval_s=1.0 / arguments.rate,
-                            writes_max=int(arguments.rate * minutes * 60) + 1000, roll_records=500)
+                            writes_max=int(arguments.rate * minutes * 60) + 1000, roll_records=500,
+                            replication_timeout_s=REPLICATION_BOUND_S)
         workload = Workload(cluster, history, settings)
         run = Run(seed, rng, directory, cluster, history, Nemesis(cluster, history, rng), workload, lab, disk,
                   time.monotonic(), [], ensemble=ensemble)
@@ -470,6 +566,8 @@ async def main_async(arguments: argparse.Namespace) -> int:
                 process.close()
             with contextlib.suppress(Exception):
                 await run.workload.close()
+        if recovery is not None:
+            await blocking(recovery.stop)
         await blocking(cluster.stop)
         if ensemble is not None:
             await blocking(ensemble.stop)

@@ -235,3 +235,19 @@ def test_bench_plot_without_matplotlib_refuses_before_measuring(tmp_path: Path):
     result = run_without("matplotlib", "tail", "--plot", str(tmp_path))
     assert result.returncode == 1
     assert "--plot needs matplotlib" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bench_recovery_reports_rate_time_and_writer_latency():
+    result = run_bench("recovery", "--size", "1MiB", "--entry-size", "4KiB", "--writer-seconds", "1",
+                       "--writer-rate", "50")
+    assert result["mode"] == "recovery" and result["quorum"] == "E3/Qw2/Qa2"
+    assert result["victim_bytes"] >= 2**20 and result["victim_entries"] * 4096 == result["victim_bytes"]
+    # everything the lost bookie held was copied (and the baseline writer's ledger, if it used it)
+    assert result["entries_copied"] >= result["victim_entries"] and result["bytes_copied"] >= result["victim_bytes"]
+    assert 0 < result["detect_s"] <= result["loss_to_full_replication_s"]
+    expected = result["entries_copied"] / result["recovery_s"]  # recovery_s is rounded to 10 ms
+    assert abs(result["entries_per_s"] - expected) <= 1 + 0.05 * expected, result
+    runs = {run["run"]: run for run in result["runs"]}
+    assert runs["writer without recovery"]["appends"] >= 40 and runs["writer during recovery"]["appends"] >= 1
+    for run in runs.values():
+        assert_latencies(run)

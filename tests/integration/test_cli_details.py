@@ -96,7 +96,7 @@ def test_ledger_show_prints_no_python_syntax(details):
     shown = run("ledger", "show", str(ledger), namespaced=False).stdout
     assert "{" not in shown and "[" not in shown and "(" not in shown, shown
     assert "custom          namespace=" in shown and "stream=shown" in shown
-    assert "ensemble        from entry 0: 127.0.0.1:" in shown
+    assert "fragment        entries 0-0: 127.0.0.1:" in shown
 
 
 def test_bench_tables_fit_an_80_column_terminal():

@@ -45,15 +45,19 @@ def test_ledger_commands(ledger_cli):
     assert show["state"] == "CLOSED" and show["last_entry_id"] == -1
     assert (show["ensemble_size"], show["write_quorum"], show["ack_quorum"]) == (2, 2, 1)
     assert show["ensembles"][0]["bookies"] == created["ensemble"]
+    assert show["ensembles"][0]["last_entry"] == -1  # an empty ledger's fragment holds nothing
 
     ledger_id = asyncio.run(open_ledger_with_entries(cluster, 5))
-    assert json.loads(run("show", str(ledger_id), "--json").stdout)["state"] == "OPEN"
+    opened = json.loads(run("show", str(ledger_id), "--json").stdout)
+    assert opened["state"] == "OPEN" and opened["ensembles"][-1]["last_entry"] is None  # still written
     entries = [json.loads(line) for line in run("read", str(ledger_id), "--password", "pw", "--json")
                .stdout.splitlines()]
     assert [e["data"] for e in entries][:4] == [f"entry {i}" for i in range(4)]  # up to the LAC
     recovered = json.loads(run("recover", str(ledger_id), "--password", "pw", "--json").stdout)
     assert recovered == {"ledger_id": ledger_id, "state": "CLOSED", "last_entry_id": 4,
                          "length": recovered["length"]} and recovered["length"] > 0
+    fragment = next(line for line in run("show", str(ledger_id)).stdout.splitlines() if line.startswith("fragment"))
+    assert fragment.split()[1:3] == ["entries", "0-4:"]  # each fragment's entries and its ensemble
     entries = run("read", str(ledger_id), "--password", "pw", "--from", "3").stdout.splitlines()
     assert entries == ["3\tentry 3", "4\tentry 4"]
     assert json.loads(run("list", "--json").stdout)["ledgers"] == [created["ledger_id"], ledger_id]

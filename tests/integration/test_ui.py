@@ -18,6 +18,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from bookkeeper.autorecovery.policy import Missing, Reason
+from bookkeeper.autorecovery.store import RecoveryStore
 from dlog import Namespace
 from tools.cluster import LineReader, LocalCluster, free_port
 from tools.ui import (HTTP_TIMEOUT_S, Collector, RateTracker, UiOptions, make_app, parse_metrics,
@@ -290,6 +292,11 @@ async def test_the_page_renders_bookies_timelines_and_subscriptions_in_chromium(
             async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
                 answer = await poll_api(http, lambda answer: tail_records(answer) == 50)
             ledgers = [s["ledger"] for stream in streams_of(answer).values() for s in stream["segments"]]
+            recovery = RecoveryStore(zk, cluster.zk_root)
+            await recovery.set_enabled(False)  # so the mark below stays to be shown
+            await recovery.mark(ledgers[-1], [Missing("10.0.0.9:3181", Reason.LOST, 1)], 1)
+            async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+                await poll_api(http, lambda answer: answer["autorecovery"]["underreplicated"] == 1)
             load = ["--virtual-time-budget=5000", "--window-size=1300,1000"]
             dom = await run_chromium(binary, tmp_path / "profile-dom", *load, "--dump-dom", url)
             screenshot = tmp_path / "ui.png"
@@ -312,4 +319,6 @@ async def test_the_page_renders_bookies_timelines_and_subscriptions_in_chromium(
         assert f'<code class="sub-name">{name}</code>' in dom
     assert "≈ 300" in dom and "≈ 25" in dom  # lag of billing and dashboard
     assert "&lt;img src=x onerror=alert(1)&gt;" in dom and "<img" not in dom  # shown, never parsed
+    assert f'<code class="ledger-id">{ledgers[-1]}</code>' in dom and "10.0.0.9:3181 (lost)" in dom
+    assert "DISABLED" in dom and "1 under-replicated" in dom
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000

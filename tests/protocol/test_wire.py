@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bookkeeper.protocol import wire
+from bookkeeper.protocol.wire import (CHECK_ENTRIES_MAX, CheckEntriesRequest, CheckEntriesResponse,
+                                      PROTOCOL_VERSION, EntryCheck)
 from bookkeeper.protocol.wire import (AddRequest, AddResponse, BookieInfoRequest,
                                       BookieInfoResponse, BookieState, ErrorResponse, FrameError,
                                       OpCode, ReadLacRequest, ReadLacResponse, ReadRequest,
@@ -32,6 +34,7 @@ requests = st.one_of(
         request_ids, ids, st.booleans(), lacs, timeouts),
     st.builds(WriteLacRequest, request_ids, ids, keys, lacs),
     st.builds(BookieInfoRequest, request_ids),
+    st.builds(CheckEntriesRequest, request_ids, ids, ids, st.integers(1, CHECK_ENTRIES_MAX)),
 )
 responses = st.one_of(
     st.builds(AddResponse, request_ids, ids, ids),
@@ -40,6 +43,10 @@ responses = st.one_of(
     st.builds(WriteLacResponse, request_ids, ids),
     st.builds(BookieInfoResponse, request_ids, st.integers(0, 2**62), st.integers(0, 2**62),
               st.sampled_from(BookieState), st.text(max_size=40)),
+    st.builds(lambda rid, lid, first, entries: CheckEntriesResponse(rid, lid, first, tuple(entries)),
+              request_ids, ids, ids,
+              st.lists(st.tuples(st.sampled_from(EntryCheck), st.integers(0, 2**32 - 1)),
+                       max_size=CHECK_ENTRIES_MAX)),
     st.builds(ErrorResponse, request_ids, st.sampled_from([op.value for op in OpCode]),
               st.sampled_from([status for status in Status if status != Status.OK]),
               st.text(max_size=100)),
@@ -146,3 +153,15 @@ def test_an_entry_over_the_maximum_is_refused_as_too_large():
     with pytest.raises(FrameError) as caught:
         decoder.next_message()
     assert caught.value.status == Status.TOO_LARGE and not caught.value.fatal
+
+
+@pytest.mark.parametrize("count", [0, CHECK_ENTRIES_MAX + 1, 2**32 - 1])
+def test_a_check_of_too_many_or_no_entries_is_refused_and_the_connection_kept(count):
+    body = struct.pack(">qqI", 1, 0, count)
+    frame = struct.pack(">IBBHQ", 12 + len(body), PROTOCOL_VERSION, OpCode.CHECK_ENTRIES, 0, 9) + body
+    decoder = RequestDecoder()
+    decoder.receive_data(frame + encode_request(CheckEntriesRequest(10, 1, 0, 5)))
+    with pytest.raises(FrameError, match=f"count {count} is outside 1..{CHECK_ENTRIES_MAX}") as caught:
+        decoder.next_message()
+    assert not caught.value.fatal and caught.value.request_id == 9
+    assert decoder.next_message() == CheckEntriesRequest(10, 1, 0, 5)

@@ -76,3 +76,13 @@ def test_client_options_come_from_the_file_and_environment(tmp_path, monkeypatch
     monkeypatch.setenv("DLOG_CLIENT_SPECULATIVE_READ_MS", "soon")
     with pytest.raises(ConfigError, match="speculative_read_ms"):
         client_options()
+
+
+def test_the_example_autorecovery_table_holds_only_settings_of_dlog_autorecovery():
+    from tools.cli.autorecovery import autorecovery
+
+    example = tomllib.loads(Path("docs/dlog.example.toml").read_text())["autorecovery"]
+    settings = {param.name for param in autorecovery.params} - {"config"}
+    assert set(example) <= settings and "lost_bookie_recovery_delay" in example
+    text = Path("docs/dlog.example.toml").read_text().split("[autorecovery]")[1].split("[client]")[0]
+    assert "identity =" in text and "zk =" in text

@@ -40,7 +40,7 @@ def principal(*roles: str) -> Principal:
     (["bookie"], Action.REGISTER, None, True),
     (["bookie"], Action.READ, "orders", True),  # re-replication copies
     (["bookie"], Action.BOOKIE_ADMIN, None, False),
-    (["bookie"], Action.FENCE, "orders", False),
+    (["bookie"], Action.FENCE, "orders", True),  # auto-recovery closes abandoned ledgers
     ([], Action.INFO, None, True),
     ([], Action.READ, "orders", False),
 ])

@@ -7,6 +7,7 @@ import logging
 
 import click
 
+from tools.cli.autorecovery import autorecovery, decommission_command
 from tools.cli.bench import bench
 from tools.cli.bookie import bookie
 from tools.cli.health import cluster, ping_command
@@ -32,5 +33,6 @@ def main() -> None:
 
 for command in (bookie, ledger, stream, subscription, write_command, read_command, truncate_command,
                 retention, export_command, cluster, ping_command, standalone, ui_command, bench, token,
-                quota):
+                quota, autorecovery):
     main.add_command(command)
+bookie.add_command(decommission_command)

@@ -132,6 +132,33 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
     print_bench(result, as_json)
 
 
+@bench.command("recovery")
+@click.option("--size", "size_bytes", default="1GiB", show_default=True, type=SIZE,
+              help="entry bytes the lost bookie holds (use a small size for a quick run)")
+@click.option("--entry-size", "entry_bytes", default="4KiB", show_default=True, type=SIZE)
+@click.option("--writer-rate", default=200, show_default=True, type=click.IntRange(1, 100_000),
+              help="appends per second of the concurrent writer (1 KiB each)")
+@click.option("--writer-seconds", default=10.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="length of the writer's run without recovery")
+@click.option("--rereplication-rate", default=10_000, show_default=True, type=click.IntRange(0),
+              help="the bookies' re-replication limit in entries/s (0: unlimited)")
+@click.option("--rereplication-bandwidth", default="64MiB", show_default=True, type=SIZE,
+              help="the bookies' re-replication limit in bytes/s (0: unlimited)")
+@no_fsync_option
+@json_option
+@fails_cleanly
+def bench_recovery_command(size_bytes: int, entry_bytes: int, writer_rate: int, writer_seconds: float,
+                           rereplication_rate: int, rereplication_bandwidth: int, no_fsync: bool,
+                           as_json: bool) -> None:
+    """A bookie's disk lost for good on four bookies: re-replication MB/s and entries/s, the time
+    from the loss to full replication, and a concurrent writer's latency with and without recovery."""
+    from tools.bench.recovery import bench_recovery
+
+    print_bench(bench_recovery(size_bytes, entry_bytes, writer_rate, writer_seconds, fsync=not no_fsync,
+                               rereplication_rate=rereplication_rate,
+                               rereplication_bandwidth=rereplication_bandwidth), as_json)
+
+
 @bench.command("streams")
 @click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
 @click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1))

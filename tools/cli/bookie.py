@@ -13,6 +13,7 @@ import click
 
 from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
+from tools.autorecovery_options import pop_recovery, recovery_options, recovery_settings
 from tools.cli.common import (
     SIZE,
     fails_cleanly,
@@ -42,6 +43,9 @@ def bookie() -> None:
 @click.option("--zk", default=lambda: os.environ.get("DLOG_ZK"), show_default="$DLOG_ZK",
               help="ZooKeeper address; without it the bookie runs unregistered (tests, benchmarks)")
 @click.option("--zk-root", default=DEFAULT_ROOT, show_default=True)
+@click.option("--zk-session-timeout", default=10.0, show_default=True, type=click.FloatRange(1, 60),
+              help="seconds without ZooKeeper before the session (and the registration) expires: how "
+                   "soon a dead bookie is noticed")
 @click.option("--bookie-id", default=None, help="identity in ZooKeeper (default host:port)")
 @click.option("--rack", default=None, help="rack or zone name used by placement")
 @click.option("--no-fsync", is_flag=True, help="skip fdatasync: NOT durable, for experiments only")
@@ -102,6 +106,9 @@ def bookie() -> None:
 @click.option("--http-open-paths", default="/health,/metrics", show_default=True,
               help="admin paths served without a token when tokens are required (comma list; "
                    "empty: none)")
+@click.option("--autorecovery/--no-autorecovery", default=True, show_default=True,
+              help="run an auto-recovery auditor candidate and replication worker in this bookie")
+@recovery_options
 @click.option("--config", type=click.Path(dir_okay=False, exists=True), default=None,
               help="TOML file whose [bookie] table sets any of these (flags and DLOG_BOOKIE_* "
                    "environment variables override it); default $DLOG_CONFIG")
@@ -116,6 +123,7 @@ def bookie_start(ctx: click.Context, **_: Any) -> None:
 
 
 def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str | None, zk_root: str,
+                  zk_session_timeout: float,
                   bookie_id: str | None, rack: str | None, no_fsync: bool, group_wait_us: int,
                   group_bytes: int, entry_log_size: int, entry_log_flush_size: int,
                   write_cache_size: int, max_entry_size: int,
@@ -130,7 +138,7 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                   allow_anonymous: bool = False, insecure_plaintext: bool = False,
                   zk_user: str | None = None, zk_password_file: str | None = None,
                   http_open_paths: str = "/health,/metrics", gc_grace: float = 600.0,
-                  config: str | None = None) -> Any:
+                  config: str | None = None, autorecovery: bool = True, **recovery: Any) -> Any:
     """The BookieConfig that `dlog bookie start` settings describe."""
     from bookkeeper.bookie.config import BookieConfig
 
@@ -162,14 +170,22 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
         http_open_paths=tuple(path.strip() for path in http_open_paths.split(",") if path.strip()),
         long_poll_waiters_max=max_long_polls,
         data_dir=data_dir, host=host, port=port, http_port=None if http_port < 0 else http_port,
-        zk=zk or None, zk_root=zk_root, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
+        zk=zk or None, zk_root=zk_root, zk_session_timeout_s=zk_session_timeout, bookie_id=bookie_id, rack=rack, journal_sync=not no_fsync,
         journal_group_wait_us=group_wait_us, journal_group_bytes_max=group_bytes,
         entry_log_bytes_max=entry_log_size, entry_log_flush_bytes=entry_log_flush_size,
         write_cache_bytes_max=write_cache_size,
         disk_usage_threshold=disk_threshold,
         disk_usage_lwm=disk_lwm if disk_lwm is not None else max(0.001, disk_threshold - 0.05),
         disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval, gc_grace_s=gc_grace,
-        checkpoint_interval_s=checkpoint_interval, limits=limits)
+        checkpoint_interval_s=checkpoint_interval, limits=limits,
+        autorecovery=(None if not autorecovery else recovery_settings(**pop_recovery(recovery))
+                      if recovery else _default_recovery()))
+
+
+def _default_recovery() -> Any:
+    from bookkeeper.autorecovery.settings import RecoverySettings
+
+    return RecoverySettings()
 
 
 

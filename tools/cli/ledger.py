@@ -16,9 +16,18 @@ def _metadata_json(ledger_id: int, metadata: Any, version: int) -> dict[str, Any
             "ensemble_size": metadata.ensemble_size, "write_quorum": metadata.write_quorum,
             "ack_quorum": metadata.ack_quorum, "last_entry_id": metadata.last_entry_id,
             "length": metadata.length, "digest": metadata.digest_type.name,
-            "ensembles": [{"first_entry": first, "bookies": list(bookies)}
-                          for first, bookies in metadata.ensembles],
+            "ensembles": [{"first_entry": first, "last_entry": _fragment_end(metadata, index),
+                           "bookies": list(bookies)}
+                          for index, (first, bookies) in enumerate(metadata.ensembles)],
             "ctime_ms": metadata.ctime_ms, "custom": dict(metadata.custom)}
+
+
+def _fragment_end(metadata: Any, index: int) -> int | None:
+    """The last entry a fragment holds (None: the last fragment of an open ledger, still written)."""
+    if index + 1 < len(metadata.ensembles):
+        end = metadata.ensembles[index + 1][0] - 1
+        return min(end, metadata.last_entry_id) if metadata.is_closed else end
+    return metadata.last_entry_id if metadata.is_closed else None
 
 
 password_option = click.option("--password", default="", help="ledger password (default empty)")
@@ -91,8 +100,12 @@ def _print_metadata(result: dict[str, Any]) -> None:
         if value is not None:
             click.echo(f"{key:15} {value}")
     click.echo(f"{'created':15} {format_time_ms(result['ctime_ms'])}")
-    for first, bookies in ((item["first_entry"], item["bookies"]) for item in result["ensembles"]):
-        click.echo(f"{'ensemble':15} from entry {first}: {', '.join(bookies)}")
+    for item in result["ensembles"]:
+        first, last = item["first_entry"], item["last_entry"]
+        span = f"entries {first}-{last}" if last is not None else f"entries {first}- (open)"
+        if last is not None and last < first:
+            span = "no entries"
+        click.echo(f"{'fragment':15} {span}: {', '.join(item['bookies'])}")
     custom = " ".join(f"{key}={value}" for key, value in sorted(result["custom"].items()))
     click.echo(f"{'custom':15} {custom or '-'}")
 

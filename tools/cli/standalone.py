@@ -12,6 +12,7 @@ import click
 
 from bookkeeper.errors import DlogError
 
+from tools.autorecovery_options import delay_option
 from tools.cli.common import fails_cleanly, zk_option
 
 
@@ -29,8 +30,10 @@ ZK_PORT_DEFAULT = 2181
 @click.option("--secure", is_flag=True, help="TLS and tokens on bookies and admin endpoints, ZooKeeper "
               "credentials and ACLs; makes a CA, certificates, an admin token and client.toml under "
               "DIR/secure/")
+@delay_option
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int, secure: bool) -> None:
+def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int, secure: bool,
+               lost_bookie_recovery_delay: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
     A directory runs one cluster at a time (a second start on it is refused), every part must
@@ -42,7 +45,8 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int,
     if zk_port is None:
         zk_port = load_state(directory).get("zk_port") or ZK_PORT_DEFAULT
     secure_dir = _secure_dir(directory, secure)
-    cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port, secure=secure_dir)
+    cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port, secure=secure_dir,
+                           bookie_args=["--lost-bookie-recovery-delay", f"{lost_bookie_recovery_delay}ms"])
     client_toml = None
     if secure_dir is not None:
         from tools.secure import write_admin_config

@@ -47,7 +47,7 @@ function renderBookies(bookies, failed) {
   document.getElementById("bookie-count").textContent = failed ? "" : `(${bookies.length})`;
   if (bookies.length === 0) {
     const empty = cell(failed ? "not known: see the error above" : "no bookie is registered");
-    empty.colSpan = 7;
+    empty.colSpan = 8;
     empty.className = "muted";
     body.append(el("tr", null, empty));
   }
@@ -60,8 +60,50 @@ function renderBookies(bookies, failed) {
       cell(el("span", `badge state-${state.replace(/[^a-z_]/g, "")}`, state.replace("_", "-"))),
       cell(diskBar(bookie.disk_used_percent)),
       el("td", "number", bookie.adds_per_second === null ? el("span", "muted", "—") : number(bookie.adds_per_second)),
+      el("td", "number", bookie.copied_bytes_per_second ? `${size(bookie.copied_bytes_per_second)}/s`
+        : el("span", "muted", "—")),
       cell(bookie.rack || el("span", "muted", "—")), cell(admin));
     body.append(row);
+  }
+}
+
+// ------------------------------------------------------------------------------ auto-recovery
+
+function progressBar(progress) {
+  if (!progress || !progress.total_entries) return el("span", "muted", "—");
+  const percent = Math.min(100, 100 * progress.copied_entries / progress.total_entries);
+  const bar = el("span", "bar");
+  const fill = el("span", "fill");
+  fill.style.width = `${percent}%`;
+  bar.append(fill);
+  return el("span", "disk", bar, ` ${number(progress.copied_entries)} / ${number(progress.total_entries)}`);
+}
+
+function renderRecovery(recovery, failed) {
+  const summary = document.getElementById("recovery-summary");
+  const body = document.querySelector("#underreplicated tbody");
+  body.replaceChildren();
+  if (!recovery) {
+    summary.textContent = failed ? "" : "(unknown)";
+    return;
+  }
+  const facts = [recovery.enabled ? "enabled" : "DISABLED", `auditor ${recovery.auditor || "none elected"}`,
+                 `${number(recovery.underreplicated)} under-replicated`];
+  summary.textContent = `(${facts.join(" · ")})`;
+  if (recovery.ledgers.length === 0) {
+    const empty = cell(recovery.underreplicated ? "…" : "every ledger is fully replicated");
+    empty.colSpan = 6;
+    empty.className = "muted";
+    body.append(el("tr", null, empty));
+  }
+  for (const ledger of recovery.ledgers) {
+    const missing = ledger.missing.map((b) => `${b} (${ledger.reasons[b]})`).join(", ");
+    const since = new Date(ledger.since_ms).toLocaleTimeString("en-GB");
+    body.append(el("tr", "underreplicated",
+      cell(el("code", "ledger-id", String(ledger.ledger))), cell(missing), cell(since),
+      cell(ledger.worker ? el("code", null, ledger.worker) : el("span", "muted", "waiting")),
+      cell(progressBar(ledger.progress)),
+      cell(ledger.error ? el("span", "badge bad", ledger.error) : el("span", "muted", "—"))));
   }
 }
 
@@ -229,6 +271,7 @@ function render(data) {
   const failed = (data.errors || []).length > 0;
   renderErrors(data.errors || []);
   renderBookies(data.bookies || [], failed);
+  renderRecovery(data.autorecovery, failed);
   renderNamespaces(data.namespaces || [], failed);
   const when = new Date(data.generated_ms).toLocaleTimeString("en-GB");
   setStatus((data.errors || []).length === 0, `updated ${when}`);

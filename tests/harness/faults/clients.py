@@ -55,6 +55,7 @@ class Settings:
     lock_timeout_s: float = 0.3
     resume_bound_s: float = 25.0
     zk_session_timeout_s: float | None = None  # None: the namespace's default
+    replication_timeout_s: float | None = None  # wait this long for full replication, then check it
 
 
 def error_text(error: BaseException) -> str:

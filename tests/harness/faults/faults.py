@@ -84,6 +84,19 @@ class Nemesis:
         self.history.record("nemesis", "resume", bookie=index)
         self.cluster.kill_bookie(index, signal.SIGCONT)
 
+    def lose_disk(self, index: int, timeout_s: float = 60.0) -> tuple[str, str]:
+        """Lose a bookie's disk for good: kill -9, wipe its data directory, and start an empty
+        bookie elsewhere (a new port: a new identity). Returns (lost id, new id)."""
+        bookie = self.cluster.bookies[index]
+        lost = bookie.bookie_id or bookie.address
+        self.cluster.kill_bookie(index, signal.SIGKILL)
+        wipe_directory(bookie.data_dir)
+        self.note("lose_disk", bookie=index, lost=lost)
+        started = self.cluster.replace_bookie(index, timeout_s)
+        new = started.bookie_id or started.address
+        self.history.record("nemesis", "replaced", bookie=index, lost=lost, new=new)
+        return lost, new
+
     def restart_bookie(self, index: int, timeout_s: float = 60.0) -> None:
         """Start a bookie that is down (after a kill or a crash) on its old port and data."""
         bookie = self.cluster.bookies[index]
@@ -136,6 +149,15 @@ def signal_process(process: subprocess.Popen[Any], signum: int) -> None:
 
 
 # ---------------------------------------------------------------------------------- disks
+
+
+def wipe_directory(path: Path) -> None:
+    """Remove everything inside `path` (a mount point stays mounted, just empty)."""
+    for child in Path(path).iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 class TmpfsDisk:

@@ -239,7 +239,27 @@ class Workload:
             self.history.record("final", "final", "fail", error=error_text(exc))
         finally:
             await self.snapshot(namespace, final=True)
+            if self.settings.replication_timeout_s is not None:
+                await self.check_replication(namespace, self.settings.replication_timeout_s)
             await namespace.close()
+
+    async def check_replication(self, namespace: Namespace, timeout_s: float) -> None:
+        """Once nothing is marked under-replicated (within `timeout_s`), every entry of every
+        completed segment must be on each live bookie of its write set, byte-identical."""
+        from bookkeeper.autorecovery.store import RecoveryStore
+        from tests.harness.replication import replication_problems, wait_fully_replicated
+
+        try:
+            marked = await wait_fully_replicated(RecoveryStore(namespace.zk, self.cluster.zk_root), timeout_s)
+            listing = await namespace.store.segments(self.settings.stream)
+            ledgers = [s.ledger_id for s in listing.segments if s.state.value == "completed"]
+            problems = await replication_problems(namespace.client, ledgers)
+        except DlogError as exc:
+            marked, ledgers, problems = -1, [], [f"the replication check failed: {error_text(exc)}"]
+        if marked:
+            problems.insert(0, f"{marked} ledgers were still marked under-replicated after {timeout_s} s")
+        self.history.record("replication", "check", "fail" if problems else "ok", problems=problems,
+                            ledgers=len(ledgers))
 
     async def snapshot(self, namespace: Namespace, final: bool = False) -> dict[str, Any]:
         path = namespace.store.segments_path(self.settings.stream)

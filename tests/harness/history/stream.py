@@ -25,6 +25,8 @@ straight from ZooKeeper (``metadata``) join the history, and `check` looks for:
     liveness         after the last heal, writes or tailing reads did not resume within the bound,
                      or the stream could not be sealed and read back, or a client recorded that it
                      hung (a write future or a wait_writable caller never answered)
+    under_replicated the replication check (tests/harness/replication.py) found an entry of a
+                     completed segment missing from, or different on, a live member of its write set
 
 and the L5/L7 promises of promises.py: writer_death, reader_behind, truncation_ignored,
 retention, segment_size, refused, slow_write.
@@ -57,8 +59,9 @@ UNKNOWN_SEGMENT = "unknown_segment"
 STALE_WRITE = "stale_write"
 METADATA = "metadata"
 LIVENESS = "liveness"
+UNDER_REPLICATED = "under_replicated"
 ANOMALY_KINDS = (LOST, NEVER_WRITTEN, DUPLICATE, OFFSET_CONFLICT, READER_DIVERGED, NON_MONOTONIC,
-                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, *promises.PROMISE_KINDS)
+                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, UNDER_REPLICATED, *promises.PROMISE_KINDS)
 
 METADATA_SNAPSHOT_TRIES_MAX = 20
 
@@ -198,6 +201,9 @@ class _Checker:
                 self.liveness_failures.append(event.get("what", "?"))
             elif kind == "renewed":
                 self.renewed[event.get("what", "?")] += 1
+            elif kind == "check" and event.get("process") == "replication" and type_ == "fail":
+                for problem in event.get("problems", []):
+                    self.add(UNDER_REPLICATED, problem)
         for snapshot in self.snapshots:
             for segment in snapshot.get("segments", []):
                 ledger_id, sequence = segment.get("ledger_id"), segment.get("sequence")
