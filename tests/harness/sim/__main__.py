@@ -15,29 +15,17 @@ import sys
 import time
 from collections import Counter
 
+from tests.harness.seeds import seed_parser, whole_number
 from tests.harness.sim import plants
 from tests.harness.sim.simulation import DEFAULT_STEPS, RunResult, Simulation
 
 FAILING_SEEDS_SHOWN_MAX = 20
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.sim", description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--seed", type=_positive, help="replay this one seed")
-    mode.add_argument("--seeds", type=_positive, help="explore this many seeds")
-    parser.add_argument("--start", type=_positive, default=0, help="first seed to explore (default 0)")
-    parser.add_argument("--steps", type=_positive, default=DEFAULT_STEPS,
+    parser = seed_parser("python -m tests.harness.sim", __doc__.split("\n")[0])
+    parser.add_argument("--steps", type=whole_number, default=DEFAULT_STEPS,
                         help=f"events before every fault heals (default {DEFAULT_STEPS})")
     parser.add_argument("--trace", action="store_true", help="with --seed: print the last 200 events")
     parser.add_argument("--plant", choices=plants.NAMES,

@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 
+from tests.harness.seeds import seed_parser
 from tests.harness.streamsim import plants
 from tests.harness.streamsim.simulation import StreamRunResult, StreamSimulation
 
@@ -23,22 +24,9 @@ FAILING_SEEDS_SHOWN_MAX = 20
 TRACE_EVENTS = 200
 
 
-def _whole(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.streamsim", description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--seed", type=_whole, help="replay this one seed")
-    mode.add_argument("--seeds", type=_whole, help="explore this many seeds")
-    parser.add_argument("--start", type=_whole, default=0, help="first seed to explore (default 0)")
+    parser = seed_parser("python -m tests.harness.streamsim", __doc__.split("\n")[0])
     parser.add_argument("--trace", action="store_true", help=f"with --seed: print the last {TRACE_EVENTS} events")
     parser.add_argument("--plant", choices=plants.NAMES, help="run with a planted bug, to see the checker catch it")
     return parser
