@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
+from bookkeeper.runtime import start_task
 from dlog.core.effects import (
     CancelWait,
     OpenSegment,
-    ReaderOpened,
     ReadEntries,
+    ReaderOpened,
     ReadSegments,
     SetTimer,
     WaitForEntry,
@@ -178,11 +179,8 @@ class StreamReader:
         if not self._closed:
             self.run(event(*args, self.now_ms()))
 
-    def _spawn(self, coroutine: Awaitable[None]) -> asyncio.Task[None]:
-        task = self.loop.create_task(self._guarded(coroutine))
-        self._tasks[task] = None
-        task.add_done_callback(lambda done: self._tasks.pop(done, None))
-        return task
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return start_task(self.loop, self._tasks, self._guarded(coroutine), coroutine)
 
     async def _guarded(self, coroutine: Awaitable[None]) -> None:
         try:

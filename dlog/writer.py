@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import pyarrow as pa
 
 from bookkeeper.errors import ConfigError, DlogError, MetadataVersionError
+from bookkeeper.runtime import start_task
 from dlog.core.effects import (
     AppendEntry,
     ApplyRetention,
@@ -45,7 +46,12 @@ from dlog.core.effects import (
     WriterOpened,
 )
 from dlog.core.errors import WriterClosedError, WriterFencedError, WriterLockedError
-from dlog.core.writer import RECORD_OVERHEAD_BYTES, Encoded, WriterMachine, WriterSettings
+from dlog.core.writer import (
+    RECORD_OVERHEAD_BYTES,
+    Encoded,
+    WriterMachine,
+    WriterSettings,
+)
 from dlog.offsets import Offset
 from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
@@ -392,10 +398,8 @@ class StreamWriter:
         if self._crash is None:
             self.run(event(*args, self.now_ms()))
 
-    def _spawn(self, coroutine: Awaitable[None]) -> None:
-        task = self.loop.create_task(self._guarded(coroutine))
-        self._tasks[task] = None
-        task.add_done_callback(lambda done: self._tasks.pop(done, None))
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        start_task(self.loop, self._tasks, self._guarded(coroutine), coroutine)
 
     async def _guarded(self, coroutine: Awaitable[None]) -> None:
         """An effect task: an expected failure goes to the machine; a bug ends the writer with it."""
