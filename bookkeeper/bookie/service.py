@@ -445,12 +445,16 @@ def peer_security(security: ServerSecurity, bookie_id: str) -> SecuritySettings:
     of the `bookie` role it signs itself; with a public-key token key (it cannot sign) the
     certificate authenticates, so it must carry the `dlog-role=bookie` unit (docs/security.md).
     An open bookie reaches its peers without security."""
-    tls = security.tls
-    client_tls = None
-    if tls is not None:
-        client_tls = ClientTls(ca_file=tls.ca_file, cert_file=tls.cert_file, key_file=tls.key_file)
     token = None
     key = security.token_key
     if key is not None and key.algorithm == "HS256":
         token = create_token(key, f"bookie {bookie_id}", ["bookie"])
+    tls = security.tls
+    client_tls = None
+    if tls is not None:
+        # the certificate goes along where it must (mutual TLS required) or is the only identity;
+        # a server-only certificate (no clientAuth usage) would otherwise break the handshake
+        present = tls.require_client_cert or token is None
+        client_tls = ClientTls(ca_file=tls.ca_file, cert_file=tls.cert_file if present else None,
+                               key_file=tls.key_file if present else None)
     return SecuritySettings(tls=client_tls, token=token, source=f"bookie {bookie_id}")
