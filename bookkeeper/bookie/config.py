@@ -42,6 +42,9 @@ class BookieConfig:
     disk_check_interval_s: float = 10.0
     # garbage collection
     gc_interval_s: float = 600.0  # 0: only when asked (POST /api/v1/gc)
+    # how often a secure bookie publishes its stored bytes per namespace and reads the cluster's
+    # (the stored-bytes quota; bookkeeper/meta/usage.py); 0: never (no stored-bytes quota here)
+    usage_interval_s: float = 30.0
     gc_grace_s: float = GC_GRACE_S_DEFAULT  # never drop a ledger first seen less than this ago
     compaction_live_fraction: float = 0.5
     # wire limits

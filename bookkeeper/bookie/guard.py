@@ -125,6 +125,8 @@ class Guard:
         self.forbidden = 0
         self.lookups = 0
         self.throttled = 0
+        self.stored_usage: dict[str, int] = {}  # namespace -> bytes on all bookies (set_stored_usage)
+        self.quota_refusals = 0
 
     # ------------------------------------------------------------------ authentication
 
@@ -199,6 +201,10 @@ class Guard:
                          f"ledger {request.ledger_id}: {reason}")
             return
         if action is Action.ADD and namespace is not None and self._quota_lookup is not None:
+            over = self.over_stored_quota(namespace)
+            if over is not None:
+                self._refuse(connection, request.request_id, _opcode(request), Status.QUOTA_EXCEEDED, over)
+                return
             self._pace(namespace, len(request.packed_entry), connection)
         self.handlers[type(request)](request, connection)
 
@@ -245,6 +251,11 @@ class Guard:
                 refusals[index] = verdict
                 continue
             namespace = self._namespaces.get(ledger_id)
+            if namespace is not None and self._quota_lookup is not None:
+                over = self.over_stored_quota(namespace)
+                if over is not None:
+                    refusals[index] = (Status.QUOTA_EXCEEDED, over)
+                    continue
             if namespace is not None:
                 paced[namespace] = paced.get(namespace, 0) + sum(map(len, group.entries))
         if self._quota_lookup is not None:
@@ -270,6 +281,23 @@ class Guard:
         return None
 
     # ------------------------------------------------------------------ quotas
+
+    def set_stored_usage(self, usage: dict[str, int]) -> None:
+        """The cluster's stored bytes per namespace, as the bookies last published them."""
+        self.stored_usage = usage
+
+    def over_stored_quota(self, namespace: str) -> str | None:
+        """Why the namespace may not store more (its stored_bytes_max is reached), or None."""
+        cached = self._quotas.get(namespace)
+        if cached is None or cached[0].stored_bytes_max <= 0:
+            return None
+        stored_bytes, quota_bytes = self.stored_usage.get(namespace, 0), cached[0].stored_bytes_max
+        if stored_bytes < quota_bytes:
+            return None
+        self.quota_refusals += 1
+        return (f"namespace {namespace!r} stores {stored_bytes} bytes on the bookies (every copy), at or over "
+                f"its quota stored_bytes_max {quota_bytes}: truncate or delete streams, or raise it with "
+                "`dlog quota set --stored-bytes`")
 
     def _pace(self, namespace: str, size_bytes: int, connection: Connection) -> None:
         """Charge the namespace's write bucket; a connection over it is slowed, not refused."""

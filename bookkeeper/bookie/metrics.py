@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 PAUSE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+NAMESPACES_SHOWN_MAX = 1_000  # namespaces labelled in dlog_bookie_namespace_stored_bytes (label cardinality)
 
 
 class BookieMetrics:
@@ -115,6 +116,8 @@ class _ServiceCollector(Collector):
                                                                 "authorization", guard.lookups)
             counters["dlog_bookie_quota_throttles"] = ("Times a connection was slowed for its "
                                                        "namespace's write quota", guard.throttled)
+            counters["dlog_bookie_quota_refusals"] = ("Adds refused because their namespace reached "
+                                                      "its stored_bytes_max", guard.quota_refusals)
         for name, (documentation, value) in counters.items():
             yield CounterMetricFamily(name, documentation, value=value)
         refused = CounterMetricFamily("dlog_bookie_connections_refused", "Connections refused at a cap",
@@ -122,6 +125,13 @@ class _ServiceCollector(Collector):
         for cap, value in server.refused_connections.items():
             refused.add_metric([cap], value)
         yield refused
+        if guard is not None:
+            stored = GaugeMetricFamily("dlog_bookie_namespace_stored_bytes", "Bytes a namespace stores on "
+                                       "all bookies (every copy), as last published: what stored_bytes_max "
+                                       "is checked against", labels=["namespace"])
+            for namespace, size_bytes in sorted(guard.stored_usage.items())[:NAMESPACES_SHOWN_MAX]:
+                stored.add_metric([namespace], size_bytes)
+            yield stored
         disk = self.service.disk_usage()
         gauges = {
             "dlog_bookie_in_flight_requests": ("Requests received and not yet answered",

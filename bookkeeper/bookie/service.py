@@ -30,20 +30,23 @@ from bookkeeper.bookie.metrics import BookieMetrics
 from bookkeeper.bookie.registration import Registration, check_cookie, ensure_cluster
 from bookkeeper.bookie.server import BookieServer
 from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import DlogError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import TOMBSTONE
+from bookkeeper.meta.usage import cluster_usage, publish_usage
 from bookkeeper.protocol.metadata import LedgerMetadata
+from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
+from bookkeeper.security.quota import UNLIMITED, Quota
 from bookkeeper.security.settings import SecuritySettings
 from bookkeeper.security.tls import ClientTls
 from bookkeeper.security.tokens import create_token
-from bookkeeper.security.quota import UNLIMITED, Quota
-from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
 
 if TYPE_CHECKING:
     from bookkeeper.meta.zk import AsyncZooKeeper
 
 log = logging.getLogger(__name__)
+USAGE_LOOKUPS_MAX = 1000  # ledger metadata reads of one usage round; the rest wait for the next
 
 
 def next_read_only(read_only: bool, usage: float, threshold: float, low_water_mark: float) -> bool:
@@ -103,6 +106,7 @@ class BookieService:
         # period again, which only delays collection)
         self._first_seen_s: dict[int, float] = {}
         self._unwatch_cookie: Any = None
+        self._usage_namespaces: dict[int, str | None] = {}  # ledger -> namespace, for publish_usage
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -133,6 +137,9 @@ class BookieService:
         if self.config.gc_interval_s > 0 and self.zk is not None:
             self._tasks.append(asyncio.create_task(
                 self._periodic(self.config.gc_interval_s, self.collect_garbage), name="gc"))
+        if self.config.usage_interval_s > 0 and self.zk is not None and self.guard is not None:
+            self._tasks.append(asyncio.create_task(
+                self._periodic(self.config.usage_interval_s, self.publish_usage), name="usage"))
         log.info("bookie %s ready: port %d, http %s, data %s (replayed %d journal records)",
                  self.bookie_id, self.port, self.http_port, self.data_dir, self.replayed_records)
 
@@ -140,9 +147,8 @@ class BookieService:
         if self.config.bookie_id is None and self.config.port == 0:
             raise DlogError("a bookie registered in ZooKeeper needs a fixed --port or a --bookie-id: "
                             "its cookie ties the data directory to that identity")
-        from bookkeeper.meta.zk import AsyncZooKeeper  # kazoo only when registering
-
         from bookkeeper.meta.acl import AclPolicy
+        from bookkeeper.meta.zk import AsyncZooKeeper  # kazoo only when registering
 
         auth = None
         policy = None
@@ -290,6 +296,36 @@ class BookieService:
                 await work()
             except (DlogError, OSError) as exc:
                 log.warning("%s failed: %s", getattr(work, "__name__", work), exc)
+
+    async def publish_usage(self) -> None:
+        """Publish the bytes this bookie stores per namespace and take the cluster's totals, which
+        the guard checks against each namespace's stored_bytes_max (bookkeeper/meta/usage.py)."""
+        assert self.zk is not None and self.guard is not None
+        stored = self.storage.stored_bytes()
+        if stored is None:
+            await asyncio.to_thread(self.storage.count_stored_bytes)
+            stored = self.storage.stored_bytes() or {}
+        namespaces = self._usage_namespaces
+        for gone in namespaces.keys() - stored.keys():
+            del namespaces[gone]
+        lookups = 0
+        per_namespace: dict[str, int] = {}
+        for ledger_id, size_bytes in stored.items():
+            if ledger_id not in namespaces:
+                if lookups >= USAGE_LOOKUPS_MAX:
+                    continue  # the rest next time: a round reads at most this much metadata
+                lookups += 1
+                try:
+                    namespaces[ledger_id] = await self._ledger_namespace(ledger_id)
+                except NoSuchLedgerError:
+                    namespaces[ledger_id] = None  # deleted: GC takes it
+                except DlogError:
+                    continue
+            namespace = namespaces[ledger_id]
+            if namespace is not None:
+                per_namespace[namespace] = per_namespace.get(namespace, 0) + size_bytes
+        await publish_usage(self.zk, self.config.zk_root, self.bookie_id, per_namespace, wall_ms())
+        self.guard.set_stored_usage(await cluster_usage(self.zk, self.config.zk_root))
 
     async def checkpoint(self) -> None:
         """Make the write cache durable in entry logs and index, then advance the journal mark."""

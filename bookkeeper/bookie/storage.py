@@ -128,6 +128,11 @@ class LedgerStorage:
         self._active_bytes = 0
         self._snapshot: CheckpointSnapshot | None = None
         self._last_entry: dict[int, int] = {}
+        # stored bytes per ledger (the stored-bytes quota): the entries indexed before open, counted
+        # once by count_stored_bytes(), plus every entry added since open
+        self._last_at_open: dict[int, int] = {}
+        self._stored_base: dict[int, int] | None = None
+        self._stored_added: dict[int, int] = {}
         self._states: dict[int, LedgerData] = {}
         self._watchers: list[set[int]] = []
         self._writer_lock = threading.Lock()
@@ -147,6 +152,7 @@ class LedgerStorage:
         stored_next = self._db.get(_NEXT_LOG_ID_KEY)
         next_log_id = struct.unpack("<Q", stored_next)[0] if stored_next is not None else 1
         self._last_entry = self._load_last_entries()
+        self._last_at_open = dict(self._last_entry)
         self._log = EntryLogger(self._directory / "entrylogs", log_bytes_max=self._entry_log_bytes_max,
                                 flush_bytes=self._entry_log_flush_bytes)
         self._log.open(ledger_maps, next_log_id)
@@ -200,6 +206,7 @@ class LedgerStorage:
             entries = self._active[ledger_id] = {}
         entries[entry_id] = data
         self._active_bytes += len(data)
+        self._stored_added[ledger_id] = self._stored_added.get(ledger_id, 0) + len(data)
         if entry_id > self._last_entry.get(ledger_id, -1):
             self._last_entry[ledger_id] = entry_id
 
@@ -215,6 +222,7 @@ class LedgerStorage:
             if entry_id > highest:
                 highest = entry_id
         self._active_bytes += added_bytes
+        self._stored_added[ledger_id] = self._stored_added.get(ledger_id, 0) + added_bytes
         if highest > self._last_entry.get(ledger_id, -1):
             self._last_entry[ledger_id] = highest
 
@@ -270,6 +278,10 @@ class LedgerStorage:
     def delete_ledger(self, ledger_id: int) -> None:
         self._states.pop(ledger_id, None)
         self._last_entry.pop(ledger_id, None)
+        self._last_at_open.pop(ledger_id, None)
+        self._stored_added.pop(ledger_id, None)
+        if self._stored_base is not None:
+            self._stored_base.pop(ledger_id, None)
         dropped = self._active.pop(ledger_id, None)
         if dropped:
             self._active_bytes -= sum(len(data) for data in dropped.values())
@@ -281,6 +293,35 @@ class LedgerStorage:
             for watcher in self._watchers:
                 watcher.add(ledger_id)
             self._db.write(batch)
+
+    def count_stored_bytes(self) -> None:
+        """Count the bytes of the entries indexed before open (a scan of their index records; run
+        it on a thread). Entries added since open are counted as they come, and have higher ids
+        than any counted here; an entry re-added over an old one (recovery) counts twice."""
+        assert self._db is not None
+        base: dict[int, int] = {}
+        for ledger_id, last_entry_id in list(self._last_at_open.items()):
+            total = 0
+            for key, value in self._db.items(from_key=_index_key(ledger_id, 0)):
+                if key[0] != _INDEX or len(key) != _INDEX_KEY.size:
+                    break
+                _, key_ledger, entry_id = _INDEX_KEY.unpack(key)
+                if key_ledger != ledger_id or entry_id > last_entry_id:
+                    break
+                total += _INDEX_VALUE.unpack(value)[1] - RECORD_HEADER_BYTES  # the entry itself
+            base[ledger_id] = total
+        self._stored_base = {ledger_id: size for ledger_id, size in base.items()
+                             if ledger_id in self._last_at_open}  # deleted while counting: gone
+
+    def stored_bytes(self) -> dict[int, int] | None:
+        """Bytes stored per ledger; None until count_stored_bytes() has run."""
+        base = self._stored_base
+        if base is None:
+            return None
+        stored = dict(base)
+        for ledger_id, size in list(self._stored_added.items()):
+            stored[ledger_id] = stored.get(ledger_id, 0) + size
+        return stored
 
     def _ledger_exists(self, ledger_id: int) -> bool:
         return ledger_id in self._states or ledger_id in self._last_entry

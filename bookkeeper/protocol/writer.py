@@ -27,13 +27,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from bookkeeper.errors import (
+    AuthenticationError,
     BookieError,
     ConfigError,
     DlogError,
+    ForbiddenError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataError,
     NotEnoughBookiesError,
+    QuotaExceededError,
     UnauthorizedError,
     invariant,
 )
@@ -202,8 +205,8 @@ class LedgerWriter:
             return self._fail_all(LedgerFencedError(
                 f"ledger {self.ledger_id} was fenced by a recovery: the outcome of entries from "
                 f"{self.lac + 1} on is unknown"))
-        if isinstance(error, UnauthorizedError):
-            return self._fail_all(error)
+        if isinstance(error, REFUSALS_OF_THE_WRITER):
+            return self._fail_all(error)  # another bookie would refuse it too: stop writing
         return self._bookie_failed([bookie], now_ms)
 
     def on_tick(self, now_ms: int) -> list[Effect]:
@@ -390,7 +393,10 @@ class LedgerWriter:
         return [WriteMetadata(self.metadata.closed(self.lac, self.lac_length), self.version)]
 
 
+# refusals about the writer (its key, its principal, its namespace's quota), not about the bookie
+REFUSALS_OF_THE_WRITER = (UnauthorizedError, AuthenticationError, ForbiddenError, QuotaExceededError)
+
+
 def is_bookie_failure(error: BaseException) -> bool:
     """Errors that mean 'this bookie cannot take the add' (ensemble change), not 'stop writing'."""
-    return isinstance(error, BookieError) and not isinstance(error, (LedgerFencedError,
-                                                                     UnauthorizedError))
+    return isinstance(error, BookieError) and not isinstance(error, (LedgerFencedError, *REFUSALS_OF_THE_WRITER))

@@ -3,7 +3,12 @@
 A namespace's quota lives in ZooKeeper at `<bookkeeper root>/quotas/<namespace>` (JSON, written by
 admins only: the node's ACL): `streams_max` (checked when a stream is created), `write_bytes_per_s`
 (enforced by every bookie on the ADDs of that namespace's ledgers: a connection over it is not
-refused but slowed, by not reading it until the bucket refills). Zero or missing means unlimited.
+refused but slowed, by not reading it until the bucket refills), `stored_bytes_max` (the bytes of
+the namespace's entries on all bookies, every copy counted: each bookie publishes what it stores
+per namespace under `<bookkeeper root>/usage/<bookie>` and refuses the namespace's ADDs with
+QUOTA_EXCEEDED while the cluster's total is at or over it; the total is as fresh as the bookies'
+last publication, so a namespace may pass it by what it writes in one usage interval). Zero or
+missing means unlimited.
 """
 
 from __future__ import annotations
@@ -21,22 +26,27 @@ DELAY_S_MAX = 5.0  # never pause a connection longer than this at once
 class Quota:
     streams_max: int = 0
     write_bytes_per_s: int = 0
+    stored_bytes_max: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("streams_max", "write_bytes_per_s"):
+        for name in ("streams_max", "write_bytes_per_s", "stored_bytes_max"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"quota {name} must be a whole number >= 0 (0: unlimited), got {value!r}")
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"streams_max": self.streams_max,
-                           "write_bytes_per_s": self.write_bytes_per_s}, sort_keys=True).encode()
+        return json.dumps(self.as_dict(), sort_keys=True).encode()
+
+    def as_dict(self) -> dict[str, int]:
+        return {"streams_max": self.streams_max, "write_bytes_per_s": self.write_bytes_per_s,
+                "stored_bytes_max": self.stored_bytes_max}
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Quota:
         try:
             document = json.loads(data)
-            return cls(int(document.get("streams_max", 0)), int(document.get("write_bytes_per_s", 0)))
+            return cls(int(document.get("streams_max", 0)), int(document.get("write_bytes_per_s", 0)),
+                       int(document.get("stored_bytes_max", 0)))
         except (ValueError, TypeError, AttributeError) as exc:
             raise ConfigError(f"quota node is not valid quota JSON: {exc}") from exc
 

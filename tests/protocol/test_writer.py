@@ -10,6 +10,7 @@ import pytest
 from bookkeeper.errors import (BookieIOError, BookieUnavailableError, InvariantError, LedgerClosedError, LedgerFencedError,
                                MetadataError, NotEnoughBookiesError, RequestTimeoutError,
                                UnauthorizedError)
+from bookkeeper.errors import AuthenticationError, ForbiddenError, QuotaExceededError
 from bookkeeper.protocol.effects import (CompleteAdds, FailAdds, Finished, SendAdd, SendWriteLac,
                                          WriteMetadata)
 from bookkeeper.protocol.entry import Digest, DigestType, pack_entry
@@ -292,10 +293,12 @@ def test_a_fenced_answer_fails_every_pending_add_and_later_appends_raise():
         writer.append(b"3", 6)
 
 
-def test_a_wrong_password_answer_fails_every_pending_add():
+@pytest.mark.parametrize("refusal", [UnauthorizedError, AuthenticationError, ForbiddenError, QuotaExceededError])
+def test_a_refusal_of_the_writer_fails_every_pending_add_without_an_ensemble_change(refusal):
+    """A wrong password, principal or namespace quota: every other bookie would refuse too."""
     writer = new_writer()
     writer.append(b"0", 0)
-    only_fail(writer.on_add_error("b0", 0, UnauthorizedError("key"), 1), 0, UnauthorizedError)
+    only_fail(writer.on_add_error("b0", 0, refusal("refused"), 1), 0, refusal)
 
 
 def test_a_metadata_answer_arriving_after_the_writer_failed_is_ignored():

@@ -312,3 +312,20 @@ def test_a_negative_entry_log_flush_size_is_refused(tmp_path: Path) -> None:
     store = LedgerStorage(tmp_path, entry_log_flush_bytes=-1)
     with pytest.raises(ConfigError, match="entry_log_flush_bytes"):
         store.open()
+
+
+def test_stored_bytes_per_ledger_survive_a_restart_and_go_with_a_deleted_ledger(storage: LedgerStorage,
+                                                                                 tmp_path: Path) -> None:
+    assert storage.stored_bytes() is None  # not counted yet
+    storage.count_stored_bytes()
+    for entry_id in range(3):
+        storage.add_entry(7, entry_id, payload(7, entry_id, 100))
+    storage.add_entries(8, [(0, payload(8, 0, 50)), (1, payload(8, 1, 50))])
+    assert storage.stored_bytes() == {7: 300, 8: 100}
+    checkpoint(storage)
+    storage = reopen(storage, tmp_path)
+    storage.add_entry(7, 3, payload(7, 3, 40))  # added after open, before the count
+    storage.count_stored_bytes()
+    assert storage.stored_bytes() == {7: 340, 8: 100}  # indexed entries counted once, new ones added
+    storage.delete_ledger(8)
+    assert storage.stored_bytes() == {7: 340}

@@ -70,6 +70,9 @@ def bookie() -> None:
 @click.option("--disk-lwm", default=None, type=click.FloatRange(0, 1),
               help="disk usage fraction below which it turns writable again (default threshold-0.05)")
 @click.option("--disk-check-interval", default=10.0, show_default=True, type=click.FloatRange(0.01))
+@click.option("--usage-interval", default=30.0, show_default=True, type=click.FloatRange(0),
+              help="seconds between publications of this bookie's stored bytes per namespace, "
+                   "which the stored-bytes quota reads (secure bookies; 0: never)")
 @click.option("--gc-interval", default=600.0, show_default=True, type=click.FloatRange(0),
               help="seconds between garbage collections (0: only on POST /api/v1/gc)")
 @click.option("--gc-grace", default=600.0, show_default=True, type=click.FloatRange(0),
@@ -138,6 +141,7 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                   allow_anonymous: bool = False, insecure_plaintext: bool = False,
                   zk_user: str | None = None, zk_password_file: str | None = None,
                   http_open_paths: str = "/health,/metrics", gc_grace: float = 600.0,
+                  usage_interval: float = 30.0,
                   config: str | None = None, autorecovery: bool = True, **recovery: Any) -> Any:
     """The BookieConfig that `dlog bookie start` settings describe."""
     from bookkeeper.bookie.config import BookieConfig
@@ -177,7 +181,7 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
         disk_usage_threshold=disk_threshold,
         disk_usage_lwm=disk_lwm if disk_lwm is not None else max(0.001, disk_threshold - 0.05),
         disk_check_interval_s=disk_check_interval, gc_interval_s=gc_interval, gc_grace_s=gc_grace,
-        checkpoint_interval_s=checkpoint_interval, limits=limits,
+        checkpoint_interval_s=checkpoint_interval, limits=limits, usage_interval_s=usage_interval,
         autorecovery=(None if not autorecovery else recovery_settings(**pop_recovery(recovery))
                       if recovery else _default_recovery()))
 

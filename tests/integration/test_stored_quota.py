@@ -1,0 +1,74 @@
+"""The stored-bytes quota (S2, issue 14): bookies publish what each namespace stores on them, and
+refuse that namespace's ADDs once the cluster's total reaches its stored_bytes_max; the writer ends
+with one clear error, `dlog quota show` tells the usage, and other namespaces go on writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from bookkeeper.errors import QuotaExceededError
+from bookkeeper.meta import layout
+from bookkeeper.meta.acl import zk_options
+from bookkeeper.meta.zk import AsyncZooKeeper
+from bookkeeper.security.quota import Quota
+from dlog.namespace import Namespace
+from tests.helpers import dlog_runner
+from tools.cluster import LocalCluster
+from tools.secure import create, provision_namespace, write_admin_config
+
+pytestmark = pytest.mark.timeout(180)
+QUOTA_BYTES = 200_000
+
+
+@pytest.fixture
+def quota_cluster(tmp_path):
+    secure = create(tmp_path / "secure")
+    cluster = LocalCluster(tmp_path / "cluster", bookies=2, secure=secure,
+                           bookie_args=["--usage-interval", "0.5", "--gc-interval", "0"])
+    cluster.start()
+    write_admin_config(secure, cluster.zk_address)
+    cluster.secure_dir = secure
+    yield cluster
+    cluster.stop()
+
+
+async def test_a_namespace_over_its_stored_bytes_is_refused_and_others_write_on(quota_cluster):
+    cluster, secure = quota_cluster, quota_cluster.secure_dir
+    admin = secure.admin_settings()
+    for name in ("capped", "free"):
+        await provision_namespace(cluster.zk_address, admin, name)
+    zk = AsyncZooKeeper(cluster.zk_address, **zk_options(admin, cluster.zk_root))
+    await zk.start()
+    try:
+        await zk.create(layout.quota_path(cluster.zk_root, "capped"), Quota(stored_bytes_max=QUOTA_BYTES).to_bytes(),
+                        makepath=True)
+    finally:
+        await zk.close()
+
+    settings = secure.client_settings("capped", ["produce:capped", "consume:capped"])
+    async with Namespace(cluster.zk_address, "capped", security=settings) as ns:
+        await ns.create_stream("s", ensemble=2, write_quorum=2, ack_quorum=2)
+        writer = await ns.open_writer("s")
+        written, deadline = 0, time.monotonic() + 60
+        with pytest.raises(QuotaExceededError, match="stored_bytes_max 200000") as refused:
+            while time.monotonic() < deadline:  # bounded: the quota must stop it well before
+                await writer.write(os.urandom(8 * 1024))  # incompressible
+                written += 8 * 1024
+        assert QUOTA_BYTES // 2 <= written < 20 * QUOTA_BYTES, written  # every copy counts: 2 per entry
+        assert "stores" in str(refused.value) and "capped" in str(refused.value)
+        await writer.close()
+
+    free = secure.client_settings("free", ["produce:free", "consume:free"])
+    async with Namespace(cluster.zk_address, "free", security=free) as ns:
+        await ns.create_stream("s", ensemble=2, write_quorum=2, ack_quorum=2)
+        async with ns.open_writer("s") as writer:
+            await writer.write(os.urandom(64 * 1024))  # another namespace is not held back
+
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, env={"DLOG_CONFIG": str(secure.client_toml)})
+    shown = run("quota", "show", "capped", "--json")
+    document = json.loads(shown.stdout)
+    assert document["stored_bytes_max"] == QUOTA_BYTES and document["stored_bytes"] >= QUOTA_BYTES
