@@ -122,3 +122,20 @@ def readme_blocks(language: str) -> list[str]:
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     return [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
             if lang == language]
+
+
+@contextmanager
+def secure_local_cluster(directory: Path, bookies: int, bookie_args: list[str]) -> Iterator[LocalCluster]:
+    """A secure cluster of its own (as `dlog standalone --secure` makes one) under `directory`, with
+    the admin's client.toml written; `cluster.secure_dir` holds the CA, keys and tokens."""
+    from tools.secure import create, write_admin_config
+
+    secure = create(directory / "secure")
+    cluster = LocalCluster(directory / "cluster", bookies=bookies, secure=secure, bookie_args=bookie_args)
+    cluster.start()
+    try:
+        write_admin_config(secure, cluster.zk_address)
+        cluster.secure_dir = secure  # type: ignore[attr-defined]
+        yield cluster
+    finally:
+        cluster.stop()

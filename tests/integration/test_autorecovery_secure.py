@@ -11,24 +11,18 @@ from bookkeeper.autorecovery.policy import bookies_named
 from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.client import BookKeeper
 from dlog.namespace import Namespace
-from tests.helpers import eventually
+from tests.helpers import eventually, secure_local_cluster
 from tests.integration.test_streams import read_all, values
-from tools.cluster import LocalCluster
-from tools.secure import create, provision_namespace
+from tools.secure import provision_namespace
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
 def secure_four(tmp_path):
-    secure = create(tmp_path / "secure")
-    cluster = LocalCluster(tmp_path / "cluster", bookies=4, secure=secure,
-                           bookie_args=["--zk-session-timeout", "4", "--lost-bookie-recovery-delay", "0s",
-                                        "--checkpoint-interval", "1", "--gc-interval", "0"])
-    cluster.start()
-    cluster.secure_dir = secure
-    yield cluster
-    cluster.stop()
+    with secure_local_cluster(tmp_path, 4, ["--zk-session-timeout", "4", "--lost-bookie-recovery-delay", "0s",
+                                            "--checkpoint-interval", "1", "--gc-interval", "0"]) as cluster:
+        yield cluster
 
 
 async def test_a_lost_bookie_of_a_secure_cluster_is_replaced(secure_four):

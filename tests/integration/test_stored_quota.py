@@ -16,9 +16,8 @@ from bookkeeper.meta.acl import zk_options
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.security.quota import Quota
 from dlog.namespace import Namespace
-from tests.helpers import dlog_runner
-from tools.cluster import LocalCluster
-from tools.secure import create, provision_namespace, write_admin_config
+from tests.helpers import dlog_runner, secure_local_cluster
+from tools.secure import provision_namespace
 
 pytestmark = pytest.mark.timeout(180)
 QUOTA_BYTES = 200_000
@@ -26,14 +25,8 @@ QUOTA_BYTES = 200_000
 
 @pytest.fixture
 def quota_cluster(tmp_path):
-    secure = create(tmp_path / "secure")
-    cluster = LocalCluster(tmp_path / "cluster", bookies=2, secure=secure,
-                           bookie_args=["--usage-interval", "0.5", "--gc-interval", "0"])
-    cluster.start()
-    write_admin_config(secure, cluster.zk_address)
-    cluster.secure_dir = secure
-    yield cluster
-    cluster.stop()
+    with secure_local_cluster(tmp_path, 2, ["--usage-interval", "0.5", "--gc-interval", "0"]) as cluster:
+        yield cluster
 
 
 async def test_a_namespace_over_its_stored_bytes_is_refused_and_others_write_on(quota_cluster):
