@@ -42,7 +42,7 @@ from bookkeeper.protocol.wire import (
     encode_response,
 )
 from bookkeeper.security.authz import ANONYMOUS, Action, Principal, decide
-from bookkeeper.security.quota import UNLIMITED, Quota, TokenBucket
+from bookkeeper.security.quota import UNLIMITED, Quota, StreamSlots, TokenBucket
 from bookkeeper.security.tls import ServerTls
 from bookkeeper.security.tokens import TokenKey, TokenVerifier, certificate_principal
 
@@ -105,7 +105,9 @@ class Guard:
                  lookup: Callable[[int], Awaitable[str | None]] | None,
                  knows_ledger: Callable[[int], bool],
                  cache_max: int = NAMESPACE_CACHE_MAX, pending_max: int = LOOKUPS_PENDING_MAX,
-                 quota_lookup: Callable[[str], Awaitable[Quota]] | None = None) -> None:
+                 quota_lookup: Callable[[str], Awaitable[Quota]] | None = None,
+                 stream_of: Callable[[int], str | None] | None = None) -> None:
+        """`stream_of`: the stream a ledger's metadata names, once `lookup` read it (None: unknown)."""
         self.security = security
         self.handlers = handlers
         self._lookup = lookup
@@ -126,6 +128,8 @@ class Guard:
         self.lookups = 0
         self.throttled = 0
         self.stored_usage: dict[str, int] = {}  # namespace -> bytes on all bookies (set_stored_usage)
+        self.stream_slots = StreamSlots()
+        self._stream_of = stream_of
         self.quota_refusals = 0
 
     # ------------------------------------------------------------------ authentication
@@ -201,7 +205,7 @@ class Guard:
                          f"ledger {request.ledger_id}: {reason}")
             return
         if action is Action.ADD and namespace is not None and self._quota_lookup is not None:
-            over = self.over_stored_quota(namespace)
+            over = self.over_quota(namespace, request.ledger_id)
             if over is not None:
                 self._refuse(connection, request.request_id, _opcode(request), Status.QUOTA_EXCEEDED, over)
                 return
@@ -252,7 +256,7 @@ class Guard:
                 continue
             namespace = self._namespaces.get(ledger_id)
             if namespace is not None and self._quota_lookup is not None:
-                over = self.over_stored_quota(namespace)
+                over = self.over_quota(namespace, ledger_id)
                 if over is not None:
                     refusals[index] = (Status.QUOTA_EXCEEDED, over)
                     continue
@@ -286,18 +290,26 @@ class Guard:
         """The cluster's stored bytes per namespace, as the bookies last published them."""
         self.stored_usage = usage
 
-    def over_stored_quota(self, namespace: str) -> str | None:
-        """Why the namespace may not store more (its stored_bytes_max is reached), or None."""
+    def over_quota(self, namespace: str, ledger_id: int) -> str | None:
+        """Why the namespace may not add to this ledger (its stored_bytes_max is reached, or the
+        ledger's stream is beyond its streams_max), or None."""
         cached = self._quotas.get(namespace)
-        if cached is None or cached[0].stored_bytes_max <= 0:
+        if cached is None:
             return None
-        stored_bytes, quota_bytes = self.stored_usage.get(namespace, 0), cached[0].stored_bytes_max
-        if stored_bytes < quota_bytes:
-            return None
-        self.quota_refusals += 1
-        return (f"namespace {namespace!r} stores {stored_bytes} bytes on the bookies (every copy), at or over "
-                f"its quota stored_bytes_max {quota_bytes}: truncate or delete streams, or raise it with "
-                "`dlog quota set --stored-bytes`")
+        quota = cached[0]
+        reason = None
+        stored_bytes = self.stored_usage.get(namespace, 0)
+        if 0 < quota.stored_bytes_max <= stored_bytes:
+            reason = (f"namespace {namespace!r} stores {stored_bytes} bytes on the bookies (every copy), at or "
+                      f"over its quota stored_bytes_max {quota.stored_bytes_max}: truncate or delete streams, "
+                      "or raise it with `dlog quota set --stored-bytes`")
+        elif quota.streams_max > 0 and self._stream_of is not None:
+            stream = self._stream_of(ledger_id)
+            if stream is not None:
+                reason = self.stream_slots.refusal(namespace, stream, ledger_id, quota.streams_max)
+        if reason is not None:
+            self.quota_refusals += 1
+        return reason
 
     def _pace(self, namespace: str, size_bytes: int, connection: Connection) -> None:
         """Charge the namespace's write bucket; a connection over it is slowed, not refused."""

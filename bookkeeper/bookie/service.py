@@ -23,7 +23,7 @@ from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.bookie import gc
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.config import BookieConfig
-from bookkeeper.bookie.guard import Guard, ServerSecurity
+from bookkeeper.bookie.guard import NAMESPACE_CACHE_MAX, Guard, ServerSecurity
 from bookkeeper.bookie.http import make_app
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.metrics import BookieMetrics
@@ -34,10 +34,10 @@ from bookkeeper.clock import wall_ms
 from bookkeeper.errors import DlogError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import TOMBSTONE
-from bookkeeper.meta.usage import cluster_usage, publish_usage
+from bookkeeper.meta.usage import Usage, cluster_usage, publish_usage
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
-from bookkeeper.security.quota import UNLIMITED, Quota
+from bookkeeper.security.quota import STREAMS_RANKED_MAX, UNLIMITED, Quota
 from bookkeeper.security.settings import SecuritySettings
 from bookkeeper.security.tls import ClientTls
 from bookkeeper.security.tokens import create_token
@@ -64,6 +64,7 @@ class BookieService:
         self.data_dir = Path(config.data_dir)
         self.fatal_error: BaseException | None = None
         self.metrics = BookieMetrics(self)
+        self._ledger_streams: dict[int, str | None] = {}  # ledger -> stream its metadata names
         self.storage = LedgerStorage(config.ledgers_dir, entry_log_bytes_max=config.entry_log_bytes_max,
                                      write_cache_bytes_max=config.write_cache_bytes_max,
                                      entry_log_flush_bytes=config.entry_log_flush_bytes)
@@ -82,7 +83,8 @@ class BookieService:
         if security.tls is not None or security.token_key is not None:
             self.guard = Guard(security, {}, self._ledger_namespace if config.zk else None,
                                self.core.has_ledger,
-                               quota_lookup=self._namespace_quota if config.zk else None)
+                               quota_lookup=self._namespace_quota if config.zk else None,
+                               stream_of=self._ledger_streams.get)
         self.server = BookieServer(self.core, config.limits, self._info,
                                    journal_full=lambda: self.journal.full, guard=self.guard,
                                    tls=security.tls.context() if security.tls is not None else None)
@@ -175,7 +177,12 @@ class BookieService:
             raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
         if found[0] == TOMBSTONE:
             raise NoSuchLedgerError(f"ledger {ledger_id} was deleted")
-        return dict(LedgerMetadata.from_bytes(found[0]).custom).get("namespace")
+        custom = dict(LedgerMetadata.from_bytes(found[0]).custom)
+        streams = self._ledger_streams  # for the guard's streams_max backstop (bounded like its cache)
+        if ledger_id not in streams and len(streams) >= NAMESPACE_CACHE_MAX:
+            streams.pop(next(iter(streams)))
+        streams[ledger_id] = custom.get("stream")
+        return custom.get("namespace")
 
     async def _namespace_quota(self, namespace: str) -> Quota:
         assert self.zk is not None
@@ -309,7 +316,7 @@ class BookieService:
         for gone in namespaces.keys() - stored.keys():
             del namespaces[gone]
         lookups = 0
-        per_namespace: dict[str, int] = {}
+        usage = Usage()
         for ledger_id, size_bytes in stored.items():
             if ledger_id not in namespaces:
                 if lookups >= USAGE_LOOKUPS_MAX:
@@ -322,10 +329,18 @@ class BookieService:
                 except DlogError:
                     continue
             namespace = namespaces[ledger_id]
-            if namespace is not None:
-                per_namespace[namespace] = per_namespace.get(namespace, 0) + size_bytes
-        await publish_usage(self.zk, self.config.zk_root, self.bookie_id, per_namespace, wall_ms())
-        self.guard.set_stored_usage(await cluster_usage(self.zk, self.config.zk_root))
+            if namespace is None:
+                continue
+            usage.bytes[namespace] = usage.bytes.get(namespace, 0) + size_bytes
+            stream = self._ledger_streams.get(ledger_id)
+            if stream is not None:
+                streams = usage.streams.setdefault(namespace, {})
+                if len(streams) < STREAMS_RANKED_MAX or stream in streams:
+                    streams[stream] = min(ledger_id, streams.get(stream, ledger_id))
+        await publish_usage(self.zk, self.config.zk_root, self.bookie_id, usage, wall_ms())
+        cluster = await cluster_usage(self.zk, self.config.zk_root)
+        self.guard.set_stored_usage(cluster.bytes)
+        self.guard.stream_slots.set_cluster(cluster.streams)
 
     async def checkpoint(self) -> None:
         """Make the write cache durable in entry logs and index, then advance the journal mark."""

@@ -7,8 +7,9 @@ refused but slowed, by not reading it until the bucket refills), `stored_bytes_m
 the namespace's entries on all bookies, every copy counted: each bookie publishes what it stores
 per namespace under `<bookkeeper root>/usage/<bookie>` and refuses the namespace's ADDs with
 QUOTA_EXCEEDED while the cluster's total is at or over it; the total is as fresh as the bookies'
-last publication, so a namespace may pass it by what it writes in one usage interval). Zero or
-missing means unlimited.
+last publication, so a namespace may pass it by what it writes in one usage interval). Bookies
+also back `streams_max` up (`StreamSlots`): no data for a stream beyond it. Zero or missing means
+unlimited.
 """
 
 from __future__ import annotations
@@ -70,3 +71,47 @@ class TokenBucket:
         if self.tokens >= 0:
             return 0.0
         return min(DELAY_S_MAX, -self.tokens / self.rate_per_s)
+
+
+STREAMS_RANKED_MAX = 10_000  # streams of one namespace a bookie ranks (and publishes); beyond, none are refused
+
+
+class StreamSlots:
+    """The bookies' backstop for `streams_max` (clients check it when they create a stream, but a
+    namespace's principal that writes ZooKeeper directly could pass that): the streams the cluster
+    stores data for, ranked by their first ledger id (ids only grow, so older streams rank first).
+    An ADD to a stream outside the first `streams_max`, or to a new stream once they are taken, is
+    refused. `cluster` comes from the bookies' published usage; `local` adds what this bookie
+    admitted since, so two new streams at once are not both let in here."""
+
+    def __init__(self) -> None:
+        self.cluster: dict[str, dict[str, int]] = {}
+        self.local: dict[str, dict[str, int]] = {}
+
+    def set_cluster(self, streams: dict[str, dict[str, int]]) -> None:
+        self.cluster = streams
+        self.local = {}
+
+    def known(self, namespace: str) -> dict[str, int]:
+        merged = dict(self.cluster.get(namespace, {}))
+        for stream, ledger_id in self.local.get(namespace, {}).items():
+            merged[stream] = min(ledger_id, merged.get(stream, ledger_id))
+        return merged
+
+    def refusal(self, namespace: str, stream: str, ledger_id: int, streams_max: int) -> str | None:
+        known = self.known(namespace)
+        if len(known) > STREAMS_RANKED_MAX:
+            return None
+        if stream in known:
+            ranked = sorted(known, key=lambda name: (known[name], name))
+            if stream in ranked[:streams_max]:
+                return None
+            return (f"stream {stream!r} of namespace {namespace!r} is one of {len(known)} streams holding data, "
+                    f"over its quota streams_max {streams_max} (older streams keep their place): delete "
+                    "streams, or raise it with `dlog quota set --streams`")
+        if len(known) >= streams_max:
+            return (f"namespace {namespace!r} already stores data for {len(known)} streams, its quota "
+                    f"streams_max {streams_max}: stream {stream!r} may not take any (delete streams, or "
+                    "raise it with `dlog quota set --streams`)")
+        self.local.setdefault(namespace, {})[stream] = ledger_id
+        return None

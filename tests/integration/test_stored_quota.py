@@ -1,6 +1,7 @@
-"""The stored-bytes quota (S2, issue 14): bookies publish what each namespace stores on them, and
-refuse that namespace's ADDs once the cluster's total reaches its stored_bytes_max; the writer ends
-with one clear error, `dlog quota show` tells the usage, and other namespaces go on writing."""
+"""Quotas the bookies enforce (issue 14): they publish what each namespace stores on them and refuse
+the namespace's ADDs once the cluster's total reaches its stored_bytes_max (the writer ends with one
+clear error, `dlog quota show` tells the usage, other namespaces go on writing), and they refuse
+data for a stream beyond streams_max even when its metadata was made behind the client's check."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bookkeeper.meta.acl import zk_options
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.security.quota import Quota
 from dlog.namespace import Namespace
+from dlog.segments.metadata import StreamConfig
 from tests.helpers import dlog_runner, secure_local_cluster
 from tools.secure import provision_namespace
 
@@ -65,3 +67,33 @@ async def test_a_namespace_over_its_stored_bytes_is_refused_and_others_write_on(
     shown = run("quota", "show", "capped", "--json")
     document = json.loads(shown.stdout)
     assert document["stored_bytes_max"] == QUOTA_BYTES and document["stored_bytes"] >= QUOTA_BYTES
+
+
+async def test_a_stream_made_behind_the_clients_quota_check_gets_no_data(quota_cluster):
+    cluster, secure = quota_cluster, quota_cluster.secure_dir
+    admin = secure.admin_settings()
+    await provision_namespace(cluster.zk_address, admin, "counted")
+    zk = AsyncZooKeeper(cluster.zk_address, **zk_options(admin, cluster.zk_root))
+    await zk.start()
+    try:
+        await zk.create(layout.quota_path(cluster.zk_root, "counted"), Quota(streams_max=1).to_bytes(),
+                        makepath=True)
+    finally:
+        await zk.close()
+    settings = secure.client_settings("counted", ["produce:counted", "consume:counted"])
+    async with Namespace(cluster.zk_address, "counted", security=settings) as ns:
+        await ns.create_stream("first", ensemble=2, write_quorum=2, ack_quorum=2)
+        async with ns.open_writer("first") as writer:
+            for _ in range(20):  # the bookies learn the quota (read on the first adds) and the stream
+                await writer.write(b"x" * 100)
+        with pytest.raises(QuotaExceededError, match="streams_max is 1"):
+            await ns.create_stream("second", ensemble=2, write_quorum=2, ack_quorum=2)  # the client's check
+        # a principal writing ZooKeeper itself passes the client's check ...
+        await ns.store.create_stream(StreamConfig("second", ensemble=2, write_quorum=2, ack_quorum=2,
+                                                  password=(await ns.config("first")).password))
+        writer = await ns.open_writer("second")
+        with pytest.raises(QuotaExceededError, match="streams_max 1"):  # ... but the bookies refuse its data
+            await writer.write(b"y" * 100)
+        await writer.close()
+        async with ns.open_writer("first") as writer:
+            await writer.write(b"z")  # the stream within the quota goes on

@@ -149,3 +149,20 @@ def test_bad_quota_nodes_are_refused(data):
 
     with pytest.raises(ConfigError, match="quota"):
         Quota.from_bytes(data)
+
+
+def test_stream_slots_keep_the_oldest_streams_and_refuse_new_ones_beyond_the_quota():
+    from bookkeeper.security.quota import StreamSlots
+
+    slots = StreamSlots()
+    assert slots.refusal("ns", "a", 10, 2) is None  # admitted here, counted at once
+    assert slots.refusal("ns", "b", 12, 2) is None
+    refused = slots.refusal("ns", "c", 14, 2)
+    assert refused is not None and "streams_max 2" in refused and "'c'" in refused
+    assert slots.refusal("ns", "a", 20, 2) is None  # a known stream's next ledger goes on
+    assert slots.refusal("other", "c", 14, 2) is None  # quotas are per namespace
+    # the cluster's view (published usage) ranks by first ledger: a third stream that another
+    # bookie let in at the same time is the one refused everywhere
+    slots.set_cluster({"ns": {"a": 10, "b": 12, "late": 13}})
+    assert slots.refusal("ns", "late", 30, 2) is not None
+    assert slots.refusal("ns", "b", 31, 2) is None
