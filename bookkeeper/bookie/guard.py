@@ -205,7 +205,7 @@ class Guard:
                          f"ledger {request.ledger_id}: {reason}")
             return
         if action is Action.ADD and namespace is not None and self._quota_lookup is not None:
-            over = self.over_quota(namespace, request.ledger_id)
+            over = None if request.recovery else self.over_quota(namespace, request.ledger_id)
             if over is not None:
                 self._refuse(connection, request.request_id, _opcode(request), Status.QUOTA_EXCEEDED, over)
                 return
@@ -255,7 +255,7 @@ class Guard:
                 refusals[index] = verdict
                 continue
             namespace = self._namespaces.get(ledger_id)
-            if namespace is not None and self._quota_lookup is not None:
+            if namespace is not None and self._quota_lookup is not None and not group.recovery:
                 over = self.over_quota(namespace, ledger_id)
                 if over is not None:
                     refusals[index] = (Status.QUOTA_EXCEEDED, over)
@@ -292,7 +292,8 @@ class Guard:
 
     def over_quota(self, namespace: str, ledger_id: int) -> str | None:
         """Why the namespace may not add to this ledger (its stored_bytes_max is reached, or the
-        ledger's stream is beyond its streams_max), or None."""
+        ledger's stream is beyond its streams_max), or None. Recovery adds (a writer's recovery,
+        auto-recovery's copies) are never asked: they write entries again, not new data."""
         cached = self._quotas.get(namespace)
         if cached is None:
             return None

@@ -135,3 +135,35 @@ async def test_bad_credentials_are_refused_and_close(credentials):
     guard.dispatch(AuthRequest(1, AuthMechanism.TOKEN, credentials), connection)
     assert connection.answers[0].status == Status.UNAUTHENTICATED and connection.closing
     assert connection.principal is None
+
+
+async def test_over_its_stored_quota_a_namespace_gets_no_new_data_but_recovery_adds_go_on():
+    from bookkeeper.security.quota import Quota
+
+    ran = []
+
+    def handler(request, connection) -> None:
+        ran.append(request.request_id)
+        connection.request_done()
+
+    async def lookup(ledger_id: int) -> str | None:
+        return "ns"
+
+    async def quota(namespace: str) -> Quota:
+        return Quota(stored_bytes_max=1000)
+
+    guard = Guard(ServerSecurity(token_key=KEY), {AddRequest: handler}, lookup, lambda ledger_id: False,
+                  quota_lookup=quota)
+    connection = FakeConnection()
+    auth(guard, connection, ["produce:ns"])
+    guard.set_stored_usage({"ns": 1000})
+    guard.dispatch(AddRequest(2, 7, 0, b"k" * 32, b"e" * 100), connection)  # goes on: the quota is not read yet
+    for _ in range(100):  # the guard reads the quota in the background after that first add
+        if guard.over_quota("ns", 7) is not None:
+            break
+        await asyncio.sleep(0.01)
+    guard.dispatch(AddRequest(3, 7, 1, b"k" * 32, b"e" * 100), connection)
+    guard.dispatch(AddRequest(4, 7, 0, b"k" * 32, b"e" * 100, recovery=True), connection)
+    assert ran == [2, 4]  # the new entry refused; the recovery add (data already counted) went on
+    refused = [answer for answer in connection.answers if getattr(answer, "request_id", None) == 3]
+    assert refused[0].status == Status.QUOTA_EXCEEDED and "stored_bytes_max 1000" in refused[0].message
