@@ -31,18 +31,22 @@ def quota_cluster(tmp_path):
         yield cluster
 
 
-async def test_a_namespace_over_its_stored_bytes_is_refused_and_others_write_on(quota_cluster):
-    cluster, secure = quota_cluster, quota_cluster.secure_dir
-    admin = secure.admin_settings()
-    for name in ("capped", "free"):
-        await provision_namespace(cluster.zk_address, admin, name)
+async def set_quota(cluster, namespace: str, quota: Quota) -> None:
+    """Provision `namespace` and write its quota, as an admin."""
+    admin = cluster.secure_dir.admin_settings()
+    await provision_namespace(cluster.zk_address, admin, namespace)
     zk = AsyncZooKeeper(cluster.zk_address, **zk_options(admin, cluster.zk_root))
     await zk.start()
     try:
-        await zk.create(layout.quota_path(cluster.zk_root, "capped"), Quota(stored_bytes_max=QUOTA_BYTES).to_bytes(),
-                        makepath=True)
+        await zk.create(layout.quota_path(cluster.zk_root, namespace), quota.to_bytes(), makepath=True)
     finally:
         await zk.close()
+
+
+async def test_a_namespace_over_its_stored_bytes_is_refused_and_others_write_on(quota_cluster):
+    cluster, secure = quota_cluster, quota_cluster.secure_dir
+    await provision_namespace(cluster.zk_address, secure.admin_settings(), "free")
+    await set_quota(cluster, "capped", Quota(stored_bytes_max=QUOTA_BYTES))
 
     settings = secure.client_settings("capped", ["produce:capped", "consume:capped"])
     async with Namespace(cluster.zk_address, "capped", security=settings) as ns:
@@ -71,15 +75,7 @@ async def test_a_namespace_over_its_stored_bytes_is_refused_and_others_write_on(
 
 async def test_a_stream_made_behind_the_clients_quota_check_gets_no_data(quota_cluster):
     cluster, secure = quota_cluster, quota_cluster.secure_dir
-    admin = secure.admin_settings()
-    await provision_namespace(cluster.zk_address, admin, "counted")
-    zk = AsyncZooKeeper(cluster.zk_address, **zk_options(admin, cluster.zk_root))
-    await zk.start()
-    try:
-        await zk.create(layout.quota_path(cluster.zk_root, "counted"), Quota(streams_max=1).to_bytes(),
-                        makepath=True)
-    finally:
-        await zk.close()
+    await set_quota(cluster, "counted", Quota(streams_max=1))
     settings = secure.client_settings("counted", ["produce:counted", "consume:counted"])
     async with Namespace(cluster.zk_address, "counted", security=settings) as ns:
         await ns.create_stream("first", ensemble=2, write_quorum=2, ack_quorum=2)
