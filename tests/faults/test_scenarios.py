@@ -268,8 +268,8 @@ async def test_zookeeper_restart_and_session_expiry(local_cluster, history):
     writer = workload.writers["w1"]
     reader = workload.readers["r1"]
     assert writer.namespace is not None and reader.namespace is not None
-    await nemesis.expire_session(writer.namespace.zk, "writer w1")
-    await nemesis.expire_session(reader.namespace.zk, "reader r1")
+    assert await nemesis.expire_session(writer.namespace.zk, "writer w1")
+    assert await nemesis.expire_session(reader.namespace.zk, "reader r1")
     await workload.wait_acked(300)
     assert workload.control is not None
     await eventually(lambda: len(workload.control.client.writable_bookies()) == 3, 30,

@@ -220,7 +220,8 @@ async def fault_expire_session(run: Run) -> str:
     if not live:
         return "no writer to expire"
     writer = run.rng.choice(live)
-    await run.nemesis.expire_session(writer.namespace.zk, f"writer {writer.family}")  # type: ignore[union-attr]
+    if not await run.nemesis.expire_session(writer.namespace.zk, f"writer {writer.family}"):  # type: ignore[union-attr]
+        return f"writer {writer.family} had no ZooKeeper session to expire (reconnecting)"
     return f"session of writer {writer.family} expired"
 
 

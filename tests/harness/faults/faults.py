@@ -119,9 +119,27 @@ class Nemesis:
         self.note("restart_zookeeper")
         self.cluster.zk.restart()
 
-    async def expire_session(self, zk: Any, who: str) -> None:
-        self.note("expire_session", who=who)
+    async def expire_session(self, zk: Any, who: str) -> bool:
+        """False when the client had no session to expire within the wait (nothing was done)."""
+        if not await has_session(zk):
+            return False
+        self.note("expire_session", who=who)  # recorded before: the history explains what follows
         await expire_session(zk)
+        return True
+
+
+async def has_session(zk: Any, timeout_s: float = 10.0) -> bool:
+    """Whether the client has a ZooKeeper session within `timeout_s` (a client that is reconnecting,
+    ZooKeeper having just restarted, has none yet)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while zk._client.client_id is None:  # kazoo's (session id, password) once connected
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
 
 
 async def expire_session(zk: Any, timeout_s: float = 10.0) -> None:
@@ -131,7 +149,9 @@ async def expire_session(zk: Any, timeout_s: float = 10.0) -> None:
 
     from kazoo.client import KazooClient
 
-    session_id, password = zk._client.client_id  # kazoo's (session id, password)
+    if not await has_session(zk, timeout_s):
+        raise RuntimeError(f"the client of {zk.hosts} has no session to expire")
+    session_id, password = zk._client.client_id
 
     def hijack_and_close() -> None:
         other = KazooClient(hosts=zk.hosts, client_id=(session_id, password), timeout=timeout_s)
