@@ -15,6 +15,7 @@ cluster under `/bookkeeper` of the same ZooKeeper.
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
 
 import pyarrow as pa
@@ -53,11 +54,12 @@ class Namespace:
                  bookkeeper_root: str = layout.DEFAULT_ROOT, zk_timeout_s: float = 10.0,
                  read_handles_max: int = READ_HANDLES_MAX, security: SecuritySettings | None = None,
                  config: str | None = None, clock: Clock = SYSTEM_CLOCK, store: SegmentStore | None = None,
-                 client: Any = None, **client_options: Any) -> None:
+                 client: Any = None, rng: Callable[[], float] = random.random, **client_options: Any) -> None:
         """`security` (TLS, token, ZooKeeper credentials) defaults to client.toml named by `config`
         or $DLOG_CONFIG (and $DLOG_TOKEN); `zk` defaults to its [cluster] zk, else 127.0.0.1:2181.
         `store` and `client` replace the ZooKeeper segment store and the BookKeeper client (the
-        stream simulator passes its own); otherwise both are made from `zk` at start()."""
+        stream simulator passes its own, and its own `rng` for the retries' jitter); otherwise
+        both are made from `zk` at start()."""
         if read_handles_max < 1:
             raise ConfigError(f"read_handles_max must be >= 1, got {read_handles_max}")
         self.security = security if security is not None else load_client_settings(config)
@@ -71,7 +73,8 @@ class Namespace:
         self.clock = clock
         self.zk: Any = None  # the AsyncZooKeeper, when the stores are ZooKeeper's
         self.client: Any = client  # bookkeeper.client.BookKeeper (or the simulator's ledgers)
-        self.store: Any = RetryingSegmentStore(store, clock=clock) if store is not None else None
+        self.rng = rng  # the jitter of this namespace's retries
+        self.store: Any = RetryingSegmentStore(store, clock=clock, rng=rng) if store is not None else None
         self._owns_client = client is None
         self._schemas: dict[str, pa.Schema] = {}
         # cached read handles of segment ledgers, at most read_handles_max (oldest dropped first)
@@ -99,7 +102,7 @@ class Namespace:
         except BaseException:
             await self.zk.close()
             raise
-        self.store = RetryingSegmentStore(ZooKeeperSegmentStore(self.zk, self.root), clock=self.clock)
+        self.store = RetryingSegmentStore(ZooKeeperSegmentStore(self.zk, self.root), clock=self.clock, rng=self.rng)
         try:
             await self.zk.ensure_path(f"{self.root}/streams")
         except MetadataPermissionError as exc:
@@ -309,7 +312,7 @@ class Namespace:
     async def _replanned(self, name: str, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         try:
             return await retry(attempt, CHANGE_RETRY, what=f"{what} of stream {name!r}", quiet=True,
-                               clock=self.clock)
+                               clock=self.clock, rng=self.rng)
         except MetadataContentionError as exc:
             raise StreamBusyError(f"stream {name!r} kept changing; {what} gave up after "
                                   f"{CHANGE_RETRY.attempts_max} tries") from exc

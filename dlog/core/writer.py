@@ -632,12 +632,13 @@ class WriterMachine:
         assert self.listing is not None
         return self.listing
 
-    def _finish(self, effects: list[Any], now_ms: int) -> list[Any]:
-        """Append a SetTimer when the earliest deadline changed."""
+    def _finish(self, effects: Sequence[Any], now_ms: int) -> Sequence[Any]:
+        """The effects, and a SetTimer when the earliest deadline changed. `effects` may be the
+        shared NO_EFFECTS tuple (a roll with nothing to commit): it is never appended to."""
         deadline = self._deadline_ms(now_ms)
         if deadline != self._timer_at_ms:
             self._timer_at_ms = deadline
-            effects.append(SetTimer(deadline))
+            return [*effects, SetTimer(deadline)]
         return effects
 
     def _deadline_ms(self, now_ms: int) -> int | None:

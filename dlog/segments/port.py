@@ -95,11 +95,14 @@ class RetryingSegmentStore:
     Attributes not in the port (ZooKeeper paths, fault switches) pass through to the inner one."""
 
     def __init__(self, inner: SegmentStore, policy: Backoff = METADATA_RETRY, *,
-                 clock: Clock = SYSTEM_CLOCK, sleep: Callable[[float], Awaitable[Any]] | None = None) -> None:
+                 clock: Clock = SYSTEM_CLOCK, sleep: Callable[[float], Awaitable[Any]] | None = None,
+                 rng: Callable[[], float] | None = None) -> None:
+        """`rng`: the jitter's random source (default: the `random` module's)."""
         self.inner = inner
         self.policy = policy
         self.clock = clock
         self._sleep = sleep
+        self._rng = rng
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -108,6 +111,8 @@ class RetryingSegmentStore:
         options: dict[str, Any] = {"clock": self.clock}
         if self._sleep is not None:
             options["sleep"] = self._sleep
+        if self._rng is not None:
+            options["rng"] = self._rng
         return await retry(operation, self.policy, what=what, **options)
 
     # ------------------------------------------------------------------ idempotent calls

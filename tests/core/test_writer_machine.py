@@ -355,3 +355,20 @@ def test_records_buffered_at_close_still_roll_at_the_roll_size():
     assert [len(e.payload) for e in of(effects, AppendEntry)] == [1801, 1801]  # b|c, d|e: the budget
     assert one(effects, CreateLedger)  # past the roll size with "f" still to go: a roll, then the seal
     assert [chunk[1][0][:1] for chunk in story.machine.buffer] == [b"f"]
+
+
+def test_a_ledger_created_while_the_old_one_still_has_entries_in_flight_may_move_the_timer():
+    """Found by the fault suite (a slow link): the roll had nothing to commit yet, and the machine
+    appended its new timer to the shared empty tuple of effects and crashed."""
+    story = Story(roll_records=1, linger_ms=5)
+    story.opened()
+    story.write(b"a")
+    story.now_ms += 5
+    effects = story.machine.on_time(story.now_ms)
+    assert one(effects, AppendEntry).entry_id == 0 and one(effects, CreateLedger)
+    story.write(b"b")  # buffered behind the roll, its linger timer set
+    story.now_ms += 50  # the linger passed while the old ledger's entry is still in flight
+    effects = story.machine.on_ledger_created(story.new_ledger(), story.now_ms)
+    assert not of(effects, CommitSegments) and not of(effects, AppendEntry)
+    effects = story.machine.on_entry_acked(11, 0, story.now_ms)
+    assert one(effects, CommitSegments)  # the roll goes on once the entry is acknowledged
