@@ -49,52 +49,8 @@ class _Replay(Exception):
 async def commit_batch(namespace: Namespace, stream: str, messages: Sequence[DlogCommitMessage],
                        batch_id: int | None, sink_id: str | None) -> bool:
     """Append the messages' ledgers as segments (and record `batch_id` for `sink_id`). Returns
-    False when the batch was a replay and nothing was appended."""
-    store = namespace.store
-    ledgers = tuple(m.ledger_id for m in messages)
-    if sink_id is not None and batch_id is not None:
-        recorded = await store.sink_batch(stream, sink_id)
-        if recorded is not None and recorded.batch_id >= batch_id:
-            await _drop_replay(namespace, stream, list(ledgers), batch_id, recorded.batch_id)
-            return False
-    lock_node = await store.lock(stream, LOCK_TIMEOUT_S)
-    if lock_node is None:
-        raise SinkLockedError(f"stream {stream!r} has a live writer (its lock stayed taken for {LOCK_TIMEOUT_S} s); "
-                              "the sink appends only while no other writer is open")
-    try:
-        return await retry(lambda: _commit_once(namespace, stream, messages, ledgers, batch_id, sink_id),
-                           COMMIT_RETRY, what=f"sink commit of stream {stream!r}", quiet=True)
-    except MetadataContentionError as exc:
-        raise StreamBusyError(f"stream {stream!r} kept changing; the sink commit gave up after "
-                              f"{COMMIT_RETRY.attempts_max} tries") from exc
-    except _Replay:
-        return False
-    finally:
-        await store.unlock(lock_node)
-
-
-async def _commit_once(namespace: Namespace, stream: str, messages: Sequence[DlogCommitMessage],
-                       ledgers: tuple[int, ...], batch_id: int | None, sink_id: str | None) -> bool:
-    store = namespace.store
-    config = await store.config(stream)
-    listing = await recover_in_progress(namespace, config, await store.segments(stream))
-    if any(listing.by_ledger(ledger_id) is not None for ledger_id in ledgers):
-        return True  # an earlier try of this very commit went through
-    sink = None
-    if sink_id is not None and batch_id is not None:
-        recorded = await store.sink_batch(stream, sink_id)
-        if recorded is not None and recorded.batch_id >= batch_id:
-            await _drop_replay(namespace, stream, list(ledgers), batch_id, recorded.batch_id)
-            raise _Replay()
-        sink = SinkCommit(sink_id, batch_id, ledgers, recorded)
-    segments = tuple(_segment(listing.max_sequence + 1 + index, message, namespace.clock.wall_ms())
-                     for index, message in enumerate(messages))
-    try:
-        await store.commit(stream, listing, SegmentChange(create=segments, sink=sink))
-    except MetadataVersionError as exc:
-        raise MetadataContentionError(f"the segment list of stream {stream!r} changed meanwhile") from exc
-    log.info("dlog sink: stream %s batch %s appended ledgers %s", stream, batch_id, list(ledgers))
-    return True
+    False when the batch was a replay and nothing was appended. A routed commit of one stream."""
+    return await commit_routed(namespace, {stream: messages}, batch_id, sink_id)
 
 
 async def commit_routed(namespace: Namespace, batches: Mapping[str, Sequence[DlogCommitMessage]],
@@ -108,6 +64,7 @@ async def commit_routed(namespace: Namespace, batches: Mapping[str, Sequence[Dlo
         raise ConfigError(f"a batch of the dlog sink routes rows to {len(streams)} streams, over the limit of "
                           f"{ROUTED_STREAMS_MAX} per batch (one ZooKeeper multi holds them all)")
     store = namespace.store
+    named = f"stream {streams[0]!r}" if len(streams) == 1 else f"streams {streams}"
     if await _routed_replay(namespace, batches, batch_id, sink_id):
         return False
     locks: list[str] = []
@@ -119,9 +76,9 @@ async def commit_routed(namespace: Namespace, batches: Mapping[str, Sequence[Dlo
                                       f"{LOCK_TIMEOUT_S} s); the sink appends only while no other writer is open")
             locks.append(lock_node)
         return await retry(lambda: _commit_routed_once(namespace, streams, batches, batch_id, sink_id),
-                           COMMIT_RETRY, what=f"routed sink commit of streams {streams}", quiet=True)
+                           COMMIT_RETRY, what=f"sink commit of {named}", quiet=True)
     except MetadataContentionError as exc:
-        raise StreamBusyError(f"streams {streams} kept changing; the sink commit gave up after "
+        raise StreamBusyError(f"{named} kept changing; the sink commit gave up after "
                               f"{COMMIT_RETRY.attempts_max} tries") from exc
     except _Replay:
         return False
@@ -154,7 +111,7 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
     try:
         await store.commit_many(commits)
     except MetadataVersionError as exc:
-        raise MetadataContentionError(f"a segment list of streams {streams} changed meanwhile") from exc
+        raise MetadataContentionError(f"a segment list of {streams} changed meanwhile") from exc
     log.info("dlog sink: batch %s appended ledgers %s", batch_id,
              {stream: [m.ledger_id for m in batches[stream]] for stream in streams})
     return True
