@@ -24,7 +24,7 @@ from tools.bench.common import (
     run_streams,
     stored_totals,
 )
-from tools.bench.streams import offer_run, read_run
+from tools.bench.streams import offer_run, read_run, sequential_run
 from tools.cluster import LocalCluster, die_with_parent, free_port
 
 ENSURE_REDIS = "scripts/ensure-redis.sh"
@@ -166,22 +166,6 @@ async def _redis_sequential(port: int, values: list[bytes]) -> dict[str, Any]:
             **percentiles(latencies)}
 
 
-async def _dlog_sequential(ns: Any, values: list[bytes]) -> dict[str, Any]:
-    """One `await writer.write(value)` at a time: each record durable before the next is sent."""
-    await ns.create_stream("sequential")
-    latencies = []
-    async with ns.open_writer("sequential", linger_ms=0) as writer:
-        started = time.perf_counter()
-        for value in values:
-            sent = time.perf_counter()
-            await writer.write(value)
-            latencies.append(time.perf_counter() - sent)
-        elapsed_s = time.perf_counter() - started
-    return {"system": "dlog", "client": "dlog (Python)", "run": "sequential write",
-            "records": len(values), "records_per_s": round(len(values) / elapsed_s),
-            **percentiles(latencies)}
-
-
 def _redis_benchmark(tool: str, port: int, arguments: list[str]) -> float | None:
     """Requests per second that redis-benchmark reports (its --csv line for the one test); None when
     the run was too short to time (it then reports an infinite rate)."""
@@ -281,7 +265,10 @@ def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight
         runs.append({"system": "dlog", "client": "dlog (Python)", "run": "per-record write (offer)",
                      **{key: offered[key] for key in ("records", "records_per_s", "mb_per_s",
                                                       "compression_ratio")}})
-        return runs + ([await _dlog_sequential(ns, sequential)] if sequential else [])
+        if sequential:  # the same run as `dlog bench write`'s, named as the others here
+            run = await sequential_run(ns, "sequential", sequential)
+            runs.append({"system": "dlog", "client": "dlog (Python)", **run, "run": "sequential write"})
+        return runs
 
     runs = run_streams(fsync, dlog_side)
     with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch:

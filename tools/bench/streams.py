@@ -66,12 +66,7 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
             future.result()
         elapsed_s = time.perf_counter() - started
         cpu = meter.per_op(len(values))
-    raw_bytes = sum(map(len, values))
-    stored = await stored_totals(ns, stream)
-    return {"run": "write", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
-            "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
-            "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"]),
-            **cpu}
+    return await _per_record_result(ns, stream, "write", values, elapsed_s, cpu)
 
 
 async def offer_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
@@ -89,15 +84,21 @@ async def offer_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]
         await writer.flush()
         elapsed_s = time.perf_counter() - started
         cpu = meter.per_op(len(values))
+    return await _per_record_result(ns, stream, "offer", values, elapsed_s, cpu)
+
+
+async def _per_record_result(ns: Any, stream: str, run: str, values: list[bytes], elapsed_s: float,
+                             cpu: dict[str, Any]) -> dict[str, Any]:
+    """A per-record run's figures: records/s and MB/s, and what the stream stored."""
     raw_bytes = sum(map(len, values))
     stored = await stored_totals(ns, stream)
-    return {"run": "offer", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
+    return {"run": run, "records": len(values), "records_per_s": round(len(values) / elapsed_s),
             "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "entries": stored["entries"],
             "stored_records": stored["records"], "compression_ratio": ratio(raw_bytes, stored["bytes"]),
             **cpu}
 
 
-async def _write_sequential_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
+async def sequential_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
     """One awaited write() at a time (the README's loop): each record's latency, and records/s."""
     await ns.create_stream(stream)
     latencies: list[float] = []
@@ -204,7 +205,7 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
         return [await _write_batch_run(ns, "batches", values, batch_records),
                 await _write_records_run(ns, "records", per_record),
                 await offer_run(ns, "offered", per_record),
-                await _write_sequential_run(ns, "sequential", values[:min(records, sequential_records)])]
+                await sequential_run(ns, "sequential", values[:min(records, sequential_records)])]
 
     return {**stream_header("write", fsync, secure), "record_bytes": 100,
             "runs": run_streams(fsync, runs, secure)}
