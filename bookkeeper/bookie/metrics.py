@@ -15,6 +15,9 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bookkeeper.meta.usage import USAGE_LOOKUPS_MAX
+from bookkeeper.security.quota import STREAMS_RANKED_MAX
+
 if TYPE_CHECKING:
     from bookkeeper.bookie.service import BookieService
 
@@ -175,5 +178,9 @@ class _ServiceCollector(Collector):
                                                               "authorization", guard.cached_namespaces)
             gauges["dlog_bookie_ledger_namespace_waiting"] = ("Requests waiting for their ledger's "
                                                               "metadata", guard.waiting)
+            gauges["dlog_bookie_usage_lookups_max"] = ("Ledger metadata reads one usage round makes at most "
+                                                       "(the rest wait for the next round)", USAGE_LOOKUPS_MAX)
+            gauges["dlog_bookie_streams_ranked_max"] = ("Streams of one namespace the streams_max backstop "
+                                                        "ranks; beyond, it refuses none", STREAMS_RANKED_MAX)
         for name, (documentation, value) in gauges.items():
             yield GaugeMetricFamily(name, documentation, value=value)

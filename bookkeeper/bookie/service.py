@@ -34,7 +34,7 @@ from bookkeeper.clock import wall_ms
 from bookkeeper.errors import DlogError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import TOMBSTONE
-from bookkeeper.meta.usage import Usage, cluster_usage, publish_usage
+from bookkeeper.meta.usage import USAGE_LOOKUPS_MAX, Usage, cluster_usage, publish_usage
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
 from bookkeeper.security.quota import STREAMS_RANKED_MAX, UNLIMITED, Quota
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from bookkeeper.meta.zk import AsyncZooKeeper
 
 log = logging.getLogger(__name__)
-USAGE_LOOKUPS_MAX = 1000  # ledger metadata reads of one usage round; the rest wait for the next
 
 
 def next_read_only(read_only: bool, usage: float, threshold: float, low_water_mark: float) -> bool:

@@ -23,6 +23,7 @@ from bookkeeper.meta.zk import AsyncZooKeeper
 log = logging.getLogger(__name__)
 USAGE_NODE_FORMAT = 1
 USAGE_NODES_MAX = 10_000  # bookies whose usage one reader sums; more are left out, with a warning
+USAGE_LOOKUPS_MAX = 1000  # ledger metadata reads of one bookie's usage round; the rest wait for the next
 
 
 def usage_dir(root: str) -> str:
