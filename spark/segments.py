@@ -76,7 +76,8 @@ async def commit_routed(namespace: Namespace, batches: Mapping[str, Sequence[Dlo
                                       f"{LOCK_TIMEOUT_S} s); the sink appends only while no other writer is open")
             locks.append(lock_node)
         return await retry(lambda: _commit_routed_once(namespace, streams, batches, batch_id, sink_id),
-                           COMMIT_RETRY, what=f"sink commit of {named}", quiet=True)
+                           COMMIT_RETRY, what=f"sink commit of {named}", quiet=True,
+                           clock=namespace.clock, rng=namespace.rng)
     except MetadataContentionError as exc:
         raise StreamBusyError(f"{named} kept changing; the sink commit gave up after "
                               f"{COMMIT_RETRY.attempts_max} tries") from exc
