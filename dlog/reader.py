@@ -299,7 +299,8 @@ class StreamReader:
                 return None
             self._queued.clear()
             try:
-                await asyncio.wait_for(self._queued.wait(), remaining_s)
+                async with asyncio.timeout(remaining_s):
+                    await self._queued.wait()
             except asyncio.TimeoutError:
                 return None
         if item == END:

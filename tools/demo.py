@@ -146,7 +146,8 @@ class Demo:
                     await writer.write_batch(records_to_batch(self.values[start: start + BATCH_RECORDS]))
                     bar.update(task, advance=BATCH_RECORDS)
             elapsed_s = time.perf_counter() - started
-        await asyncio.wait_for(tailing, 120)
+        async with asyncio.timeout(120):
+            await tailing
         await reader.close()
         check(received == RECORDS, f"the tailing reader got {received} records")
         self.note("stream: 1,000,000 records written (durable, fsync on)",

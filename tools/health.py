@@ -49,7 +49,8 @@ async def _check_bookie(client: Any, info: dict[str, Any], entries: int) -> dict
         row["note"] = "read-only: it refuses writes by design, so it was not written to"
         return row
     try:
-        await asyncio.wait_for(_write_and_read(client, str(info.get("id")), entries, row), CHECK_TIMEOUT_S)
+        async with asyncio.timeout(CHECK_TIMEOUT_S):
+            await _write_and_read(client, str(info.get("id")), entries, row)
     except (DlogError, asyncio.TimeoutError) as exc:
         row["note"] = f"{'timed out' if isinstance(exc, asyncio.TimeoutError) else exc}"
     row["ok"] = row["write"] == "ok" and row["read"] == "ok"
@@ -121,8 +122,7 @@ async def _ping_bookie(info: dict[str, Any], count: int, security: Any) -> dict[
                                                  security=security)
         row["connect_ms"] = round((time.perf_counter() - started) * 1000, 2)
         try:
-            trips = [await _timed(asyncio.wait_for(connection.info(), BOOKIE_CONNECT_TIMEOUT_S))
-                     for _ in range(count)]
+            trips = [await _timed(connection.info(), BOOKIE_CONNECT_TIMEOUT_S) for _ in range(count)]
         finally:
             await connection.close()
     except (DlogError, asyncio.TimeoutError) as exc:
@@ -130,9 +130,10 @@ async def _ping_bookie(info: dict[str, Any], count: int, security: Any) -> dict[
     return {**row, **_summary(trips), "error": None}
 
 
-async def _timed(awaitable: Any) -> float:
+async def _timed(awaitable: Any, timeout_s: float | None = None) -> float:
     started = time.perf_counter()
-    await awaitable
+    async with asyncio.timeout(timeout_s):
+        await awaitable
     return (time.perf_counter() - started) * 1000
 
 

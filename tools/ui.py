@@ -381,18 +381,21 @@ class Collector:
 
         handle = self._handles.get(segment.ledger_id)
         if handle is None:
-            handle = await asyncio.wait_for(self._client.open_ledger(
-                segment.ledger_id, password=password, recovery=False), LEDGER_TIMEOUT_S)
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                handle = await self._client.open_ledger(
+                    segment.ledger_id, password=password, recovery=False)
             if len(self._handles) >= HANDLES_MAX:
                 self._handles.pop(next(iter(self._handles)))
             self._handles[segment.ledger_id] = handle
-        lac = await asyncio.wait_for(handle.read_lac(), LEDGER_TIMEOUT_S)
+        async with asyncio.timeout(LEDGER_TIMEOUT_S):
+            lac = await handle.read_lac()
         if lac < segment.first_entry:
             return lac, 0
         cached = self._tail_records.get(segment.ledger_id)
         if cached is not None and cached[0] == lac:
             return cached
-        entry = (await asyncio.wait_for(handle.read(lac, lac), LEDGER_TIMEOUT_S))[0]
+        async with asyncio.timeout(LEDGER_TIMEOUT_S):
+            entry = (await handle.read(lac, lac))[0]
         header = RecordSetCodec(default_schema()).peek_header(entry.payload)
         if len(self._tail_records) >= HANDLES_MAX:
             self._tail_records.pop(next(iter(self._tail_records)))
@@ -421,7 +424,8 @@ async def _page(request: web.Request) -> web.FileResponse:
 
 async def _cluster(request: web.Request) -> web.Response:
     try:
-        result = await asyncio.wait_for(request.app[COLLECTOR_KEY].snapshot(), SNAPSHOT_TIMEOUT_S)
+        async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+            result = await request.app[COLLECTOR_KEY].snapshot()
     except asyncio.TimeoutError:
         return web.json_response({"errors": [f"collecting took over {SNAPSHOT_TIMEOUT_S:.0f} s"]},
                                  status=504)

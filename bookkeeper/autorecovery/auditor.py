@@ -151,7 +151,8 @@ class Auditor:
                 except DlogError as exc:  # ZooKeeper unreachable for a moment: still the auditor
                     log.info("auditor: %s", exc)
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._kick.wait(), CONTEND_RETRY_S)
+                        async with asyncio.timeout(CONTEND_RETRY_S):
+                            await self._kick.wait()
                     continue
                 if self._trigger is not None:
                     request, self._trigger = self._trigger, None
@@ -181,7 +182,8 @@ class Auditor:
                 loss_s = self._next_loss_s()
                 wake_s = min(next_ensembles_s, next_replicas_s, next_count_s, loss_s) - self.clock.monotonic_s()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), max(0.01, wake_s))
+                    async with asyncio.timeout(max(0.01, wake_s)):
+                        await self._kick.wait()
         finally:
             for stop in stops:
                 stop()

@@ -119,7 +119,8 @@ class EntryCopier:
         started = self.clock()
         request = AddRequest(self.pool.next_request_id(), self.ledger_id, entry_id, self.master_key,
                              packed, recovery=True)
-        await asyncio.wait_for(self.pool.send(target, request), self.timeout_s)
+        async with asyncio.timeout(self.timeout_s):
+            await self.pool.send(target, request)
         pause_s = self.window.on_answer((self.clock() - started) * 1000)
         self.metrics.copy_window = self.window.window
         self.metrics.copy_slowdowns = self.window.slowdowns
@@ -132,8 +133,9 @@ class EntryCopier:
         problems = []
         for source in sources:
             try:
-                answer = await asyncio.wait_for(self.pool.send(source, ReadRequest(
-                    self.pool.next_request_id(), self.ledger_id, entry_id)), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    answer = await self.pool.send(source, ReadRequest(
+                        self.pool.next_request_id(), self.ledger_id, entry_id))
                 verify(answer.packed_entry, self.ledger_id, entry_id, self.digest)
                 return answer.packed_entry
             except (DlogError, asyncio.TimeoutError) as exc:

@@ -63,7 +63,8 @@ async def _ask(pool: BookiePool, bookie: str, ledger_id: int, first: int, count:
                timeout_s: float) -> list[tuple[ReplicaState, int]]:
     request = CheckEntriesRequest(pool.next_request_id(), ledger_id, first, count)
     try:
-        answer = await asyncio.wait_for(pool.send(bookie, request), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            answer = await pool.send(bookie, request)
     except NoSuchLedgerError:
         return [(ReplicaState.ABSENT, 0)] * count
     except (DlogError, asyncio.TimeoutError):

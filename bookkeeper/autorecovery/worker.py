@@ -114,7 +114,8 @@ class ReplicationWorker:
             if worked:
                 continue
             try:
-                await asyncio.wait_for(self._wake.wait(), self.settings.marks_poll_interval_s)
+                async with asyncio.timeout(self.settings.marks_poll_interval_s):
+                    await self._wake.wait()
             except asyncio.TimeoutError:
                 pass
 

@@ -113,8 +113,8 @@ class BookieConnection(asyncio.Protocol):
             tls = {"ssl": security.tls, "server_hostname": host_of(address),
                    "ssl_handshake_timeout": connect_timeout_s}
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: connection, host_of(address), int(port),
-                                                          **tls), connect_timeout_s)
+            async with asyncio.timeout(connect_timeout_s):
+                await loop.create_connection(lambda: connection, host_of(address), int(port), **tls)
         except ssl.SSLCertVerificationError as exc:
             raise AuthenticationError(f"bookie {address} is not trusted: {exc.verify_message} (its "
                                       "certificate must be signed by the CA in ca_file and name its "

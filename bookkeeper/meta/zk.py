@@ -155,7 +155,8 @@ async def refuse_unreachable(hosts: str, timeout_s: float = PROBE_TIMEOUT_S) -> 
 
     async def probe(host: str, port: int) -> str | None:
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                _, writer = await asyncio.open_connection(host, port)
         except asyncio.TimeoutError:
             return None
         except socket.gaierror as exc:
@@ -218,7 +219,8 @@ class AsyncZooKeeper:
         self._client.add_listener(self._on_kazoo_state)
         self._client.start_async()
         try:
-            await asyncio.wait_for(self._connect_waiter, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                await self._connect_waiter
         except (TimeoutError, MetadataError) as exc:
             await self.close()
             raise MetadataError(f"cannot reach ZooKeeper at {self.hosts} within {self.timeout_s}s: is it "
@@ -376,7 +378,8 @@ class AsyncZooKeeper:
             raise MetadataClientClosedError(f"{action}: the ZooKeeper client for {self.hosts} is not running")
         future = self._bridge(method(*args, **kwargs))
         try:
-            return await asyncio.wait_for(future, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await future
         except TimeoutError as exc:
             raise MetadataError(f"{action}: no answer from ZooKeeper at {self.hosts} within {self.timeout_s}s "
                                 "(the outcome is unknown)") from exc
@@ -652,7 +655,8 @@ class Election:
         if not self.zk._started or self.zk._closed:
             raise MetadataError(f"{action}: the ZooKeeper client for {self.zk.hosts} is not running")
         try:
-            return await asyncio.wait_for(asyncio.to_thread(function), self.zk.timeout_s)
+            async with asyncio.timeout(self.zk.timeout_s):
+                return await asyncio.to_thread(function)
         except TimeoutError as exc:
             raise MetadataError(f"{action}: no answer from ZooKeeper within {self.zk.timeout_s}s") from exc
         except KazooException as exc:

@@ -219,7 +219,8 @@ class MemorySegmentStore:
                 return None
             stream.lock_changed.clear()
             try:
-                await asyncio.wait_for(stream.lock_changed.wait(), remaining_s)
+                async with asyncio.timeout(remaining_s):
+                    await stream.lock_changed.wait()
             except asyncio.TimeoutError:
                 pass
 

@@ -215,7 +215,8 @@ class ZooKeeperSegmentStore:
                     return None
                 changed.clear()
                 try:
-                    await asyncio.wait_for(changed.wait(), min(remaining_s, LOCK_POLL_S))
+                    async with asyncio.timeout(min(remaining_s, LOCK_POLL_S)):
+                        await changed.wait()
                 except asyncio.TimeoutError:
                     pass
         except BaseException:

@@ -1,10 +1,14 @@
 """The one retry helper, the clock port, the sync bridge and the request-id source behave as their
-docstrings say, and the limits they carry are enforced."""
+docstrings say, and the limits they carry are enforced; waits are bounded one way (asyncio.timeout)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import sys
 import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,8 @@ from bookkeeper.errors import (ConfigError, InvariantError, MetadataError, Metad
                                TooManyRequestsError)
 from bookkeeper.retry import Backoff, retry
 from dlog.bridge import LoopThread
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Flaky:
@@ -164,3 +170,42 @@ async def test_the_journal_itself_says_when_it_is_full(tmp_path):
         assert not journal.full
     finally:
         await journal.close()
+
+
+async def _parked_then_answered_and_cancelled(waiting: Callable[[asyncio.Future[str]], Awaitable[str]]) -> str:
+    """Park a task on a future, then answer the future and cancel the task in one loop turn (a
+    ZooKeeper reply and a Ctrl-C arriving together). What the task ends with."""
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(waiting(answer))
+    await asyncio.sleep(0)
+    answer.set_result("answer")
+    task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return "cancelled"
+
+
+async def test_a_timeout_never_swallows_a_cancel_that_arrives_with_the_answer():
+    """Why shipped code bounds waits with `asyncio.timeout`, never `asyncio.wait_for`: on Python
+    3.11, wait_for returns the answer and drops the cancel when both arrive in one loop turn, so
+    Ctrl-C on `dlog read --follow` was lost whenever a subscription commit's reply came with it,
+    and the read went on following (a clean-clone CI run hung on it)."""
+    async def with_timeout(answer: asyncio.Future[str]) -> str:
+        async with asyncio.timeout(5):
+            return await answer
+
+    async def with_wait_for(answer: asyncio.Future[str]) -> str:
+        return await asyncio.wait_for(answer, 5)
+
+    assert await _parked_then_answered_and_cancelled(with_timeout) == "cancelled"
+    if sys.version_info < (3, 12):
+        assert await _parked_then_answered_and_cancelled(with_wait_for) == "answer"  # the race
+    offenders = []
+    for top in ("bookkeeper", "dlog", "spark", "tools"):
+        for file in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(file.read_text(), str(file))):
+                if isinstance(node, ast.Attribute) and node.attr == "wait_for" and \
+                        isinstance(node.value, ast.Name) and node.value.id == "asyncio":
+                    offenders.append(f"{file.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, f"asyncio.wait_for in shipped code (use asyncio.timeout): {offenders}"

@@ -270,7 +270,8 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, A
         sent_at[index] = time.perf_counter()
         handle.append_async(event_payload(index, 100))
     offered_s = time.perf_counter() - started
-    await asyncio.wait_for(tail, 60)
+    async with asyncio.timeout(60):
+        await tail
     await handle.close()
     return {"run": "tail", "entries": count, "rate_per_s": rate_per_s,
             "achieved_per_s": round(count / max(offered_s, interval_s)), **percentiles(latencies)}

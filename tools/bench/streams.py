@@ -162,7 +162,8 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
             written += 1
         await asyncio.sleep(0.001)
     offered_s = time.perf_counter() - started
-    await asyncio.wait_for(task, 60)
+    async with asyncio.timeout(60):
+        await task
     await reader.close()
     await writer.close()
     stored = await stored_totals(ns, stream)
