@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -10,6 +11,12 @@ import pytest
 
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper
+
+# A non-interactive shell starts a background job (`make test &`, nohup) with SIGINT ignored, and
+# every child inherits an ignored signal: the tests that press Ctrl-C on a `dlog` child would wait
+# for it forever. A handled signal is reset to the default in a child, so handle it here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ------------------------------------------------------------------------------ ZooKeeper
 

@@ -188,9 +188,9 @@ async def _parked_then_answered_and_cancelled(waiting: Callable[[asyncio.Future[
 
 async def test_a_timeout_never_swallows_a_cancel_that_arrives_with_the_answer():
     """Why shipped code bounds waits with `asyncio.timeout`, never `asyncio.wait_for`: on Python
-    3.11, wait_for returns the answer and drops the cancel when both arrive in one loop turn, so
-    Ctrl-C on `dlog read --follow` was lost whenever a subscription commit's reply came with it,
-    and the read went on following (a clean-clone CI run hung on it)."""
+    3.11, wait_for returns the answer and drops the cancel when both arrive in one loop turn: a
+    Ctrl-C on `dlog read --follow` that came with a ZooKeeper reply was lost, and the read went on
+    following (CPython gh-86296)."""
     async def with_timeout(answer: asyncio.Future[str]) -> str:
         async with asyncio.timeout(5):
             return await answer
