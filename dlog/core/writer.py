@@ -232,8 +232,8 @@ class WriterMachine:
 
     def on_ledger_created(self, ledger_id: int, now_ms: int) -> list[Any]:
         self._expect("create")
-        if self.state is WriterState.FAILED:
-            return [DeleteLedger(ledger_id)]  # the writer failed while it was being created
+        if self.ended:  # the writer failed (and maybe was closed) while it was being created
+            return [DeleteLedger(ledger_id)]
         self.new_ledger_id = ledger_id
         if self.state is WriterState.OPENING:
             return self._plan_open(self._listing(), now_ms)

@@ -290,6 +290,16 @@ def test_a_fenced_append_fails_every_pending_chunk_and_wakes_parked_writers():
     assert story.machine.close(story.now_ms) == [ReleaseLock(), WriterClosed()]
 
 
+def test_a_ledger_created_after_the_writer_failed_and_closed_is_deleted_not_committed():
+    """Found by the stream simulator once its writers lingered: fenced mid-roll, then closed by
+    the application, the writer still committed the roll when the new ledger arrived, completing
+    its segment at entries the fenced ledger never stored (readers then failed on them)."""
+    story = roll_story()  # entry 1 of ledger 11 in flight, ledger 12 being created
+    story.machine.on_entry_failed(11, 1, LedgerFencedError("fenced"), story.now_ms)
+    assert story.machine.close(story.now_ms) == [ReleaseLock(), WriterClosed()]
+    assert story.machine.on_ledger_created(story.new_ledger(), story.now_ms) == [DeleteLedger(12)]
+
+
 def test_a_failed_roll_fails_the_records_buffered_behind_it():
     story = roll_story()
     effects = story.machine.on_operation_failed(NotEnoughBookiesError("no bookies"), story.now_ms)

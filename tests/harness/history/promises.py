@@ -16,6 +16,8 @@ removed data stays removed, every client keeps moving.
                         nullable columns
     slow_write          a sequential write of an idle writer (a probe) not acknowledged within its
                         bound: records must not wait for a timer when nothing is in flight
+    bug                 a client's call ended with an exception that is not one of dlog's errors
+                        (an AttributeError out of the writer machine): a crash, whatever the faults
 
 Each takes the parsed history (`stream._Checker`) and adds what it finds.
 """
@@ -31,7 +33,8 @@ RETENTION = "retention"
 ENTRY_SIZE = "entry_size"
 REFUSED = "refused"
 SLOW_WRITE = "slow_write"
-PROMISE_KINDS = (WRITER_DEATH, READER_BEHIND, TRUNCATION_IGNORED, RETENTION, ENTRY_SIZE, REFUSED, SLOW_WRITE)
+BUG = "bug"
+PROMISE_KINDS = (WRITER_DEATH, READER_BEHIND, TRUNCATION_IGNORED, RETENTION, ENTRY_SIZE, REFUSED, SLOW_WRITE, BUG)
 
 # faults that must never end a writer (RELIABILITY.md L7): they explain no death
 ROUTINE_FAULTS = frozenset({"truncate", "retention", "subscription", "sink_commit", "session_expiry",
@@ -146,7 +149,14 @@ def check_refused_and_slow(c: Any) -> None:
                               f"{(op.complete_t - op.invoke_t) * 1000:.1f} ms (bound {bound * 1000:.0f} ms)")
 
 
+def check_crashes(c: Any) -> None:
+    for event in c.events:
+        if event.get("f") == "bug":
+            c.add(BUG, f"{event['process']} got {event.get('error', '?')}: not one of dlog's errors, a crash")
+
+
 def check_all(c: Any, resume_bound_s: float | None) -> None:
+    check_crashes(c)
     check_writer_deaths(c)
     check_readers_kept_up(c, resume_bound_s if resume_bound_s is not None else 25.0)
     check_truncation_kept(c)

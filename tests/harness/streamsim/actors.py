@@ -58,6 +58,10 @@ class Process:
 class WriterFamily:
     def __init__(self, sim: StreamSimulation, family: str, rng: random.Random) -> None:
         self.sim, self.family, self.rng = sim, family, rng
+        # lingers come from a generator of their own, so the scenario's other draws (and with them
+        # the seeds that show each planted bug) stay as they were before writers lingered
+        self.linger_rng = random.Random(f"linger {family} {sim.seed}")
+        self.crash: BaseException | None = None  # what crashed this session's writer (a bug)
         self.history: History = sim.history
         self.process: Process | None = None
         self.sessions = 0
@@ -98,13 +102,15 @@ class WriterFamily:
         assert self.process is not None
         self.sessions += 1
         self.session_name = name = f"{self.family}.{self.sessions}"
+        self.crash = None
         sim = self.sim
         takeover = self.sessions > 1 or self.rng.random() < 0.5
         op = self.history.invoke(name, "open_writer", takeover=takeover)
         try:
             options = {"flush_records": self.rng.choice([5, 20, 200, 1000]),
                        "buffer_bytes_max": self.rng.choice([4096, 16384, 1 << 20]),
-                       "retention_on_roll": sim.scenario.retention_on_roll, **overrides}
+                       "retention_on_roll": sim.scenario.retention_on_roll,
+                       "linger_ms": self.linger_rng.choice([0.0, 0.0, 1.0, 3.0, 10.0]), **overrides}
             writer = await self._unless_killed(self.process.namespace.open_writer(
                 sim.stream, takeover=takeover, lock_timeout_s=0.3, **options))
         except DlogError as exc:
@@ -143,10 +149,17 @@ class WriterFamily:
                 else:
                     budget -= await self._burst(writer)
             except DlogError:
-                if writer.error is not None:
+                if writer.error is not None or self.crash is not None:
                     return True
             await asyncio.sleep(self.rng.uniform(0, scenario.write_gap_s))
         return writer.error is not None
+
+    def _bug(self, error: BaseException) -> DlogError:
+        """A write ended with an exception that is not one of dlog's errors: a crash in the library.
+        Recorded for the checker; the session goes on as if its writer had died."""
+        self.history.record(self.session_name, "bug", error=error_text(error))
+        self.crash = self.crash or error
+        return DlogError(f"the writer crashed: {error_text(error)}")
 
     def _value(self) -> str:
         self.count += 1
@@ -160,12 +173,16 @@ class WriterFamily:
             return
         try:
             await asyncio.wait_for(self._unless_killed(writer.wait_writable()), STUCK_S)
+        except (DlogError, asyncio.CancelledError):
+            raise
         except asyncio.TimeoutError:
             if writer.error is not None and not self.killed.is_set():
                 self.history.record(self.session_name, "liveness", "fail",
                                     what=f"a caller of wait_writable of {self.session_name} was never woken after "
                                          f"its writer failed ({writer.error!r})")
             raise DlogError("stuck in wait_writable") from None
+        except Exception as exc:
+            raise self._bug(exc) from exc
 
     async def _sequential(self, writer: Any) -> None:
         await self._room(writer)
@@ -179,6 +196,9 @@ class WriterFamily:
             kind = "fail" if isinstance(exc, ConfigError) else "unknown"
             self.history.complete(op, name, "write", kind, value=value, error=error_text(exc))
             raise
+        except Exception as exc:
+            self.history.complete(op, name, "write", "unknown", value=value, error=error_text(exc))
+            raise self._bug(exc) from exc
         self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(offset), probe=self.probing)
         self.acked.append((value, invoked, offset))
 
@@ -192,8 +212,10 @@ class WriterFamily:
             invoked = self.history.clock()
             try:
                 future = writer.write_nowait(value.encode())
-            except DlogError as exc:
+            except Exception as exc:
                 self.history.complete(op, name, "write", "fail", value=value, error=error_text(exc))
+                if not isinstance(exc, DlogError):
+                    raise self._bug(exc) from exc
                 raise
             self._futures[future] = (op, value)
             future.add_done_callback(lambda done, op=op, value=value, invoked=invoked, name=name:
@@ -205,6 +227,8 @@ class WriterFamily:
             return
         if future.cancelled() or future.exception() is not None:
             error = "cancelled" if future.cancelled() else error_text(future.exception())
+            if not future.cancelled() and not isinstance(future.exception(), DlogError):
+                self._bug(future.exception())
             self.history.complete(op, name, "write", "unknown", value=value, error=error)
             return
         self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(future.result()))
@@ -225,10 +249,12 @@ class WriterFamily:
         ops = [self.history.invoke(name, "write", value=value) for value in values]
         try:
             written = await self._unless_killed(writer.write_batch(batch))
-        except DlogError as exc:
+        except Exception as exc:
             kind = "fail" if isinstance(exc, ConfigError) else "unknown"
             for op, value in zip(ops, values):
                 self.history.complete(op, name, "write", kind, value=value, error=error_text(exc))
+            if not isinstance(exc, DlogError):
+                raise self._bug(exc) from exc
             raise
         for op, value, offset in zip(ops, values, written):
             self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(offset))
@@ -237,12 +263,12 @@ class WriterFamily:
     async def _close(self, writer: Any, died: bool) -> None:
         name = self.session_name
         if died:
-            self.history.record(name, "writer_died", error=error_text(writer.error))
+            self.history.record(name, "writer_died", error=error_text(writer.error or self.crash))
         op = self.history.invoke(name, "close_writer")
         try:
             await asyncio.wait_for(self._unless_killed(writer.close()), CLOSE_TIMEOUT_S)
             self.history.complete(op, name, "close_writer", "ok")
-        except (DlogError, asyncio.TimeoutError) as exc:
+        except Exception as exc:  # DlogError, TimeoutError, or the crash again
             self.history.complete(op, name, "close_writer", "fail", error=error_text(exc))
         deadline = self.history.clock() + ORPHAN_WAIT_S
         while self._futures and self.history.clock() < deadline:

@@ -1,4 +1,5 @@
-"""The eleven stream-layer bugs of issue 11, planted on purpose: the checker must catch each one.
+"""The eleven stream-layer bugs of issue 11, and those real-process runs found since, planted on
+purpose: the checker must catch each one.
 
 Each plant puts one old behaviour back at the seam where the bug lived (a planner, a machine
 method, a driver's helper, the GC rule, the store's retries) for the duration of a `with
@@ -16,7 +17,7 @@ from bookkeeper.bookie import gc
 from dlog import writer as writer_driver
 from dlog.core import changes, reader
 from dlog.core import writer as writer_core
-from dlog.core.effects import FailChunks, WakeWriters
+from dlog.core.effects import FailChunks, SetTimer, WakeWriters
 from dlog.segments import port
 from dlog.segments.metadata import SegmentState
 
@@ -92,6 +93,17 @@ async def _single_attempt(self: Any, what: str, operation: Any) -> Any:
     return await operation()
 
 
+def _timer_appended_to_the_effects(self: Any, effects: Any, now_ms: int) -> Any:
+    """Found by a clean-clone run of the fault suite (e480fed): a new ledger that arrived while the
+    old one still had an entry in flight returned the shared empty tuple of effects, and when the
+    linger deadline had just passed, the machine appended its timer to that tuple and crashed."""
+    deadline = self._deadline_ms(now_ms)  # noqa: SLF001 - the seam the plant wraps
+    if deadline != self._timer_at_ms:  # noqa: SLF001
+        self._timer_at_ms = deadline  # noqa: SLF001
+        effects.append(SetTimer(deadline))
+    return effects
+
+
 PLANTS: dict[str, Plant] = {
     "lost-cas-is-takeover": Plant(
         ((changes, "still_owned", lambda segment, current: None),),
@@ -131,6 +143,9 @@ PLANTS: dict[str, Plant] = {
     "metadata-errors-not-retried": Plant(
         ((port.RetryingSegmentStore, "_retry", _single_attempt),),
         "a retryable metadata error (ConnectionLoss) ends a writer (item 11)", "writer_death"),
+    "roll-timer-crash": Plant(
+        ((writer_core.WriterMachine, "_finish", _timer_appended_to_the_effects),),
+        "a ledger created while the old one has an entry in flight crashes the writer machine (e480fed)", "bug"),
 }
 NAMES = tuple(PLANTS)
 
