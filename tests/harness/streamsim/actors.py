@@ -34,6 +34,7 @@ ORPHAN_WAIT_S = 5.0  # how long a closed writer's write futures may take to sett
 CLOSE_TIMEOUT_S = 30.0
 PROBE_WRITES = 10  # sequential writes after the heal, each within PROBE_BOUND_S
 PROBE_BOUND_S = 0.025
+LINGERS_MS = (0.0,) * 5 + (1.0, 3.0, 10.0)  # most sessions send at once; some linger (a roll meets a timer)
 
 
 def error_text(error: BaseException) -> str:
@@ -110,7 +111,7 @@ class WriterFamily:
             options = {"flush_records": self.rng.choice([5, 20, 200, 1000]),
                        "buffer_bytes_max": self.rng.choice([4096, 16384, 1 << 20]),
                        "retention_on_roll": sim.scenario.retention_on_roll,
-                       "linger_ms": self.linger_rng.choice([0.0, 0.0, 1.0, 3.0, 10.0]), **overrides}
+                       "linger_ms": self.linger_rng.choice(LINGERS_MS), **overrides}
             writer = await self._unless_killed(self.process.namespace.open_writer(
                 sim.stream, takeover=takeover, lock_timeout_s=0.3, **options))
         except DlogError as exc:

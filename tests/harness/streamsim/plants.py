@@ -104,6 +104,21 @@ def _timer_appended_to_the_effects(self: Any, effects: Any, now_ms: int) -> Any:
     return effects
 
 
+def _created_after_close_committed(self: Any, ledger_id: int, now_ms: int) -> list[Any]:
+    """Found by the simulator once writers lingered: a writer fenced mid-roll and then closed still
+    committed the roll when its new ledger arrived (only FAILED counted as ended, not CLOSED)."""
+    if self.state is writer_core.WriterState.CLOSED:
+        self.state = writer_core.WriterState.OPEN  # as the old check saw it: not failed, so go on
+        try:
+            return _on_ledger_created(self, ledger_id, now_ms)
+        finally:
+            self.state = writer_core.WriterState.CLOSED
+    return _on_ledger_created(self, ledger_id, now_ms)
+
+
+_on_ledger_created = writer_core.WriterMachine.on_ledger_created
+
+
 PLANTS: dict[str, Plant] = {
     "lost-cas-is-takeover": Plant(
         ((changes, "still_owned", lambda segment, current: None),),
@@ -146,6 +161,9 @@ PLANTS: dict[str, Plant] = {
     "roll-timer-crash": Plant(
         ((writer_core.WriterMachine, "_finish", _timer_appended_to_the_effects),),
         "a ledger created while the old one has an entry in flight crashes the writer machine (e480fed)", "bug"),
+    "created-after-close-committed": Plant(
+        ((writer_core.WriterMachine, "on_ledger_created", _created_after_close_committed),),
+        "a writer fenced mid-roll and closed still commits the roll when its new ledger arrives", "metadata"),
 }
 NAMES = tuple(PLANTS)
 

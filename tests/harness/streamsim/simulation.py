@@ -388,7 +388,12 @@ class StreamSimulation:
 
     async def _catch_up(self) -> None:
         """Every reader must reach the last acknowledged record (however slow its consumer)."""
-        last = [value for family in self.writers.values() for value, _, _ in family.acked[-1:]]
+        # the newest acknowledged record, which nothing removes (truncation stays behind each writer's
+        # last records, retention keeps the last completed segment); an older family's last record
+        # may be gone with a retained-away segment, and waiting for it only ran the clock out
+        newest = max(((invoked, value) for family in self.writers.values() for value, invoked, _ in family.acked),
+                     default=None)
+        last = [] if newest is None else [newest[1]]
         acked = sum(len(family.acked) for family in self.writers.values())
         # a slow consumer needs the time its backlog takes to consume; a stuck one never arrives
         backlog_s = max((reader.lag_s * max(0, acked - len(reader.values)) for reader in self.readers.values()),
