@@ -1,4 +1,4 @@
-"""The eleven stream-layer bugs of issue 11, and those real-process runs found since, planted on
+"""The eleven stream-layer bugs of issue 11, and the stream-layer bugs found since, planted on
 purpose: the checker must catch each one.
 
 Each plant puts one old behaviour back at the seam where the bug lived (a planner, a machine
