@@ -162,26 +162,9 @@ class BatchHandlers:
     # ------------------------------------------------------------------ READ_RANGE
 
     def on_read_range(self: BookieCore, request: ReadRangeRequest, reply: Reply) -> None:
-        ledger_id = request.ledger_id
-        ledger = self._ledger(ledger_id)
-        if ledger is None and request.fence and ledger_id >= 0:
-            ledger = self._create_ledger(ledger_id, request.master_key)  # as a fencing READ does
-        if ledger is None:
-            self._fail(reply, request.request_id, OpCode.READ_RANGE, Status.NO_LEDGER,
-                       f"no ledger {ledger_id} on this bookie")
-            return
-        if request.fence:
-            if ledger.master_key != request.master_key:
-                self._fail(reply, request.request_id, OpCode.READ_RANGE, Status.UNAUTHORIZED,
-                           f"wrong master key for ledger {ledger_id}")
-                return
-            if not ledger.fenced:
-                self._fence(ledger_id, ledger, request, reply)  # type: ignore[arg-type]
-                return
-            if ledger.fence_pending is not None:
-                ledger.fence_pending.append((request, reply))  # type: ignore[arg-type]
-                return
-        self._answer_read_range(request, ledger.lac, reply)
+        ledger = self._ledger_to_read(request, OpCode.READ_RANGE, reply)  # fencing as a READ does
+        if ledger is not None:
+            self._answer_read_range(request, ledger.lac, reply)
 
     def _answer_read_range(self: BookieCore, request: ReadRangeRequest, lac: int, reply: Reply) -> None:
         ledger_id, stride = request.ledger_id, request.stride

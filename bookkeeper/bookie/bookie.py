@@ -33,6 +33,7 @@ from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.storage import LedgerData, LedgerStorage
 from bookkeeper.errors import BookieIOError, invariant
 from bookkeeper.protocol import wire
+from bookkeeper.protocol.batch import ReadRangeRequest
 from bookkeeper.protocol.entry import DIGEST_BYTES, ENTRY_HEADER, ENTRY_HEADER_BYTES, DigestType
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -81,7 +82,7 @@ class _Ledger:
     lac: int
     waiters: list[_Waiter] = field(default_factory=list)
     # fencing reads that found the fence set but not yet fsynced: answered when it is (A11)
-    fence_pending: list[tuple[ReadRequest, Reply]] | None = None
+    fence_pending: list[tuple[ReadRequest | ReadRangeRequest, Reply]] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -409,26 +410,9 @@ class BookieCore(BatchHandlers):
 
     def on_read(self, request: ReadRequest, reply: Reply) -> None:
         ledger_id = request.ledger_id
-        ledger = self._ledger(ledger_id)
-        if ledger is None and request.fence and ledger_id >= 0:
-            # a fence must hold even where the writer's adds have not arrived yet: otherwise a
-            # slow add could still land here after recovery counted this bookie as answered
-            ledger = self._create_ledger(ledger_id, request.master_key)
+        ledger = self._ledger_to_read(request, OpCode.READ, reply)
         if ledger is None:
-            self._fail(reply, request.request_id, OpCode.READ, Status.NO_LEDGER,
-                       f"no ledger {ledger_id} on this bookie")
             return
-        if request.fence:
-            if ledger.master_key != request.master_key:
-                self._fail(reply, request.request_id, OpCode.READ, Status.UNAUTHORIZED,
-                           f"wrong master key for ledger {ledger_id}")
-                return
-            if not ledger.fenced:
-                self._fence(ledger_id, ledger, request, reply)
-                return
-            if ledger.fence_pending is not None:
-                ledger.fence_pending.append((request, reply))
-                return
         if request.long_poll:
             if ledger.lac <= request.previous_lac:
                 waiter = _Waiter(request.previous_lac, request.entry_id, request.request_id,
@@ -441,7 +425,33 @@ class BookieCore(BatchHandlers):
             return
         self._answer_read(request, ledger, reply)
 
-    def _fence(self, ledger_id: int, ledger: _Ledger, request: ReadRequest, reply: Reply) -> None:
+    def _ledger_to_read(self, request: ReadRequest | ReadRangeRequest, opcode: OpCode,
+                        reply: Reply) -> _Ledger | None:
+        """The ledger a READ or READ_RANGE reads now; None when the request was answered (no such
+        ledger, a fencing read with the wrong key) or waits for its fence to be durable."""
+        ledger_id = request.ledger_id
+        ledger = self._ledger(ledger_id)
+        if ledger is None and request.fence and ledger_id >= 0:
+            # a fence must hold even where the writer's adds have not arrived yet: otherwise a
+            # slow add could still land here after recovery counted this bookie as answered
+            ledger = self._create_ledger(ledger_id, request.master_key)
+        if ledger is None:
+            self._fail(reply, request.request_id, opcode, Status.NO_LEDGER, f"no ledger {ledger_id} on this bookie")
+            return None
+        if request.fence:
+            if ledger.master_key != request.master_key:
+                self._fail(reply, request.request_id, opcode, Status.UNAUTHORIZED,
+                           f"wrong master key for ledger {ledger_id}")
+                return None
+            if not ledger.fenced:
+                self._fence(ledger_id, ledger, request, reply)
+                return None
+            if ledger.fence_pending is not None:
+                ledger.fence_pending.append((request, reply))
+                return None
+        return ledger
+
+    def _fence(self, ledger_id: int, ledger: _Ledger, request: ReadRequest | ReadRangeRequest, reply: Reply) -> None:
         """Fence durably, then answer the read (A7, A11)."""
         ledger.fenced = True
         ledger.fence_pending = [(request, reply)]
