@@ -104,6 +104,7 @@ class Namespace:
             raise
         self.store = RetryingSegmentStore(ZooKeeperSegmentStore(self.zk, self.root), clock=self.clock, rng=self.rng)
         try:
+            await self._learn_role_identities()
             await self.zk.ensure_path(f"{self.root}/streams")
         except MetadataPermissionError as exc:
             await self.close()
@@ -112,6 +113,18 @@ class Namespace:
                 f"({self.security.zk_user or 'none: no client.toml given'}): an admin creates it and its credentials with "
                 f"`dlog token create --namespace {self.name} ...`") from exc
         return self
+
+    async def _learn_role_identities(self) -> None:
+        """With ZooKeeper ACLs, the namespace node names its role identities (written by an admin):
+        the nodes this client creates give each role its rights (bookkeeper/meta/acl.py)."""
+        policy = self.zk.acl_policy
+        if policy is None:
+            return
+        from bookkeeper.meta.acl import parse_namespace_node
+
+        found = await self.zk.get_or_none(self.root)
+        if found is not None:
+            policy.learn_namespace(self.name, parse_namespace_node(found[0]))
 
     def password_of(self, config: StreamConfig) -> bytes:
         """The ledger password of a stream's segments (unsealed with the namespace's credentials)."""
@@ -186,7 +199,11 @@ class Namespace:
         return await self.store.list_streams()
 
     async def delete_stream(self, name: str) -> list[int]:
-        """Delete every segment's ledger, then the stream's metadata; returns the ledgers deleted."""
+        """Delete every segment's ledger, then the stream's metadata; returns the ledgers deleted.
+        Only a namespace admin may; its config is written first, a write nobody else may make, so
+        a principal ZooKeeper refuses is refused before any ledger is touched."""
+        self.security.require_role(self.name, "admin", f"deleting stream {name!r}")
+        await self.store.update_config(await self.store.config(name))
         listing = await self.store.segments(name)
         deleted = []
         for segment in listing.segments:
@@ -283,6 +300,7 @@ class Namespace:
         truncated then deleted; a segment it falls inside records the new minimum active offset
         (its writer, if live, keeps writing: its later updates keep that point)."""
         offset = Offset.parse(before) if isinstance(before, str) else before
+        self.security.require_role(self.name, "admin", f"truncating stream {name!r}")
 
         async def attempt() -> list[Segment]:
             listing = await self.store.segments(name)
@@ -334,6 +352,7 @@ class Namespace:
 
     async def set_retention(self, name: str, *, age_ms: int | None = None, size_bytes: int | None = None,
                             keep_unconsumed: bool | None = None) -> StreamConfig:
+        self.security.require_role(self.name, "admin", f"setting the retention of stream {name!r}")
         config = await self.store.config(name)
         changes_: dict[str, Any] = {}
         if age_ms is not None:
@@ -361,6 +380,8 @@ class Namespace:
     async def apply_retention(self, name: str, *, dry_run: bool = False,
                               now_ms: int | None = None) -> list[Segment]:
         """Remove what the retention policy says (L5); safe beside a live writer (L7)."""
+        if not dry_run:
+            self.security.require_role(self.name, "admin", f"applying the retention of stream {name!r}")
 
         async def attempt() -> list[Segment]:
             plan, listing = await self._retention_plan(name, now_ms)
@@ -379,12 +400,14 @@ class Namespace:
     async def commit_subscription(self, name: str, subscription: str, offset: Offset | str) -> None:
         """Store a subscriber's committed offset (the next record it will read)."""
         offset = Offset.parse(offset) if isinstance(offset, str) else offset
+        self.security.require_role(self.name, "consume", f"committing subscription {subscription!r}")
         await self.store.commit_subscription(name, check_subscription_name(subscription), offset.to_json())
 
     async def subscriptions(self, name: str) -> dict[str, Offset]:
         return {key: Offset.from_json(value) for key, value in (await self.store.subscriptions(name)).items()}
 
     async def delete_subscription(self, name: str, subscription: str) -> None:
+        self.security.require_role(self.name, "admin", f"deleting subscription {subscription!r}")
         await self.store.delete_subscription(name, subscription)
 
     # ------------------------------------------------------------------ settings
@@ -396,6 +419,7 @@ class Namespace:
         if unknown:
             raise ConfigError(f"cannot alter {', '.join(unknown)}: the settings that can change are "
                               f"{', '.join(ALTERABLE_SETTINGS)}")
+        self.security.require_role(self.name, "admin", f"altering stream {name!r}")
         config = await self.store.config(name)
         updated = StreamConfig(**{**_fields(config), **changes})
         await self.store.update_config(updated)

@@ -177,6 +177,8 @@ class LocalCluster:
         try:
             if self._own_zk:
                 self.zk.start(timeout_s=timeout_s)
+            if self.secure is not None:
+                self.lock_down_zookeeper()
             for bookie in self.bookies:
                 self._check_bookie_port(bookie.index)
                 self.launch_bookie(bookie.index)
@@ -187,6 +189,13 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    def lock_down_zookeeper(self) -> None:
+        """Before any bookie: nobody but the cluster's identities may create in ZooKeeper."""
+        from tools.secure import ZK_ADMIN_USER, lock_down
+
+        lock_down(self.zk_address, ZK_ADMIN_USER, self.secure.zk_admin_password, [self.secure.bookie_digest],
+                  self.zk_root)
 
     def _check_bookie_port(self, index: int) -> None:
         """A new bookie whose port was taken meanwhile moves; a known one is refused, naming the holder

@@ -21,6 +21,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.acl import digest_id
@@ -70,6 +71,11 @@ class SecureDir:
         return self.path / "zk-bookie.password"
 
     @property
+    def bookie_digest(self) -> str:
+        """The bookies' ZooKeeper digest id (they share one identity in a local cluster)."""
+        return digest_id(ZK_BOOKIE_USER, self.zk_bookie_password_file.read_text().strip())
+
+    @property
     def zk_admin_password(self) -> str:
         return (self.path / "zk-admin.password").read_text().strip()
 
@@ -92,18 +98,18 @@ class SecureDir:
 
     def client_settings(self, namespace: str | None, roles: list[str], *, subject: str = "app",
                         token: str | None = None) -> SecuritySettings:
-        """A client of `namespace` holding a token with `roles` (or `token`) and the namespace's
-        ZooKeeper credentials, trusting the cluster CA."""
-        from bookkeeper.security.settings import derive_namespace_password, namespace_zk_user
+        """A client of `namespace` holding a token with `roles` (or `token`) and the ZooKeeper
+        identities of its roles in that namespace, trusting the cluster CA."""
+        from bookkeeper.security.settings import namespace_settings
         from bookkeeper.security.tls import ClientTls
 
-        secret = self.cluster_secret_file.read_text().strip().encode()
-        user = password = None
-        if namespace is not None:
-            user, password = namespace_zk_user(namespace), derive_namespace_password(secret, namespace)
+        zookeeper: dict[str, object] = {}
+        held = [role.split(":", 1)[0] for role in roles if role.endswith(f":{namespace}")]
+        if namespace is not None and held:
+            zookeeper = namespace_settings(self.cluster_secret_file.read_text().strip().encode(), namespace, held)
         return SecuritySettings(tls=ClientTls(str(self.ca_file)),
                                 token=token if token is not None else self.token(subject, roles),
-                                zk_user=user, zk_password=password)
+                                **zookeeper)  # type: ignore[arg-type]
 
     def admin_settings(self) -> SecuritySettings:
         from bookkeeper.security.tls import ClientTls
@@ -151,24 +157,72 @@ def write_admin_config(secure: SecureDir, zk: str) -> Path:
 async def provision_namespace(zk: str, settings: SecuritySettings, namespace: str,
                               namespace_root: str = "/dlog",
                               bookkeeper_root: str = "/bookkeeper") -> None:
-    """Create `<namespace_root>/<namespace>` owned by the namespace's ZooKeeper identity, as an
-    admin (whose settings hold the cluster secret that derives it). Idempotent."""
-    from bookkeeper.meta.acl import zk_options
+    """Create `<namespace_root>/<namespace>` (naming its role identities, acl.py) and its streams
+    node, as an admin (whose settings hold the cluster secret that derives them). Idempotent; a
+    namespace made before role identities gets them, and every node below it the ACL it needs."""
+    from bookkeeper.meta.acl import digest_id, namespace_node_data, parse_namespace_node, zk_options
     from bookkeeper.meta.zk import AsyncZooKeeper
 
-    if settings.namespace_credentials(namespace) is None:
+    if settings.cluster_secret is None:
         raise ConfigError("creating a namespace needs an admin's client.toml (cluster_secret_file)")
+    identities = {role: digest_id(*identity) for role, identity in settings.role_identities(namespace).items()}
     client = AsyncZooKeeper(zk, **zk_options(settings, bookkeeper_root, namespace, namespace_root))
     await client.start()
     try:
-        await client.ensure_path(f"{namespace_root}/{namespace}/streams")
+        path = f"{namespace_root}/{namespace}"
+        await client.ensure_path(namespace_root)
+        found = await client.get_or_none(path)
+        if found is None:
+            await client.create(path, namespace_node_data(identities))
+        elif parse_namespace_node(found[0]) != identities:
+            await client.set(path, namespace_node_data(identities))
+            await reacl_subtree(client, path)  # made before role identities: every node's ACL anew
+            await _reacl_segment_ledgers(client, path, namespace, bookkeeper_root)
+        await client.ensure_path(f"{path}/streams")
     finally:
         await client.close()
 
 
+async def _reacl_segment_ledgers(client: Any, path: str, namespace: str, bookkeeper_root: str) -> None:
+    """The ledgers of the namespace's streams, created before role identities, get the ACL a
+    bookie gives new ones (writable by the namespace's producers and admins only), so bookies
+    believe their namespace again (acl.py)."""
+    from bookkeeper.meta.acl import parse_bookie_ids, security_path
+    from bookkeeper.meta.layout import ledger_path
+    from bookkeeper.protocol.metadata import LedgerMetadata
+    from dlog.segments.metadata import Segment
+
+    policy = client.acl_policy
+    found = await client.get_or_none(security_path(bookkeeper_root))
+    policy.learn_bookies(parse_bookie_ids(found[0]) if found is not None else [])
+    writers = policy.ledger_writers(namespace)
+    streams = await client.children(f"{path}/streams") if await client.exists(f"{path}/streams") else []
+    for stream in streams:
+        segments = f"{path}/streams/{stream}/segments"
+        for name in await client.children(segments) if await client.exists(segments) else []:
+            ledger = ledger_path(bookkeeper_root, Segment.from_bytes((await client.get(f"{segments}/{name}"))[0]).ledger_id)
+            metadata = await client.get_or_none(ledger)
+            if metadata is not None and dict(LedgerMetadata.from_bytes(metadata[0]).custom).get("namespace") == namespace:
+                await client.set_acls(ledger, policy.acl_for(ledger, writers))
+
+
+async def reacl_subtree(client: Any, path: str) -> int:
+    """Give `path` and every node below it the ACL the client's policy chooses (an admin's
+    client: ZooKeeper super users may change any ACL). Returns the nodes changed."""
+    changed = 0
+    stack = [path]
+    while stack:
+        node = stack.pop()
+        await client.set_acls(node, client.acl_policy.acl_for(node))
+        changed += 1
+        stack += [f"{node}/{child}" for child in await client.children(node)]
+    return changed
+
+
 def write_client_toml(path: Path, *, zk: str, ca_file: Path, token_file: Path | None = None,
                       token: str | None = None, zk_user: str | None = None,
-                      zk_password: str | None = None, cluster_secret_file: Path | None = None,
+                      zk_password: str | None = None, zk_identities: tuple[tuple[str, str], ...] = (),
+                      namespace_key: str | None = None, cluster_secret_file: Path | None = None,
                       token_key_file: Path | None = None) -> None:
     lines = ["# dlog client settings: dlog --config FILE ..., or DLOG_CONFIG=FILE", "[cluster]",
              f'zk = "{zk}"', "", "[security]", f'ca_file = "{ca_file}"', "check_hostname = true"]
@@ -178,6 +232,10 @@ def write_client_toml(path: Path, *, zk: str, ca_file: Path, token_file: Path | 
         lines.append(f'token = "{token}"')
     if zk_user is not None and zk_password is not None:
         lines += [f'zk_user = "{zk_user}"', f'zk_password = "{zk_password}"']
+    if zk_identities:
+        lines.append("zk_identities = [" + ", ".join(f'"{user}:{password}"' for user, password in zk_identities) + "]")
+    if namespace_key is not None:
+        lines.append(f'namespace_key = "{namespace_key}"')
     if cluster_secret_file is not None:
         lines.append(f'cluster_secret_file = "{cluster_secret_file}"')
     if token_key_file is not None:
@@ -261,3 +319,62 @@ def certificate_pem(cert) -> bytes:  # type: ignore[no-untyped-def]
     from cryptography.hazmat.primitives import serialization
 
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+# ------------------------------------------------------------------------------ ZooKeeper itself
+
+
+def lock_down(zk: str, admin_user: str, admin_password: str, bookie_ids: list[str],
+              bookkeeper_root: str = "/bookkeeper", namespace_root: str = "/dlog") -> dict[str, int]:
+    """Close a secure cluster's ZooKeeper to everyone but its own identities, as an admin (a super
+    user): the cluster root (bookies create below it) and the namespace root exist with their
+    ACLs; the root node and `/zookeeper/quota` let nobody but super users create (an anonymous
+    client once filled the embedded ZooKeeper's heap with 1 MB nodes); ledger directories and the id
+    counter that an earlier version left open are closed. Idempotent. Returns what it changed."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from bookkeeper.errors import MetadataError, MetadataPermissionError
+    from bookkeeper.meta.acl import WORLD_READ, AclPolicy, world_writable
+    from bookkeeper.meta.layout import idgen_path, ledgers_path
+
+    policy = AclPolicy(admin_user, admin_password, bookkeeper_root, namespace_root)
+    policy.learn_bookies(bookie_ids)
+    client = KazooClient(hosts=zk, timeout=10, auth_data=[("digest", f"{admin_user}:{admin_password}")])
+    try:
+        client.start(timeout=10)
+    except KazooTimeoutError as exc:
+        raise MetadataError(f"cannot reach ZooKeeper at {zk} within 10 s: is it running there?") from exc
+    changed = {"created": 0, "closed": 0}
+    try:
+        for path, acl in ((bookkeeper_root, policy.cluster_owned()), (namespace_root, policy.acl_for(namespace_root))):
+            if client.exists(path) is None:
+                client.create(path, b"", acl=acl, makepath=True)
+                changed["created"] += 1
+        paths = ["/", "/zookeeper", "/zookeeper/quota", bookkeeper_root, idgen_path(bookkeeper_root),
+                 f"{idgen_path(bookkeeper_root)}/next"]
+        level = [ledgers_path(bookkeeper_root)]
+        for _depth in range(5):
+            paths += level
+            level = [f"{path}/{name}" for path in level if client.exists(path) is not None
+                     for name in client.get_children(path) if not name.startswith("L")]
+        for path in paths:
+            try:
+                acls, _stat = client.get_acls(path)
+                if not world_writable(acls):
+                    continue
+                wanted = [WORLD_READ] if path in ("/", "/zookeeper", "/zookeeper/quota") else policy.acl_for(path)
+                client.set_acls(path, wanted)
+                changed["closed"] += 1
+            except NoNodeError:
+                continue
+    except NoAuthError as exc:
+        raise MetadataPermissionError(f"ZooKeeper refused {admin_user!r}: securing it needs a super user "
+                                      "(an admin's client.toml)") from exc
+    except KazooException as exc:
+        raise MetadataError(f"securing ZooKeeper at {zk} failed: {type(exc).__name__} {exc}") from exc
+    finally:
+        client.stop()
+        client.close()
+    return changed

@@ -3,7 +3,8 @@
     <root>/INSTANCEID                       cluster UUID, created once with the root
     <root>/cookies/<bookie id>              persistent: the bookie's cookie (JSON)
     <root>/available/<bookie id>            ephemeral: address, HTTP URL, state, rack (JSON)
-    <root>/idgen/ID-<seq>                   ephemeral-sequential, deleted at once: ledger ids
+    <root>/idgen/next                       the ledger id counter (compare-and-set; with ACLs only
+                                            bookies and admins write it)
     <root>/ledgers/000/0000/0000/0000/L0001 ledger metadata, 19-digit id split 3-4-4-4-4
     <root>/underreplication/                auto-recovery (docs/design.md, "Auto-recovery"):
         ledgers/000/0000/0000/0000/L0001    a mark: the ledger is under-replicated (JSON)
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 DEFAULT_ROOT = "/bookkeeper"
 LEDGER_ID_MAX = 2**63 - 1
+LEDGER_ID_DIGITS = 19  # of LEDGER_ID_MAX: the width the split layout pads every id to
 
 
 def instance_id_path(root: str) -> str:
@@ -47,6 +49,10 @@ def ledgers_path(root: str) -> str:
     return f"{root}/ledgers"
 
 
+def quotas_path(root: str) -> str:
+    return f"{root}/quotas"
+
+
 def quota_path(root: str, namespace: str) -> str:
     """A namespace's quota (bookkeeper/security/quota.py); written by admins only."""
     return f"{root}/quotas/{namespace}"
@@ -64,7 +70,7 @@ def split_ledger_id(ledger_id: int) -> str:
     """`000/0000/0000/0000/L0001`: the 19-digit id split 3-4-4-4-4, at most 10,000 per level."""
     if not 0 <= ledger_id <= LEDGER_ID_MAX:
         raise ValueError(f"ledger id {ledger_id} is outside 0..{LEDGER_ID_MAX}")
-    digits = f"{ledger_id:019d}"
+    digits = f"{ledger_id:0{LEDGER_ID_DIGITS}d}"
     return f"{digits[0:3]}/{digits[3:7]}/{digits[7:11]}/{digits[11:15]}/L{digits[15:19]}"
 
 

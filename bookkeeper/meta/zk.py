@@ -254,13 +254,15 @@ class AsyncZooKeeper:
     # ------------------------------------------------------------------------------ operations
 
     async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequence: bool = False,
-                     makepath: bool = False) -> str:
-        """Create a node and return its path (with the counter appended when ``sequence``)."""
-        if self.acl_policy is None:
+                     makepath: bool = False, acl: list[Any] | None = None) -> str:
+        """Create a node and return its path (with the counter appended when ``sequence``); its
+        ACL is `acl`, else the ACL policy's choice."""
+        if self.acl_policy is None and acl is None:
             created = await self._call(f"create {path}", self._client.create_async, path, data,
                                        ephemeral=ephemeral, sequence=sequence, makepath=makepath)
             return str(created)
-        acl = self.acl_policy.acl_for(path)
+        if acl is None:
+            acl = self.acl_policy.acl_for(path)
         try:
             created = await self._call(f"create {path}", self._client.create_async, path, data, acl=acl,
                                        ephemeral=ephemeral, sequence=sequence)
@@ -334,6 +336,10 @@ class AsyncZooKeeper:
         """The node's ACL entries (kazoo ACL tuples: perms, id.scheme, id.id)."""
         acls, _stat = await self._call(f"get_acls {path}", self._client.get_acls_async, path)
         return list(acls)
+
+    async def set_acls(self, path: str, acls: list[Any], version: int = -1) -> None:
+        """Replace the node's ACL (needs the ADMIN permission on it, or a super user)."""
+        await self._call(f"set_acls {path}", self._client.set_acls_async, path, acls, version)
 
     async def multi(self, ops: list[Op]) -> None:
         """Apply every op atomically or none; raise the error of the first op that failed."""

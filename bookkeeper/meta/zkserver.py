@@ -30,7 +30,17 @@ QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"  # a mem
 # Measured on a 2-CPU box (median of 6 starts, log4j on the classpath): no flags 0.40 s,
 # these flags 0.31 s. SerialGC and C1-only also keep a tiny test server from claiming
 # GC threads and heap sized for a big machine.
-JVM_FLAGS = ["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.admin.enableServer=false"]
+#
+# Sizes: the largest packet dlog sends or receives is a multi of a Spark sink's routed commit or
+# the children of a stream directory (well under 1 MiB each); `jute.maxbuffer` refuses anything
+# bigger, on the request path (a node of 1 MiB is refused, not stored). The heap holds the data tree
+# plus a snapshot being written and the requests in flight: 512 MiB keeps a tree of about 150 MiB
+# (millions of dlog's small nodes) with room. Only the cluster's identities may create nodes at all
+# on a secure cluster (tools/secure.lock_down): anonymous clients cannot fill it.
+JUTE_MAX_BUFFER_BYTES = 1024 * 1024
+HEAP_BYTES_MAX = 512 * 1024 * 1024
+JVM_FLAGS = [f"-Xmx{HEAP_BYTES_MAX // 2**20}m", f"-Djute.maxbuffer={JUTE_MAX_BUFFER_BYTES}", "-XX:+UseSerialGC",
+             "-XX:TieredStopAtLevel=1", "-Dzookeeper.admin.enableServer=false"]
 
 # Globs inside pyspark/jars: ZooKeeper itself and what ZooKeeperServerMain needs to run.
 PYSPARK_JAR_GLOBS = ["zookeeper-[0-9]*.jar", "zookeeper-jute-*.jar", "slf4j-api-*.jar",

@@ -27,6 +27,7 @@ class Action(enum.Enum):
     ADD = "add"  # ADD, including recovery write-back
     WRITE_LAC = "write_lac"
     FENCE = "fence"  # a fencing READ: the first step of recovery
+    CREATE_LEDGER = "create ledgers"  # CREATE_LEDGER: a bookie creates the metadata for a client
     READ = "read"  # READ and READ_LAC, long polls included
     BOOKIE_ADMIN = "bookie_admin"  # bookie state, GC, decommission
     METADATA_ADMIN = "metadata_admin"  # deleting ledgers and streams of any namespace
@@ -86,6 +87,7 @@ def parse_roles(items: object) -> frozenset[Role]:
 # namespace-scoped actions and the namespace roles that grant them
 _NAMESPACE_GRANTS: dict[Action, frozenset[str]] = {
     Action.ADD: frozenset({"produce", "admin"}),
+    Action.CREATE_LEDGER: frozenset({"produce", "admin"}),
     Action.WRITE_LAC: frozenset({"produce", "admin"}),
     # a new writer recovers (fences) the previous segment; a namespace admin may recover too
     Action.FENCE: frozenset({"produce", "admin"}),

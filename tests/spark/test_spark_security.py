@@ -15,7 +15,8 @@ def test_the_sink_and_source_work_with_security_options(spark, secure_cluster, t
     settings = secure.client_settings("orders", ["produce:orders", "consume:orders"])
     config = tmp_path / "client.toml"
     write_client_toml(config, zk=secure_cluster.zk_address, ca_file=secure.ca_file, token=settings.token,
-                      zk_user=settings.zk_user, zk_password=settings.zk_password)
+                      zk_user=settings.zk_user, zk_password=settings.zk_password,
+                      zk_identities=settings.zk_identities, namespace_key=settings.namespace_key)
     options = {"namespace": "orders", "config": str(config)}
     rows = spark.createDataFrame([(b"k", f"v{i}".encode()) for i in range(20)], "key binary, value binary")
     from dlog import Namespace

@@ -82,3 +82,40 @@ def _print_ping(result: dict[str, Any]) -> None:
                    f"median {row['median_ms']:.2f} ms ({row['count']} pings; connected in {row['connect_ms']:.1f} ms)")
     if not result["bookies"]:
         click.echo("no bookie is registered")
+
+
+@cluster.command("secure")
+@click.option("--bookie-zk-user", required=True, help="the bookies' ZooKeeper digest user (bookie start --zk-user)")
+@click.option("--bookie-zk-password-file", required=True, type=click.Path(dir_okay=False),
+              help="the file with that user's password (bookie start --zk-password-file)")
+@zk_option
+@json_option
+@fails_cleanly
+def cluster_secure_command(bookie_zk_user: str, bookie_zk_password_file: str, zk: str, zk_root: str,
+                           as_json: bool) -> None:
+    """Close ZooKeeper to everyone but the cluster's own identities (docs/security.md).
+
+    Run once as an admin (a client.toml whose zk_user is a ZooKeeper super user), best before the
+    first bookie starts; running it again changes nothing. Creates the cluster root for the bookies
+    and /dlog for the admin; the root node and /zookeeper/quota then take nodes from super users
+    only, and ledger directories or an id counter that anyone could write (made by an earlier
+    version) are closed. `dlog standalone --secure` does this by itself."""
+    from pathlib import Path
+
+    from bookkeeper.errors import ConfigError
+    from bookkeeper.meta.acl import digest_id
+    from bookkeeper.security.settings import load_client_settings
+    from tools.secure import lock_down
+
+    settings = load_client_settings()
+    if not (settings.zk_user and settings.zk_password):
+        raise ConfigError("dlog cluster secure runs as a ZooKeeper super user: use an admin's client.toml "
+                          "(--config or $DLOG_CONFIG, with zk_user and zk_password)")
+    try:
+        password = Path(bookie_zk_password_file).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --bookie-zk-password-file {bookie_zk_password_file}: {exc.strerror}") from exc
+    changed = lock_down(zk, settings.zk_user, settings.zk_password, [digest_id(bookie_zk_user, password)], zk_root)
+    click.echo(json.dumps(changed) if as_json else
+               f"ZooKeeper at {zk} secured: {plural(changed['created'], 'node')} created, "
+               f"{plural(changed['closed'], 'node')} closed to anyone")

@@ -161,6 +161,15 @@ async def refuse_stream_ledger(client: Any, ledger_id: int, doing: str, conseque
                                "pass --force to do it anyway")
 
 
+async def require_ledger_admin(client: Any, ledger_id: int, doing: str) -> None:
+    """Recovering or deleting a namespace's ledger is its admins' (issue 20: a consumer deleted a
+    stream's data); ZooKeeper's ACLs and the bookies refuse others too, this says so first."""
+    metadata, _ = await client.ledger_metadata(ledger_id)
+    namespace = dict(metadata.custom).get("namespace")
+    if namespace is not None:
+        client.security.require_role(namespace, "admin", f"{doing} ledger {ledger_id}")
+
+
 @ledger.command("recover")
 @click.argument("ledger_id", type=click.IntRange(0))
 @password_option
@@ -175,6 +184,7 @@ def ledger_recover(ledger_id: int, password: str, force: bool, zk: str, zk_root:
     unless --force."""
 
     async def action(client: Any) -> dict[str, Any]:
+        await require_ledger_admin(client, ledger_id, "recovering")
         if not force:
             await refuse_stream_ledger(client, ledger_id, "recovering",
                                        "fence that stream's writer (its records in flight would fail)",
@@ -201,6 +211,7 @@ def ledger_delete(ledger_id: int, force: bool, zk: str, zk_root: str, as_json: b
     records use `dlog truncate` or retention, which keep the stream consistent."""
 
     async def action(client: Any) -> None:
+        await require_ledger_admin(client, ledger_id, "deleting")
         if not force:
             await refuse_stream_ledger(client, ledger_id, "deleting",
                                        "lose that segment's records (use `dlog truncate` or retention "

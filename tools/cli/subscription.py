@@ -96,6 +96,7 @@ def subscription_reset(stream: str, name: str, target: str, cluster: tuple[str, 
     start = parse_start(target, flag="--to")
 
     async def action(ns: Any) -> tuple[Any, Any]:
+        ns.security.require_role(ns.name, "admin", f"resetting subscription {name!r}")
         before = (await ns.subscriptions(stream)).get(name)
         offset = await first_offset_from(ns, stream, start)
         await ns.commit_subscription(stream, name, offset)

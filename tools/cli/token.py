@@ -53,22 +53,22 @@ def token_create(roles: tuple[str, ...], namespace: str | None, subject: str | N
     text = create_token(TokenKey.from_file(key_path), name, scoped,
                         ttl_s=ttl / 1000 if ttl is not None else None)
     if client_config_out is not None:
-        _write_client_config(client_config_out, settings, namespace, text, zk, zk_root)
+        _write_client_config(client_config_out, settings, namespace, roles, text, zk, zk_root)
         click.echo(f"wrote {client_config_out}", err=True)
     click.echo(text)
 
 
-def _write_client_config(path: Path, settings, namespace: str | None, text: str, zk: str,  # type: ignore[no-untyped-def]
-                         zk_root: str) -> None:
+def _write_client_config(path: Path, settings, namespace: str | None, roles: tuple[str, ...], text: str,  # type: ignore[no-untyped-def]
+                         zk: str, zk_root: str) -> None:
+    from bookkeeper.security.settings import namespace_settings
     from tools.secure import provision_namespace, write_client_toml
 
     if settings.tls is None or settings.tls.ca_file is None:
         raise ConfigError("--client-config needs an admin's client.toml with ca_file")
-    credentials = settings.namespace_credentials(namespace) if namespace else None
+    zookeeper: dict = {}
     if namespace is not None:
-        if credentials is None:
+        if settings.cluster_secret is None:
             raise ConfigError("--client-config for a namespace needs cluster_secret_file in client.toml")
         asyncio.run(provision_namespace(zk, settings, namespace, bookkeeper_root=zk_root))
-    write_client_toml(path, zk=zk, ca_file=Path(settings.tls.ca_file), token=text,
-                      zk_user=credentials[0] if credentials else None,
-                      zk_password=credentials[1] if credentials else None)
+        zookeeper = namespace_settings(settings.cluster_secret, namespace, [r for r in roles if r != "bookie"])
+    write_client_toml(path, zk=zk, ca_file=Path(settings.tls.ca_file), token=text, **zookeeper)
