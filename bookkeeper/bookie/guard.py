@@ -24,8 +24,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bookkeeper.errors import AuthenticationError, DlogError, NoSuchLedgerError
+from bookkeeper.errors import AuthenticationError, CorruptMetadataError, DlogError, ForbiddenError, NoSuchLedgerError
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
+from bookkeeper.protocol.create import CreateLedgerRequest
+from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.wire import (
     AddRequest,
     AuthMechanism,
@@ -41,7 +43,8 @@ from bookkeeper.protocol.wire import (
     WriteLacRequest,
     encode_response,
 )
-from bookkeeper.security.authz import ANONYMOUS, Action, Principal, decide
+from bookkeeper.security.authz import ANONYMOUS, ROLE_ADMIN, ROLE_BOOKIE, Action, Principal, Role, decide
+from bookkeeper.security.settings import parse_role_zk_user
 from bookkeeper.security.quota import UNLIMITED, Quota, StreamSlots, TokenBucket
 from bookkeeper.security.tls import ServerTls
 from bookkeeper.security.tokens import TokenKey, TokenVerifier, certificate_principal
@@ -97,6 +100,8 @@ def action_of(request: Any) -> Action:
         return Action.READ  # a replica check reveals what a read would
     if kind is WriteLacRequest:
         return Action.WRITE_LAC
+    if kind is CreateLedgerRequest:
+        return Action.CREATE_LEDGER
     return Action.INFO
 
 
@@ -185,6 +190,9 @@ class Guard:
         if type(request) is AddBatchRequest:
             self._dispatch_batch(request, connection, principal)
             return
+        if type(request) is CreateLedgerRequest:
+            self._dispatch_create(request, connection, principal)
+            return
         ledger_id = request.ledger_id
         if principal.is_admin and (self._knows_ledger(ledger_id)
                                    or action not in (Action.ADD, Action.FENCE)):
@@ -205,7 +213,8 @@ class Guard:
                          f"ledger {request.ledger_id}: {reason}")
             return
         if action is Action.ADD and namespace is not None and self._quota_lookup is not None:
-            over = None if request.recovery else self.over_quota(namespace, request.ledger_id)
+            exempt = request.recovery and _copies_for_the_cluster(connection.principal)
+            over = None if exempt else self.over_quota(namespace, request.ledger_id)
             if over is not None:
                 self._refuse(connection, request.request_id, _opcode(request), Status.QUOTA_EXCEEDED, over)
                 return
@@ -255,7 +264,8 @@ class Guard:
                 refusals[index] = verdict
                 continue
             namespace = self._namespaces.get(ledger_id)
-            if namespace is not None and self._quota_lookup is not None and not group.recovery:
+            exempt = group.recovery and _copies_for_the_cluster(principal)
+            if namespace is not None and self._quota_lookup is not None and not exempt:
                 over = self.over_quota(namespace, ledger_id)
                 if over is not None:
                     refusals[index] = (Status.QUOTA_EXCEEDED, over)
@@ -276,6 +286,9 @@ class Guard:
         if isinstance(outcome, NoSuchLedgerError) or outcome is _MISSING:
             return Status.NO_LEDGER, (f"ledger {ledger_id} has no metadata: a bookie never creates a "
                                       "ledger for a request (create it through the client first)")
+        if isinstance(outcome, ForbiddenError):
+            self.forbidden += 1
+            return Status.FORBIDDEN, str(outcome)
         if isinstance(outcome, BaseException):
             return Status.TOO_MANY_REQUESTS, f"cannot check ledger {ledger_id}'s metadata now: {outcome}"
         reason = decide(principal, Action.ADD, outcome)
@@ -283,6 +296,26 @@ class Guard:
             self.forbidden += 1
             return Status.FORBIDDEN, f"ledger {ledger_id}: {reason}"
         return None
+
+    # ------------------------------------------------------------------ CREATE_LEDGER
+
+    def _dispatch_create(self, request: CreateLedgerRequest, connection: Connection, principal: Principal) -> None:
+        """A principal may have a ledger created in a namespace it may produce in, writable by that
+        namespace's producer and admin identities only (bookkeeper/protocol/create.py)."""
+        try:
+            namespace = dict(LedgerMetadata.from_bytes(request.metadata).custom).get("namespace")
+        except CorruptMetadataError as exc:
+            self._refuse(connection, request.request_id, OpCode.CREATE_LEDGER, Status.BAD_REQUEST,
+                         f"the ledger metadata is not valid: {exc}")
+            return
+        reason = decide(principal, Action.CREATE_LEDGER, namespace)
+        if reason is None:
+            reason = _writers_refusal(request.writers, namespace)
+        if reason is not None:
+            self.forbidden += 1
+            self._refuse(connection, request.request_id, OpCode.CREATE_LEDGER, Status.FORBIDDEN, reason)
+            return
+        self.handlers[CreateLedgerRequest](request, connection)
 
     # ------------------------------------------------------------------ quotas
 
@@ -295,6 +328,8 @@ class Guard:
         ledger's stream is beyond its streams_max), or None. Recovery adds (a writer's recovery,
         auto-recovery's copies) are never asked: they write entries again, not new data."""
         cached = self._quotas.get(namespace)
+        if cached is None or time.monotonic() - cached[1] > QUOTA_REFRESH_S:
+            self._refresh_quota(namespace)  # a raised quota lets a refused namespace in again
         if cached is None:
             return None
         quota = cached[0]
@@ -396,6 +431,9 @@ class Guard:
                 self._refuse(connection, request.request_id, _opcode(request), Status.NO_LEDGER,
                              f"ledger {ledger_id} has no metadata: a bookie never creates a ledger "
                              "for a request (create it through the client first)")
+            elif isinstance(outcome, ForbiddenError):
+                self.forbidden += 1
+                self._refuse(connection, request.request_id, _opcode(request), Status.FORBIDDEN, str(outcome))
             elif isinstance(outcome, BaseException):
                 self._refuse(connection, request.request_id, _opcode(request), Status.TOO_MANY_REQUESTS,
                              f"cannot check ledger {ledger_id}'s metadata now: {outcome}")
@@ -430,11 +468,29 @@ class Guard:
             connection.close_after_answer()
 
 
+def _copies_for_the_cluster(principal: Principal | None) -> bool:
+    """Recovery adds of bookies (re-replication) and admins copy entries again and are never
+    counted against a quota; anyone else's are, since a RECOVERY_ADD can carry new entries too."""
+    roles = (principal or ANONYMOUS).roles
+    return Role(ROLE_ADMIN) in roles or Role(ROLE_BOOKIE) in roles
+
+
+def _writers_refusal(writers: tuple[str, ...], namespace: str | None) -> str | None:
+    """Why these ZooKeeper ids may not be a new ledger's writers: each must be the producer or
+    admin identity of the ledger's own namespace (anything else could relabel it, acl.py)."""
+    for writer in writers:
+        parsed = parse_role_zk_user(writer.split(":", 1)[0])
+        if parsed is None or parsed[0] != namespace or parsed[1] not in ("produce", "admin"):
+            return (f"writer id {writer.split(':', 1)[0]!r} is not a producer or admin identity of namespace "
+                    f"{namespace!r} (ns.{namespace}.produce or ns.{namespace}.admin)")
+    return None
+
+
 _OPCODES: dict[type, int] = {AddRequest: OpCode.ADD, ReadRequest: OpCode.READ,
                              ReadLacRequest: OpCode.READ_LAC, WriteLacRequest: OpCode.WRITE_LAC,
                              BookieInfoRequest: OpCode.GET_BOOKIE_INFO, AuthRequest: OpCode.AUTH,
                              AddBatchRequest: OpCode.ADD_BATCH, ReadRangeRequest: OpCode.READ_RANGE,
-                             CheckEntriesRequest: OpCode.CHECK_ENTRIES}
+                             CheckEntriesRequest: OpCode.CHECK_ENTRIES, CreateLedgerRequest: OpCode.CREATE_LEDGER}
 
 
 class _BatchWait:

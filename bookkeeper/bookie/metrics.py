@@ -121,6 +121,11 @@ class _ServiceCollector(Collector):
                                                        "namespace's write quota", guard.throttled)
             counters["dlog_bookie_quota_refusals"] = ("Adds refused because their namespace reached "
                                                       "its stored_bytes_max", guard.quota_refusals)
+        ledgers = self.service.ledgers
+        counters["dlog_bookie_ledgers_created"] = ("Ledgers created for clients (CREATE_LEDGER)", ledgers.created)
+        counters["dlog_bookie_ledger_namespaces_untrusted"] = ("Ledger metadata lookups refused because the "
+                                                               "node's ACL cannot vouch for its namespace",
+                                                               ledgers.untrusted)
         for name, (documentation, value) in counters.items():
             yield CounterMetricFamily(name, documentation, value=value)
         refused = CounterMetricFamily("dlog_bookie_connections_refused", "Connections refused at a cap",
@@ -154,6 +159,10 @@ class _ServiceCollector(Collector):
             "dlog_bookie_long_polls": ("Long polls parked", core.waiter_count),
             "dlog_bookie_long_polls_max": ("Long polls parked at which more are refused",
                                            core.long_poll_waiters_max),
+            "dlog_bookie_ledger_creates_pending": ("Ledger creations (CREATE_LEDGER) running",
+                                                   self.service.ledgers.creates_pending),
+            "dlog_bookie_ledger_creates_pending_max": ("Ledger creations running at which more are refused",
+                                                       self.service.ledgers.creates_pending_max),
             "dlog_bookie_read_only": ("1 when the bookie refuses adds", int(core.read_only)),
             "dlog_bookie_write_cache_bytes": ("Entry bytes not yet checkpointed",
                                               self.service.storage.write_cache_bytes),

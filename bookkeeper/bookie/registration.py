@@ -42,8 +42,46 @@ async def ensure_cluster(zk: AsyncZooKeeper, root: str) -> str:
         pass
     if zk.acl_policy is not None:
         await _announce_identity(zk, root)
+        await _close_open_directories(zk, root)
     data, _ = await zk.get(layout.instance_id_path(root))
     return data.decode()
+
+
+async def _close_open_directories(zk: AsyncZooKeeper, root: str) -> None:
+    """Earlier versions let anyone create in the ledger directories and write the id counter (an
+    intruder could plant directories and swap ledgers, acl.py): give every such node the cluster's
+    ACL again where this bookie may. A directory it may not change stays as it is, and no new
+    ledger goes below it (ZooKeeperMetadataStore skips it)."""
+    from bookkeeper.errors import MetadataPermissionError
+    from bookkeeper.meta.acl import parse_bookie_ids, security_path, world_writable
+
+    found = await zk.get_or_none(security_path(root))
+    zk.acl_policy.learn_bookies(parse_bookie_ids(found[0]) if found is not None else [])
+    paths = [layout.idgen_path(root), f"{layout.idgen_path(root)}/next"]
+    level = [layout.ledgers_path(root)]
+    for _depth in range(5):  # the ledgers root and the four directory levels above the L nodes
+        paths += level
+        below = []
+        for path in level:
+            try:
+                below += [f"{path}/{name}" for name in await zk.children(path) if not name.startswith("L")]
+            except MetadataNotFoundError:
+                continue
+        level = below
+    closed = 0
+    for path in paths:
+        try:
+            if not world_writable(await zk.get_acls(path)):
+                continue
+            await zk.set_acls(path, zk.acl_policy.acl_for(path))
+            closed += 1
+        except MetadataNotFoundError:
+            continue
+        except MetadataPermissionError:
+            log.warning("%s lets anyone create or delete there and this bookie may not change that: no new "
+                        "ledger goes below it (an admin can: dlog cluster secure)", path)
+    if closed:
+        log.info("closed %d ledger directories that anyone could write (made by an earlier version)", closed)
 
 
 async def _announce_identity(zk: AsyncZooKeeper, root: str) -> None:

@@ -26,16 +26,17 @@ from bookkeeper.bookie.config import BookieConfig
 from bookkeeper.bookie.guard import NAMESPACE_CACHE_MAX, Guard, ServerSecurity
 from bookkeeper.bookie.http import make_app
 from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.ledgers import LedgerMetadataAccess
 from bookkeeper.bookie.metrics import BookieMetrics
 from bookkeeper.bookie.registration import Registration, check_cookie, ensure_cluster
 from bookkeeper.bookie.server import BookieServer
 from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.clock import wall_ms
-from bookkeeper.errors import DlogError, MetadataError, NoSuchLedgerError
+from bookkeeper.errors import DlogError, ForbiddenError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import TOMBSTONE
 from bookkeeper.meta.usage import USAGE_LOOKUPS_MAX, Usage, cluster_usage, publish_usage
-from bookkeeper.protocol.metadata import LedgerMetadata
+from bookkeeper.protocol.create import CreateLedgerRequest
 from bookkeeper.protocol.wire import BookieInfoResponse, BookieState
 from bookkeeper.security.quota import STREAMS_RANKED_MAX, UNLIMITED, Quota
 from bookkeeper.security.settings import SecuritySettings
@@ -87,6 +88,8 @@ class BookieService:
         self.server = BookieServer(self.core, config.limits, self._info,
                                    journal_full=lambda: self.journal.full, guard=self.guard,
                                    tls=security.tls.context() if security.tls is not None else None)
+        self.ledgers = LedgerMetadataAccess(None, config.zk_root)  # its ZooKeeper comes with the cookie check
+        self.server.handlers[CreateLedgerRequest] = self.ledgers.on_create_ledger
         self.port = config.port
         self.http_port: int | None = None
         self.bookie_id = config.bookie_id or f"{config.host}:{config.port}"
@@ -162,6 +165,8 @@ class BookieService:
         await self.zk.start()
         instance_id = await ensure_cluster(self.zk, self.config.zk_root)
         await check_cookie(self.zk, self.config.zk_root, self.bookie_id, self.data_dir, instance_id)
+        self.ledgers.zk = self.zk
+        await self.ledgers.start()
 
     def _recover_storage(self) -> None:
         self.storage.open()
@@ -169,19 +174,14 @@ class BookieService:
         self.replayed_records = self.journal.replay(mark, self.core.replay_record)
 
     async def _ledger_namespace(self, ledger_id: int) -> str | None:
-        """The namespace a ledger's metadata names (None: none); NoSuchLedgerError without metadata."""
-        assert self.zk is not None
-        found = await self.zk.get_or_none(layout.ledger_path(self.config.zk_root, ledger_id))
-        if found is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
-        if found[0] == TOMBSTONE:
-            raise NoSuchLedgerError(f"ledger {ledger_id} was deleted")
-        custom = dict(LedgerMetadata.from_bytes(found[0]).custom)
+        """The namespace a ledger's metadata names (None: none), as far as its ACL vouches for it;
+        NoSuchLedgerError without metadata, ForbiddenError when the ACL cannot vouch."""
+        namespace, stream = await self.ledgers.namespace_and_stream(ledger_id)
         streams = self._ledger_streams  # for the guard's streams_max backstop (bounded like its cache)
         if ledger_id not in streams and len(streams) >= NAMESPACE_CACHE_MAX:
             streams.pop(next(iter(streams)))
-        streams[ledger_id] = custom.get("stream")
-        return custom.get("namespace")
+        streams[ledger_id] = stream
+        return namespace
 
     async def _namespace_quota(self, namespace: str) -> Quota:
         assert self.zk is not None
@@ -255,6 +255,7 @@ class BookieService:
     async def _shutdown(self) -> None:
         if self._unwatch_cookie is not None:
             self._unwatch_cookie()
+        await self.ledgers.stop()
         if self.autorecovery is not None:
             await self.autorecovery.stop()
         for task in self._tasks:
@@ -323,8 +324,8 @@ class BookieService:
                 lookups += 1
                 try:
                     namespaces[ledger_id] = await self._ledger_namespace(ledger_id)
-                except NoSuchLedgerError:
-                    namespaces[ledger_id] = None  # deleted: GC takes it
+                except (NoSuchLedgerError, ForbiddenError):
+                    namespaces[ledger_id] = None  # deleted (GC takes it), or no namespace can be believed
                 except DlogError:
                     continue
             namespace = namespaces[ledger_id]

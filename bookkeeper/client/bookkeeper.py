@@ -26,6 +26,7 @@ from bookkeeper.errors import (
     DlogError,
     ForbiddenError,
     LedgerRecoveryError,
+    NotEnoughBookiesError,
     UnauthorizedError,
 )
 from bookkeeper.meta import layout
@@ -39,6 +40,7 @@ from bookkeeper.security.settings import SecuritySettings, load_client_settings
 
 log = logging.getLogger(__name__)
 RECOVERY_RETRY = Backoff(attempts_max=5, delay_s_first=0.2, delay_s_max=2.0)
+CREATE_RETRY = Backoff(attempts_max=10, delay_s_first=0.05, delay_s_max=1.0, deadline_s=30.0)
 
 
 class BookKeeper:
@@ -149,13 +151,43 @@ class BookKeeper:
                                   ctime_ms=int(time.time() * 1000),
                                   custom=tuple(sorted((custom or {}).items())),
                                   master_key=master_key(password).hex())
-        ledger_id, version = await self.store.create_ledger(metadata)
+        writers = self.store.ledger_writers(dict(metadata.custom).get("namespace"))
+        if writers is None:
+            ledger_id, version = await self.store.create_ledger(metadata)
+        else:
+            ledger_id, version = await self._create_through_bookie(metadata, writers, bookies)
         writer = LedgerWriter(ledger_id, metadata, version, Digest.for_ledger(digest, password),
                               available_bookies=self.writable_bookies(), rng=self.rng,
                               add_timeout_ms=self.settings.add_timeout_ms,
                               explicit_lac_interval_ms=self.settings.explicit_lac_interval_ms,
                               eager_lac=self.settings.eager_lac)
         return LedgerHandle(self.context, ledger_id, writer, master_key(password))
+
+    async def _create_through_bookie(self, metadata: LedgerMetadata, writers: list[str],
+                                     ensemble: Sequence[str]) -> tuple[int, int]:
+        """With ZooKeeper ACLs only bookies and admins create ledger nodes (acl.py): a bookie of the
+        ensemble (or any other writable one) creates it, after checking our role. A bookie that is
+        unreachable or busy is passed over; a refusal (forbidden, bad metadata) is final."""
+        from bookkeeper.protocol.create import CreateLedgerRequest
+
+        data = metadata.to_bytes()
+        candidates = list(dict.fromkeys([*ensemble, *self.writable_bookies()]))
+
+        async def attempt() -> tuple[int, int]:
+            failure: DlogError = NotEnoughBookiesError("no bookie is registered to create the ledger")
+            for bookie_id in candidates:
+                request = CreateLedgerRequest(self.pool.next_request_id(), data, tuple(writers))
+                try:
+                    response = await self.pool.send(bookie_id, request)
+                except DlogError as exc:
+                    if not exc.retryable:
+                        raise
+                    failure = exc
+                    continue
+                return response.ledger_id, 0
+            raise failure
+
+        return await retry(attempt, CREATE_RETRY, what="ledger creation through a bookie")
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"",
                           recovery: bool = True) -> ReadHandle:

@@ -32,6 +32,10 @@ class MetadataStore(Protocol):
     async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
         """Allocate a ledger id and store its metadata; returns (ledger id, version)."""
 
+    def ledger_writers(self, namespace: str | None) -> list[str] | None:
+        """None when this client creates ledgers itself; else a bookie creates them (a cluster
+        with ZooKeeper ACLs), giving write to these ids (bookkeeper.protocol.create)."""
+
     async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         """(metadata, version); NoSuchLedgerError when absent, CorruptMetadataError when unreadable."""
 
@@ -64,6 +68,9 @@ class MemoryMetadataStore:
         self._next_id = 1
         self._bookies = list(bookies or [])
         self._watchers: list[Callable[[list[BookieInfo]], None]] = []
+
+    def ledger_writers(self, namespace: str | None) -> list[str] | None:
+        return None
 
     async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
         ledger_id = self._next_id

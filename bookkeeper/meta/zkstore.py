@@ -25,7 +25,7 @@ from bookkeeper.errors import (
     NoSuchLedgerError,
 )
 from bookkeeper.meta import layout
-from bookkeeper.meta.acl import TOMBSTONE, parse_bookie_ids, security_path, world_writable
+from bookkeeper.meta.acl import TOMBSTONE, directory_refusal, parse_bookie_ids, security_path, world_writable
 from bookkeeper.meta.store import BookieInfo
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.protocol.metadata import LedgerMetadata
@@ -34,6 +34,11 @@ from bookkeeper.retry import Backoff, retry
 log = logging.getLogger(__name__)
 ID_COUNTER = "next"
 ID_SQUATTED_RETRIES = 10
+# a repaired counter starts this far past the highest existing ledger: ids handed out and deleted
+# since may still have entries on bookies until their garbage collection, and are never reused
+ID_REPAIR_MARGIN = 1_000_000
+TRUSTED_DIRECTORIES_MAX = 1024
+LEDGERS_PER_DIRECTORY = 10_000  # the ledger nodes of one directory of the split layout
 # short jittered waits for contention on the id counter; the deadline also covers ConnectionLoss
 ID_ALLOCATION_RETRY = Backoff(attempts_max=300, delay_s_first=0.002, delay_s_max=0.1,
                               multiplier=1.3, jitter_fraction=1.0, deadline_s=30.0)
@@ -46,6 +51,7 @@ class ZooKeeperMetadataStore:
         self.zk = zk
         self.root = root
         self._owns_client = owns_client
+        self._trusted_directories: set[str] = set()
         # with ZooKeeper credentials, only ACL-protected registrations are used (S3)
         self.trusted_registrations_only = (zk.acl_policy is not None if trusted_registrations_only is None
                                            else trusted_registrations_only)
@@ -78,12 +84,21 @@ class ZooKeeperMetadataStore:
 
     # ------------------------------------------------------------------ ledger ids
 
+    def ledger_writers(self, namespace: str | None) -> list[str] | None:
+        """None on an open cluster (this client creates its ledgers itself); with ACLs, the digest
+        ids a new ledger of `namespace` gives write to: it is then created by a bookie
+        (CREATE_LEDGER), as only the cluster's own identities create ledger nodes (acl.py)."""
+        if self.zk.acl_policy is None:
+            return None
+        return self.zk.acl_policy.ledger_writers(namespace)
+
     async def _allocate_id(self) -> int:
         """Compare-and-set a counter: unique ids that increase in allocation order. Another
         client's allocation in between costs a retry with jittered back-off, or a crowd of writers
         opening at once keeps colliding (seen with 32 concurrent writers). An id whose allocation
-        answer was lost is skipped, never handed out twice."""
-        path = f"{layout.idgen_path(self.root)}/{ID_COUNTER}"
+        answer was lost is skipped, never handed out twice. A counter that holds no id (garbage, a
+        negative number, or past the maximum) is repaired past every existing ledger, loudly."""
+        path = self._counter_path
 
         async def attempt() -> int:
             found = await self.zk.get_or_none(path)
@@ -94,9 +109,10 @@ class ZooKeeperMetadataStore:
                 except MetadataExistsError as exc:
                     raise MetadataContentionError("the id counter was created meanwhile") from exc
             data, version = found
-            ledger_id = int(data)
-            if ledger_id > layout.LEDGER_ID_MAX:
-                raise LedgerIdsExhaustedError("ledger ids are exhausted (63 bits)")
+            ledger_id = _counter_value(data)
+            if ledger_id is None:
+                await self._repair_counter(data, version)
+                raise MetadataContentionError("the id counter was repaired")
             try:
                 await self.zk.set(path, str(ledger_id + 1).encode(), version)
             except MetadataVersionError as exc:
@@ -105,21 +121,123 @@ class ZooKeeperMetadataStore:
 
         return await retry(attempt, ID_ALLOCATION_RETRY, what="ledger id allocation", quiet=True)
 
-    async def create_ledger(self, metadata: LedgerMetadata) -> tuple[int, int]:
+    @property
+    def _counter_path(self) -> str:
+        return f"{layout.idgen_path(self.root)}/{ID_COUNTER}"
+
+    async def _repair_counter(self, data: bytes, version: int) -> None:
+        highest = await self.max_ledger_id()
+        repaired = (highest or 0) + ID_REPAIR_MARGIN
+        if repaired >= layout.LEDGER_ID_MAX:
+            raise LedgerIdsExhaustedError(f"ledger ids are exhausted: ledger {highest} exists (63 bits)")
+        log.error("the ledger id counter %s held %r, which is no ledger id: set to %d (the highest "
+                  "existing ledger is %s, plus a margin for ids handed out and deleted since)",
+                  self._counter_path, data[:40], repaired, highest)
+        try:
+            await self.zk.set(self._counter_path, str(repaired).encode(), version)
+        except MetadataVersionError:
+            pass  # someone else repaired or allocated meanwhile: read it again
+
+    async def _move_counter(self, next_id: int) -> None:
+        """Move the id counter up to `next_id` (never down)."""
+        found = await self.zk.get_or_none(self._counter_path)
+        if found is not None and (_counter_value(found[0]) or 0) < next_id:
+            try:
+                await self.zk.set(self._counter_path, str(next_id).encode(), found[1])
+            except MetadataVersionError:
+                pass  # moved meanwhile: the next allocation looks again
+
+    async def _skip_squatters(self, ledger_id: int) -> None:
+        """Metadata for `ledger_id` existed before its allocation: someone created nodes ahead of the
+        counter. Move the counter past every such node of its directory at once (one listing), so
+        a row of squatted ids costs one retry, not one per id."""
+        directory = layout.ledger_path(self.root, ledger_id).rsplit("/", 1)[0]
+        base = ledger_id - ledger_id % LEDGERS_PER_DIRECTORY
+        ahead = [base + int(name[1:]) for name in await self.zk.children(directory)
+                 if name.startswith("L") and len(name) == 5 and name[1:].isdigit()]
+        highest = max([ledger_id, *ahead])
+        log.warning("ledger id %d already had metadata nobody allocated (so do %d ids up to %d): skipped",
+                    ledger_id, sum(1 for found in ahead if found > ledger_id), highest)
+        await self._move_counter(highest + 1)
+
+    async def _directory_refusal(self, ledger_id: int) -> tuple[str, str, int] | None:
+        """(directory, why, first id past it) when a directory on the way to a new ledger must not
+        hold it; None when all may. With ACLs, a directory someone else could create in or delete
+        from is never used: a directory made by an intruder could take the ledger away or swap it
+        (acl.py). The directories the layout needs are made here, with the cluster's ACLs."""
+        policy = self.zk.acl_policy
+        if policy is None:
+            return None
+        parts = layout.split_ledger_id_parts(ledger_id)[:-1]
+        trusted_ids = (*policy.bookie_ids, policy.own_id)
+        path = layout.ledgers_path(self.root)
+        for depth in range(len(parts) + 1):
+            if depth:
+                path = f"{path}/{parts[depth - 1]}"
+            if path in self._trusted_directories:
+                continue
+            try:
+                acls = await self.zk.get_acls(path)
+            except MetadataNotFoundError:
+                await self.zk.ensure_path(path)  # ours, with our ACLs
+                acls = await self.zk.get_acls(path)
+            refusal = directory_refusal(acls, trusted_ids)
+            if refusal is not None:
+                span = 10 ** (layout.LEDGER_ID_DIGITS - sum(len(part) for part in parts[:depth]))
+                return path, refusal, (ledger_id // span + 1) * span
+            if len(self._trusted_directories) >= TRUSTED_DIRECTORIES_MAX:
+                self._trusted_directories.clear()
+            self._trusted_directories.add(path)
+        return None
+
+    async def max_ledger_id(self) -> int | None:
+        """The highest ledger id with metadata (a walk down the last names: a few listings)."""
+
+        async def walk(path: str, depth: int) -> int | None:
+            try:
+                names = await self.zk.children(path)
+            except MetadataNotFoundError:
+                return None
+            for name in reversed(names):
+                if depth == 4:
+                    if name.startswith("L") and len(name) == 5 and name[1:].isdigit():
+                        return layout.ledger_id_from_path(f"{path}/{name}")
+                    continue
+                if len(name) != (3 if depth == 0 else 4) or not name.isdigit():
+                    continue
+                found = await walk(f"{path}/{name}", depth + 1)
+                if found is not None:
+                    return found
+            return None
+
+        return await walk(layout.ledgers_path(self.root), 0)
+
+    async def create_ledger(self, metadata: LedgerMetadata, writers: list[str] | None = None) -> tuple[int, int]:
         """Allocate an id and create its metadata; an id someone created metadata for out of turn
-        (a squatter) is skipped, never shared. An attempt whose answer was lost (ConnectionLoss
-        while a ZooKeeper leader is elected) is tried again; finding the node then with our very
-        bytes means that attempt landed."""
+        (a squatter) is skipped, never shared, and so is a directory someone else could write.
+        An attempt whose answer was lost (ConnectionLoss while a ZooKeeper leader is elected) is
+        tried again; finding the node then with our very bytes means that attempt landed.
+        `writers`: the digest ids that may write the node besides the bookies (acl.py)."""
         data = metadata.to_bytes()
         for _ in range(ID_SQUATTED_RETRIES):
             ledger_id = await self._allocate_id()
+            refusal = await self._directory_refusal(ledger_id)
+            if refusal is not None:
+                directory, why, next_id = refusal
+                if next_id > layout.LEDGER_ID_MAX:
+                    raise MetadataError(f"no ledger directory can hold new ledgers: {directory} ({why})")
+                log.error("ledger directory %s cannot hold new ledgers (%s): ids below %d are skipped",
+                          directory, why, next_id)
+                await self._move_counter(next_id)
+                continue
             path = layout.ledger_path(self.root, ledger_id)
+            acl = self.zk.acl_policy.acl_for(path, writers) if self.zk.acl_policy is not None else None
             uncertain = False
 
             async def attempt() -> bool:
                 nonlocal uncertain
                 try:
-                    await self.zk.create(path, data, makepath=True)
+                    await self.zk.create(path, data, makepath=True, acl=acl)
                 except MetadataExistsError:
                     found = await self.zk.get_or_none(path) if uncertain else None
                     return found is not None and found[0] == data  # ours, or a squatter's
@@ -130,8 +248,10 @@ class ZooKeeperMetadataStore:
 
             if await retry(attempt, METADATA_RETRY, what=f"creation of ledger {ledger_id}"):
                 return ledger_id, 0
-            log.warning("ledger id %d already had metadata nobody allocated: skipped", ledger_id)
-        raise MetadataError(f"{ID_SQUATTED_RETRIES} allocated ledger ids in a row already had metadata")
+            await self._skip_squatters(ledger_id)
+        raise MetadataError(f"{ID_SQUATTED_RETRIES} allocated ledger ids in a row already had metadata or lay in "
+                            "directories others could write (see the log; an admin may delete the squatted "
+                            f"nodes under {layout.ledgers_path(self.root)})")
 
     async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         path = layout.ledger_path(self.root, ledger_id)
@@ -304,6 +424,16 @@ async def ledger_ids_page(zk: AsyncZooKeeper, base: str, after: int, limit: int)
 
     await walk(base, 0, True)
     return found
+
+
+def _counter_value(data: bytes) -> int | None:
+    """The next ledger id a counter node holds, None when it holds none."""
+    try:
+        value = int(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    # the maximum is no id to hand out either: 2**63 allocations cannot have happened, it was written
+    return value if 0 <= value < layout.LEDGER_ID_MAX else None
 
 
 def _bookie_info(name: str, data: bytes) -> BookieInfo:

@@ -44,6 +44,7 @@ class OpCode(enum.IntEnum):
     ADD_BATCH = 7  # version 2 (bookkeeper.protocol.batch)
     READ_RANGE = 8  # version 2
     CHECK_ENTRIES = 9  # version 2 (auto-recovery replica checks)
+    CREATE_LEDGER = 10  # version 2 (bookkeeper.protocol.create: ledgers on a cluster with ZooKeeper ACLs)
 
 
 V1_OPCODE_MAX = OpCode.AUTH
@@ -328,6 +329,8 @@ def encode_request(request: Request) -> bytes:
                       _AUTH_HEAD.pack(request.mechanism) + request.credentials)
     if isinstance(request, _batch.AddBatchRequest):
         return _batch.encode_add_batch_request(request)
+    if isinstance(request, _create.CreateLedgerRequest):
+        return _create.encode_create_ledger_request(request)
     if isinstance(request, _batch.ReadRangeRequest):
         return _batch.encode_read_range_request(request)
     if isinstance(request, CheckEntriesRequest):
@@ -367,6 +370,8 @@ def encode_response(response: Response) -> bytes:
     if isinstance(response, ErrorResponse):
         message = response.message.encode("utf-8", "replace")[:ERROR_MESSAGE_BYTES_MAX]
         return _frame(response.opcode, response.status, response.request_id, message)
+    if isinstance(response, _create.CreateLedgerResponse):
+        return _create.encode_create_ledger_response(response)
     if isinstance(response, _batch.AddBatchResponse):
         return _batch.encode_add_batch_response(response.request_id, response.entry_count,
                                                 response.failures)
@@ -461,12 +466,14 @@ class RequestDecoder(_FrameReader):
                               status=status)
 
         if opcode > V1_OPCODE_MAX and self.peer_version == 1:
-            raise refuse(f"unknown opcode {opcode} in protocol version 1 (ADD_BATCH, READ_RANGE and "
-                         "CHECK_ENTRIES need version 2)")
+            raise refuse(f"unknown opcode {opcode} in protocol version 1 (ADD_BATCH, READ_RANGE, "
+                         "CHECK_ENTRIES and CREATE_LEDGER need version 2)")
         if opcode == OpCode.ADD_BATCH:
             return _batch.parse_add_batch(request_id, flags, body, self.entry_bytes_max)
         if opcode == OpCode.READ_RANGE:
             return _batch.parse_read_range(request_id, flags, body)
+        if opcode == OpCode.CREATE_LEDGER:
+            return _create.parse_create_ledger(request_id, flags, body)
         if flags & ~KNOWN_FLAGS:
             raise refuse(f"unknown flags 0x{flags:x} (known: 0x{KNOWN_FLAGS:x})")
         if opcode == OpCode.ADD:
@@ -590,6 +597,8 @@ def _parse_response(opcode: int, status: int, request_id: int, body: bytes) -> R
         return _batch.parse_add_batch_response(request_id, body)
     if opcode == OpCode.READ_RANGE:
         return _batch.parse_read_range_response(request_id, body)
+    if opcode == OpCode.CREATE_LEDGER:
+        return _create.parse_create_ledger_response(request_id, body)
     if opcode == OpCode.CHECK_ENTRIES:
         ledger_id, first_entry_id, count = _CHECK.unpack_from(body)
         if len(body) != _CHECK.size + count * _CHECKED.size:
@@ -610,3 +619,4 @@ def _opcode_name(opcode: int) -> str:
 # The batched messages of version 2 live in their own module, which builds on the names above:
 # imported last so that either module may be imported first.
 from bookkeeper.protocol import batch as _batch  # noqa: E402
+from bookkeeper.protocol import create as _create  # noqa: E402

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from bookkeeper.errors import QuotaExceededError
+from bookkeeper.errors import ForbiddenError, MetadataNotFoundError, QuotaExceededError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import zk_options
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.security.quota import Quota
 from dlog.namespace import Namespace
 from dlog.segments.metadata import StreamConfig
-from tests.helpers import dlog_runner, secure_local_cluster
+from tests.helpers import dlog_runner, eventually, secure_local_cluster
 from tools.secure import provision_namespace
 
 pytestmark = pytest.mark.timeout(180)
@@ -93,3 +93,49 @@ async def test_a_stream_made_behind_the_clients_quota_check_gets_no_data(quota_c
         await writer.close()
         async with ns.open_writer("first") as writer:
             await writer.write(b"z")  # the stream within the quota goes on
+
+
+async def test_a_relabelled_ledger_counts_for_no_namespace_and_serves_nobody(quota_cluster):
+    """A tenant may write its own ledger's metadata (to close it); rewriting its namespace to
+    another's made the bookies count its bytes against that namespace (issue 20: 20 MiB) and read
+    it as that namespace's. Now the ledger's ACL cannot vouch for the claim: after the bookies
+    forget what they knew (a restart), it counts nowhere and is refused to everyone."""
+    cluster, secure = quota_cluster, quota_cluster.secure_dir
+    for name in ("tenant", "victim"):
+        await provision_namespace(cluster.zk_address, secure.admin_settings(), name)
+    settings = secure.client_settings("tenant", ["produce:tenant", "consume:tenant"])
+    async with Namespace(cluster.zk_address, "tenant", security=settings) as ns:
+        handle = await ns.client.create_ledger(2, 2, 2, password=b"pw", custom={"namespace": "tenant"})
+        for _ in range(8):
+            await handle.append(os.urandom(8 * 1024))
+        await handle.close()
+        path = layout.ledger_path(cluster.zk_root, handle.ledger_id)
+        data, version = await ns.zk.get(path)
+        relabelled = json.loads(data)
+        relabelled["custom"] = {**relabelled.get("custom", {}), "namespace": "victim"}
+        await ns.zk.set(path, json.dumps(relabelled).encode(), version)  # its own node: allowed
+    for index in range(len(cluster.bookies)):
+        cluster.stop_bookie(index)
+        cluster.start_bookie(index)
+    admin = AsyncZooKeeper(cluster.zk_address, **zk_options(secure.admin_settings(), cluster.zk_root))
+    await admin.start()
+    try:  # every bookie published again since its restart (its usage node is ephemeral)
+        await eventually(lambda: _published_by_all(admin, cluster), timeout_s=30)
+    finally:
+        await admin.close()
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, env={"DLOG_CONFIG": str(secure.client_toml)})
+    assert json.loads(run("quota", "show", "victim", "--json").stdout)["stored_bytes"] == 0
+    victim = secure.client_settings("victim", ["admin:victim"])
+    async with Namespace(cluster.zk_address, "victim", security=victim) as ns:
+        reader = await ns.client.open_ledger(handle.ledger_id, password=b"pw", recovery=False)
+        with pytest.raises(ForbiddenError, match="cannot vouch for its namespace"):
+            await reader.read(0, 0)
+
+
+async def _published_by_all(zk: AsyncZooKeeper, cluster) -> bool:
+    from bookkeeper.meta.usage import usage_dir
+
+    try:
+        return len(await zk.children(usage_dir(cluster.zk_root))) == len(cluster.bookies)
+    except MetadataNotFoundError:
+        return False

@@ -5,10 +5,11 @@ waiting in order), a ledger without metadata is refused, and lookups are bounded
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from bookkeeper.bookie.guard import Guard, ServerSecurity
+from bookkeeper.bookie.guard import QUOTA_REFRESH_S, Guard, ServerSecurity
 from bookkeeper.errors import NoSuchLedgerError
 from bookkeeper.protocol.wire import (AddRequest, AuthMechanism, AuthRequest, BookieInfoRequest,
                                       ReadRequest, ResponseDecoder, Status)
@@ -137,10 +138,14 @@ async def test_bad_credentials_are_refused_and_close(credentials):
     assert connection.principal is None
 
 
-async def test_over_its_stored_quota_a_namespace_gets_no_new_data_but_recovery_adds_go_on():
+async def test_over_its_stored_quota_a_namespace_gets_no_new_data_and_only_the_cluster_copies():
+    """Recovery adds of a producer count like any add (a RECOVERY_ADD can carry new entries: issue
+    20 put 8 MiB past a quota so); re-replication by bookies and admins' copies go on. A quota
+    raised later lets the namespace in again without a restart."""
     from bookkeeper.security.quota import Quota
 
     ran = []
+    quotas = {"ns": Quota(stored_bytes_max=1000)}
 
     def handler(request, connection) -> None:
         ran.append(request.request_id)
@@ -150,20 +155,36 @@ async def test_over_its_stored_quota_a_namespace_gets_no_new_data_but_recovery_a
         return "ns"
 
     async def quota(namespace: str) -> Quota:
-        return Quota(stored_bytes_max=1000)
+        return quotas[namespace]
 
     guard = Guard(ServerSecurity(token_key=KEY), {AddRequest: handler}, lookup, lambda ledger_id: False,
                   quota_lookup=quota)
-    connection = FakeConnection()
-    auth(guard, connection, ["produce:ns"])
+    producer, bookie = FakeConnection(), FakeConnection()
+    auth(guard, producer, ["produce:ns"])
+    auth(guard, bookie, ["bookie"])
     guard.set_stored_usage({"ns": 1000})
-    guard.dispatch(AddRequest(2, 7, 0, b"k" * 32, b"e" * 100), connection)  # goes on: the quota is not read yet
+    guard.dispatch(AddRequest(2, 7, 0, b"k" * 32, b"e" * 100), producer)  # goes on: the quota is not read yet
     for _ in range(100):  # the guard reads the quota in the background after that first add
         if guard.over_quota("ns", 7) is not None:
             break
         await asyncio.sleep(0.01)
-    guard.dispatch(AddRequest(3, 7, 1, b"k" * 32, b"e" * 100), connection)
-    guard.dispatch(AddRequest(4, 7, 0, b"k" * 32, b"e" * 100, recovery=True), connection)
-    assert ran == [2, 4]  # the new entry refused; the recovery add (data already counted) went on
-    refused = [answer for answer in connection.answers if getattr(answer, "request_id", None) == 3]
-    assert refused[0].status == Status.QUOTA_EXCEEDED and "stored_bytes_max 1000" in refused[0].message
+    guard.dispatch(AddRequest(3, 7, 1, b"k" * 32, b"e" * 100), producer)
+    guard.dispatch(AddRequest(4, 7, 2, b"k" * 32, b"e" * 100, recovery=True), producer)
+    guard.dispatch(AddRequest(5, 7, 0, b"k" * 32, b"e" * 100, recovery=True), bookie)
+    assert ran == [2, 5]  # the producer's new entry and its "recovery" add refused; the bookie's copy went on
+    refused = {answer.request_id: answer for answer in producer.answers if getattr(answer, "request_id", 0) in (3, 4)}
+    assert refused[3].status == Status.QUOTA_EXCEEDED and "stored_bytes_max 1000" in refused[3].message
+    assert refused[4].status == Status.QUOTA_EXCEEDED
+    quotas["ns"] = Quota(stored_bytes_max=10_000)
+    clock = time.monotonic
+    try:  # the cached quota is older than its refresh interval: the next add reads it again
+        time.monotonic = lambda: clock() + QUOTA_REFRESH_S + 1
+        guard.dispatch(AddRequest(6, 7, 1, b"k" * 32, b"e" * 100), producer)
+    finally:
+        time.monotonic = clock
+    for _ in range(100):
+        if guard.over_quota("ns", 7) is None:
+            break
+        await asyncio.sleep(0.01)
+    guard.dispatch(AddRequest(7, 7, 1, b"k" * 32, b"e" * 100), producer)
+    assert ran[-1] == 7
