@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -33,6 +34,16 @@ def share_the_interpreter_promptly() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
+PRIVATE_UMASK = 0o077
+
+
+def keep_data_private() -> None:
+    """What the bookie writes (journal, entry logs, index, cookie) is readable by its own user only:
+    files 0600, directories 0700. rocksdict creates the index's files itself, so the process's mask
+    is the one way to reach them all."""
+    os.umask(PRIVATE_UMASK)
+
+
 async def serve(config: BookieConfig, ready_line: bool = True) -> int:
     service = BookieService(config)
     loop = asyncio.get_running_loop()
@@ -58,5 +69,6 @@ def run(config: BookieConfig) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
+    keep_data_private()
     install_event_loop_policy()
     return asyncio.run(serve(config))
