@@ -7,7 +7,6 @@ the limits themselves are `ServerLimits`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +23,6 @@ from bookkeeper.security.authz import Principal
 
 if TYPE_CHECKING:
     from bookkeeper.bookie.server import BookieServer
-
-log = logging.getLogger("bookkeeper.bookie.server")
 
 
 class ClientConnection(asyncio.Protocol):
@@ -68,7 +65,8 @@ class ClientConnection(asyncio.Protocol):
         self.host = str(peer[0]) if peer else "?"
         refusal = self.server.admit(self)
         if refusal is not None:
-            self.server.refusals.warning(refusal, "refusing connection from %s: %s", self.host, refusal)
+            cap, reason = refusal
+            self.server.refusals.warning(cap, "refusing connection from %s: %s", self.host, reason)
             transport.abort()  # type: ignore[attr-defined]
             self.closed = True
             return
@@ -305,7 +303,8 @@ class ClientConnection(asyncio.Protocol):
         idle_s = self._loop.time() - self._partial_since
         if idle_s >= self.limits.idle_timeout_s:
             self.server.idle_closed += 1
-            log.info("closing connection from %s: partial frame idle for %.1f s", self.peer, idle_s)
+            self.server.refusals.warning("idle", "closing connection from %s: partial frame idle for "
+                                         "%.1f s", self.peer, idle_s)
             self.send(encode_response(ErrorResponse(
                 0, 0, Status.BAD_REQUEST,
                 f"partial frame of {self.decoder.pending_bytes} bytes idle for more than "
@@ -329,7 +328,7 @@ class ClientConnection(asyncio.Protocol):
         else:
             self.send(answer)
         if exc.fatal:
-            log.info("closing connection from %s: %s", self.peer, exc)
+            self.server.refusals.warning("frame", "closing connection from %s: %s", self.peer, exc)
             self._flush()
             self.close()
             return True

@@ -15,7 +15,8 @@ goes out in one write. It bounds what one client can make the bookie hold (S4):
   `partial_bytes_max`; the connection that would pass it is closed;
 - connections: at most `connections_max` in all and `connections_per_host_max` per client host;
 - long polls of a connection that closed are dropped at once (the core forgets its waiters).
-Refused and closed connections are logged at most once per `REFUSAL_LOG_INTERVAL_S` per reason.
+Refused and closed connections are logged at most once per `REFUSAL_LOG_INTERVAL_S` per reason
+(refusals.py).
 A frame it cannot accept gets an error answer; if the stream lost its framing, the connection is
 closed after that answer, and only that connection.
 """
@@ -25,12 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.guard import Guard
+from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.protocol import wire
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.wire import (
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from bookkeeper.bookie.connection import ClientConnection
 
 log = logging.getLogger(__name__)
-REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,25 +66,6 @@ class ServerLimits:
     unsent_timeout_s: float = 30.0
     first_frame_timeout_s: float = 10.0
     partial_bytes_max: int = 256 * 2**20
-
-
-class RateLimitedLog:
-    """At most one line per reason per interval; the next one says how many were not logged."""
-
-    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S) -> None:
-        self.interval_s = interval_s
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def warning(self, reason: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        last, suppressed = self._last.get(reason, (-1e18, 0))
-        if now - last < self.interval_s:
-            self._last[reason] = (last, suppressed + 1)
-            return
-        self._last[reason] = (now, 0)
-        if suppressed:
-            message += f" ({suppressed} more like it in the last {self.interval_s:.0f} s not logged)"
-        log.warning(message, *args)
 
 
 class BookieServer:
@@ -116,7 +97,7 @@ class BookieServer:
         self.guard = guard
         if guard is not None:
             guard.handlers = self.handlers
-        self.refusals = RateLimitedLog()
+        self.refusals = RateLimitedLog(log)
         self.protocol_errors = 0
         self.backpressure_pauses = 0
         self.partial_bytes = 0
@@ -126,16 +107,17 @@ class BookieServer:
         self.unsent_closed = 0
         self.partial_closed = 0
 
-    def admit(self, connection: ClientConnection) -> str | None:
-        """Count a new connection in, or say why it is refused."""
+    def admit(self, connection: ClientConnection) -> tuple[str, str] | None:
+        """Count a new connection in, or say why it is refused: (the cap, one line)."""
         if len(self.connections) >= self.limits.connections_max:
             self.refused_connections["total"] += 1
-            return f"{len(self.connections)} connections open (maximum {self.limits.connections_max})"
+            return "total", (f"{len(self.connections)} connections open (maximum "
+                             f"{self.limits.connections_max})")
         count = self.per_host.get(connection.host, 0)
         if count >= self.limits.connections_per_host_max:
             self.refused_connections["per_host"] += 1
-            return (f"{count} connections open from {connection.host} (maximum "
-                    f"{self.limits.connections_per_host_max} per host)")
+            return "per_host", (f"{count} connections open from {connection.host} (maximum "
+                                f"{self.limits.connections_per_host_max} per host)")
         self.connections.add(connection)
         self.per_host[connection.host] = count + 1
         return None
