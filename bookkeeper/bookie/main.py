@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 
@@ -44,6 +45,19 @@ def keep_data_private() -> None:
     os.umask(PRIVATE_UMASK)
 
 
+def take_the_open_files_limit() -> None:
+    """Every client connection is an open file: raise the soft limit (often 1024) to the hard one.
+    The server admits connections only up to that limit minus `reserved_open_files`, so the
+    journal, entry logs and index still open when clients hold the rest."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:  # an unlimited hard limit may be above the kernel's maximum
+        log.info("keeping the open-file limit at %d (cannot raise it to %s: %s)", soft, hard, exc)
+
+
 async def serve(config: BookieConfig, ready_line: bool = True) -> int:
     service = BookieService(config)
     loop = asyncio.get_running_loop()
@@ -70,5 +84,6 @@ def run(config: BookieConfig) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
     keep_data_private()
+    take_the_open_files_limit()
     install_event_loop_policy()
     return asyncio.run(serve(config))
