@@ -32,6 +32,7 @@ closed after that answer, and only that connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import socket
@@ -209,10 +210,16 @@ class BookieServer:
         if refusal is not None:
             cap, reason = refusal
             self.refusals.warning(cap, "refusing connection from %s: %s", connection.host, reason)
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            client.close()  # a reset, as an abort would send
+            with contextlib.suppress(OSError):  # a reset, as an abort would send
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
             return
-        client.setblocking(False)
+        try:
+            client.setblocking(False)
+        except OSError:  # gone already
+            self.release(connection)
+            client.close()
+            return
         self._unopened[client] = None
         opening = self._open(connection, client)
         start_task(asyncio.get_running_loop(), self._opening, opening, opening)
