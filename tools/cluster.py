@@ -256,10 +256,12 @@ class LocalCluster:
         bookie = self.bookies[index]
         if bookie.running:
             raise DlogError(f"bookie {index} is already running (pid {bookie.pid})")
-        bookie.data_dir.mkdir(parents=True, exist_ok=True)
+        bookie.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if extra_args is not None:
             bookie.extra_args = list(extra_args)
-        log_file: IO[str] = open(bookie.data_dir / "bookie.log", "a")
+        # private like the rest of the bookie's directory (the bookie's umask is 077)
+        log_file: IO[str] = os.fdopen(os.open(bookie.data_dir / "bookie.log",
+                                              os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
         bookie.process = subprocess.Popen(self.bookie_command(bookie), stdout=subprocess.PIPE,
                                           stderr=log_file, text=True,
                                           preexec_fn=die_with_parent, cwd=project_root(),

@@ -13,6 +13,7 @@ from aiohttp import web
 from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.clock import wall_ms
 from bookkeeper.errors import DlogError
+from bookkeeper.jsonbody import BadBody, read_json
 
 LIST_LIMIT_MAX = 10_000
 
@@ -85,9 +86,9 @@ async def _trigger(request: web.Request) -> web.Response:
     body: Any = {}
     if request.can_read_body:
         try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return _error(400, 'body must be JSON like {"replica_check": true}, or empty')
+            body = await read_json(request)
+        except BadBody as exc:
+            return _error(400, f'{exc}; send JSON like {{"replica_check": true}}, or no body')
     if not isinstance(body, dict) or set(body) - {"replica_check"} or not isinstance(
             body.get("replica_check", False), bool):
         return _error(400, f'body must be {{"replica_check": true|false}} or empty, got {body!r}')

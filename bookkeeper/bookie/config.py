@@ -8,7 +8,7 @@ from pathlib import Path
 from bookkeeper.autorecovery.settings import RecoverySettings
 from bookkeeper.bookie.gc import GC_GRACE_S_DEFAULT
 from bookkeeper.bookie.guard import ServerSecurity
-from bookkeeper.bookie.server import ServerLimits
+from bookkeeper.bookie.server import AUTH_FRAME_BYTES_MAX, ServerLimits
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
 
@@ -76,6 +76,10 @@ class BookieConfig:
         if self.limits.entry_bytes_max > self.limits.frame_bytes_max:
             raise ConfigError(f"maximum entry size {self.limits.entry_bytes_max} exceeds the "
                               f"maximum frame size {self.limits.frame_bytes_max}")
+        if self.limits.unauthenticated_partial_bytes_max < AUTH_FRAME_BYTES_MAX:
+            raise ConfigError(f"bytes before AUTH {self.limits.unauthenticated_partial_bytes_max} are "
+                              f"fewer than the longest AUTH frame ({AUTH_FRAME_BYTES_MAX}): raise "
+                              "--max-partial-bytes-before-auth")
         if (self.zk_user is None) != (self.zk_password is None):
             raise ConfigError("ZooKeeper credentials need both a user and a password")
         if not self.zk_root.startswith("/") or self.zk_root.endswith("/"):

@@ -2,12 +2,15 @@
 
 How it bounds what one client can make the bookie hold is told in server.py's docstring (S4);
 the limits themselves are `ServerLimits`.
+
+Under TLS the answers go to the transport in steps of `TLS_WRITE_STEP_BYTES`, each once the last
+left the TLS layer: that layer hands what it is given to the TCP transport beneath, which no API
+shows, so what waits there is kept small and the rest stays queued here, where it is counted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -25,14 +28,16 @@ from bookkeeper.security.authz import Principal
 if TYPE_CHECKING:
     from bookkeeper.bookie.server import BookieServer
 
-log = logging.getLogger("bookkeeper.bookie.server")
+TLS_WRITE_STEP_BYTES = 256 * 2**10
 
 
 class ClientConnection(asyncio.Protocol):
     """The bookie's end of one client's TCP connection: parses frames, hands them to the core,
     writes the answers back; paused while too much is in flight or unsent."""
 
-    def __init__(self, server: BookieServer) -> None:
+    def __init__(self, server: BookieServer, address: Any) -> None:
+        """`address`: the peer's, as accept gave it (the connection is admitted before its transport
+        exists: under TLS, before the handshake)."""
         self.server = server
         self.core = server.core
         self.limits = server.limits
@@ -41,7 +46,8 @@ class ClientConnection(asyncio.Protocol):
         self.in_flight = 0
         self.closed = False
         self.principal: Principal | None = None
-        self.host = "?"
+        self.host = str(address[0]) if address else "?"
+        self.peer = f"{address[0]}:{address[1]}" if address else "?"
         self._paused = False  # reading paused: in flight or journal
         self._throttled = False  # reading paused: the namespace's write quota (guard)
         self._writes_blocked = False  # parsing and reading stopped: too many unsent answer bytes
@@ -55,31 +61,45 @@ class ClientConnection(asyncio.Protocol):
         self._first_frame_timer: asyncio.TimerHandle | None = None
         self._unsent_timer: asyncio.TimerHandle | None = None
         self._close_after_flush = False
+        self._partial_before_auth = False  # whether `_partial_counted` is in the before-AUTH total
+        self._write_step = TLS_WRITE_STEP_BYTES if server.tls is not None else 0  # 0: all at once
+        self.unsent_counted = 0  # this connection's share of the server's unsent bytes (unsent.py)
+        self.unsent_holding = False  # whether unsent.py counts it among the connections holding some
+        self._lost = False
         self._loop = asyncio.get_running_loop()
+        self._accepted_s = self._loop.time()  # the first frame is due this long after accept
 
     # ------------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Plaintext: right after accept; TLS: once the handshake is done."""
         self.transport = transport  # type: ignore[assignment]
+        if self.closed:  # the server stopped meanwhile
+            transport.abort()  # type: ignore[attr-defined]
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
-        self.host = str(peer[0]) if peer else "?"
-        refusal = self.server.admit(self)
-        if refusal is not None:
-            self.server.refusals.warning(refusal, "refusing connection from %s: %s", self.host, refusal)
-            transport.abort()  # type: ignore[attr-defined]
-            self.closed = True
-            return
-        self.transport.set_write_buffer_limits(high=self.limits.unsent_bytes_max)  # type: ignore[union-attr]
-        self._first_frame_timer = self._loop.call_later(self.limits.first_frame_timeout_s,
-                                                        self._no_first_frame)
+        if self._write_step:  # the next step goes once the TLS layer handed the last one down
+            self.transport.set_write_buffer_limits(high=self._write_step, low=0)  # type: ignore[union-attr]
+        else:
+            self.transport.set_write_buffer_limits(high=self.limits.unsent_bytes_max)  # type: ignore[union-attr]
+        self._first_frame_timer = self._loop.call_at(self._accepted_s + self.limits.first_frame_timeout_s,
+                                                     self._no_first_frame)
+
+    def open_failed(self) -> None:
+        """No transport came (a failed or cancelled TLS handshake): the TLS layer would not report
+        the loss, so the connection stops counting here."""
+        self.connection_lost(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._lost:  # a failed TLS handshake may report it twice
+            return
+        self._lost = True
         self.closed = True
         self.server.release(self)
         self._set_partial(0)
+        self._note_unsent(gone=True)
         self.core.drop_waiters(self)
         for timer in (self._idle_timer, self._first_frame_timer, self._unsent_timer):
             if timer is not None:
@@ -93,10 +113,14 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._transport_full = True
-        self._block_on_writes()
+        self._note_unsent()
+        if self._answers_wait():
+            self._block_on_writes()
 
     def resume_writing(self) -> None:
         self._transport_full = False
+        if self._out and not self._flush_scheduled:
+            self._flush()
         self._maybe_unblock_writes()
 
     # ------------------------------------------------------------------ parsing
@@ -107,9 +131,10 @@ class ClientConnection(asyncio.Protocol):
         server = self.server
         guard = server.guard
         handlers = server.handlers
-        unsent_bytes_max = self.limits.unsent_bytes_max
+        unsent, unsent_bytes_max = server.unsent, self.limits.unsent_bytes_max
         while not self.closed and not self._close_after_flush and not self._throttled:
-            if self._out_bytes + self._transport_buffered() >= unsent_bytes_max:
+            held = self._out_bytes + self._transport_buffered()  # as _answers_wait, inlined: hot
+            if held >= unsent_bytes_max or (held and unsent.bytes >= unsent.bytes_max):
                 self._block_on_writes()
                 break
             try:
@@ -140,34 +165,30 @@ class ClientConnection(asyncio.Protocol):
         if not self._paused and (self.in_flight >= self.limits.in_flight_max or server.journal_full()):
             self._pause()
 
-    @property
-    def unsent_bytes(self) -> int:
-        """Answers queued or buffered in the transport that the client has not taken yet."""
-        return self._out_bytes + self._transport_buffered()
-
     def _transport_buffered(self) -> int:
         transport = self.transport
         return transport.get_write_buffer_size() if transport is not None else 0
 
+    def _answers_wait(self) -> bool:
+        """Whether the next request must wait for the client to take its answers: its own are at
+        their cap, or it holds some while all connections' are at theirs (unsent.py)."""
+        held = self._out_bytes + self._transport_buffered()
+        return held >= self.limits.unsent_bytes_max or (held > 0 and self.server.unsent.full)
+
     def _set_partial(self, pending_bytes: int) -> None:
-        """Keep the server's total of bytes held in unfinished frames; close this connection if it
-        would pass the global cap."""
-        delta = pending_bytes - self._partial_counted
-        if delta == 0:
+        """Count the bytes of its unfinished frame (partial.py); close when they may not be held."""
+        before_auth = self.principal is None and self.server.requires_auth
+        if pending_bytes == self._partial_counted and before_auth == self._partial_before_auth:
             return
-        self._partial_counted = pending_bytes
-        self.server.partial_bytes += delta
-        if delta > 0 and self.server.partial_bytes > self.limits.partial_bytes_max:
-            self.server.partial_closed += 1
-            self.server.refusals.warning("partial", "closing connection from %s: partial frames hold "
-                                         "%d bytes over all connections (maximum %d)", self.peer,
-                                         self.server.partial_bytes, self.limits.partial_bytes_max)
-            self.send(encode_response(ErrorResponse(0, 0, Status.TOO_MANY_REQUESTS,
-                                                    "the bookie holds too many partial frames; "
-                                                    "send whole frames promptly")))
-            self._flush()
-            self.close()
-            self._set_partial(0)
+        refusal = self.server.partial.hold(self.peer, self._partial_counted, self._partial_before_auth,
+                                           pending_bytes, before_auth)
+        if refusal is None:
+            self._partial_counted, self._partial_before_auth = pending_bytes, before_auth
+            return
+        self._partial_counted = 0
+        status, message = refusal
+        self.send(encode_response(ErrorResponse(0, 0, status, message)))
+        self._flush_and_close()
 
     def _pause(self) -> None:
         self._paused = True
@@ -214,10 +235,10 @@ class ClientConnection(asyncio.Protocol):
         self.server.unsent_blocks += 1
         self.transport.pause_reading()  # type: ignore[union-attr]
         self._unsent_timer = self._loop.call_later(self.limits.unsent_timeout_s, self._unsent_expired)
+        self._note_unsent()  # a holder now: the sweep lets it go on once its answers were taken
 
     def _maybe_unblock_writes(self) -> None:
-        if (not self._writes_blocked or self.closed or self._transport_full
-                or self._out_bytes + self._transport_buffered() >= self.limits.unsent_bytes_max):
+        if not self._writes_blocked or self.closed or self._answers_wait():
             return
         self._writes_blocked = False
         if self._unsent_timer is not None:
@@ -238,6 +259,21 @@ class ClientConnection(asyncio.Protocol):
                                      self.limits.unsent_timeout_s, self.limits.unsent_bytes_max)
         self.abort()
 
+    def _note_unsent(self, gone: bool = False) -> None:
+        """Tell the server's accounting what this connection holds now (unsent.py); `gone`: nothing,
+        its transport is aborted or lost (a closing one still holds what it has to send)."""
+        held = 0 if gone else self._out_bytes + self._transport_buffered()
+        before, self.unsent_counted = self.unsent_counted, held
+        if held or self.unsent_holding:
+            self.server.unsent.note(self, before, held)
+        else:  # the common case: the transport took everything
+            self.server.unsent.bytes -= before
+
+    def refresh_unsent(self) -> None:
+        """The server's sweep: what the transport sent since, and whether to read again."""
+        self._note_unsent()
+        self._maybe_unblock_writes()
+
     # ------------------------------------------------------------------ Reply (used by the core)
 
     def send(self, frame: bytes) -> None:
@@ -245,36 +281,74 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.decoder.peer_version != PROTOCOL_VERSION:
             frame = with_version(frame, self.decoder.peer_version)  # a version 1 client
-        self._out.append(frame)
-        self._out_bytes += len(frame)
+        self._queue(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    def _queue(self, frame: bytes) -> None:
+        size = len(frame)
+        self._out.append(frame)
+        self._out_bytes += size
+        self.unsent_counted += size
+        self.server.unsent.bytes += size
 
     def request_done(self) -> None:
         self.in_flight -= 1
         if self._paused:
             self.maybe_resume()
 
-    def _flush(self) -> None:
+    def _flush(self, everything: bool = False) -> None:
         self._flush_scheduled = False
-        if self._out and not self.closed:
+        if not self._out or self.closed:
+            return
+        if self._write_step and not everything and not self._close_after_flush:
+            if self._transport_full:
+                return  # resume_writing hands down the next step
+            self.transport.writelines(self._next_step())  # type: ignore[union-attr]
+            if self._out and not self._transport_full:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+        else:
             out = self._out
             self._out = []
             self._out_bytes = 0
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
-            if self._close_after_flush:
-                self.close()
-                return
-            if self._writes_blocked:
-                self._maybe_unblock_writes()
+        self._note_unsent()
+        if self._close_after_flush:
+            self._flush_and_close()
+            return
+        if self._writes_blocked:
+            self._maybe_unblock_writes()
+
+    def _next_step(self) -> list[bytes | memoryview]:
+        """Up to `TLS_WRITE_STEP_BYTES` from the front of the queue (a larger frame in parts)."""
+        out, step = self._out, self._write_step
+        count = size = 0
+        while count < len(out) and size + len(out[count]) <= step:
+            size += len(out[count])
+            count += 1
+        if count:
+            pieces: list[bytes | memoryview] = out[:count]
+            del out[:count]
+        else:
+            frame = memoryview(out[0])
+            pieces, out[0] = [frame[:step]], frame[step:]
+            size = step
+        self._out_bytes -= size
+        return pieces
+
+    def _flush_and_close(self) -> None:
+        """Hand everything queued to the transport (it sends it, then closes) and close."""
+        if self._out and not self.closed:
+            self._flush(everything=True)
+        self.close()
 
     def close_after_answer(self) -> None:
         """Close once what is queued has been handed to the transport (it sends it, then closes)."""
         self._close_after_flush = True
         if not self._flush_scheduled:
-            self._flush()
-            self.close()
+            self._flush_and_close()
 
     def peer_certificate(self) -> dict[str, Any] | None:
         if self.transport is None:
@@ -305,13 +379,13 @@ class ClientConnection(asyncio.Protocol):
         idle_s = self._loop.time() - self._partial_since
         if idle_s >= self.limits.idle_timeout_s:
             self.server.idle_closed += 1
-            log.info("closing connection from %s: partial frame idle for %.1f s", self.peer, idle_s)
+            self.server.refusals.warning("idle", "closing connection from %s: partial frame idle for "
+                                         "%.1f s", self.peer, idle_s)
             self.send(encode_response(ErrorResponse(
                 0, 0, Status.BAD_REQUEST,
                 f"partial frame of {self.decoder.pending_bytes} bytes idle for more than "
                 f"{self.limits.idle_timeout_s} s")))
-            self._flush()
-            self.close()
+            self._flush_and_close()
             return
         self._idle_timer = self._loop.call_later(self.limits.idle_timeout_s - idle_s,
                                                  self._check_idle)
@@ -324,33 +398,32 @@ class ClientConnection(asyncio.Protocol):
         answer = encode_response(ErrorResponse(exc.request_id, exc.opcode, exc.status, str(exc)))
         if exc.status == Status.BAD_VERSION:
             if not self.closed:  # in the refused version, which the peer can read
-                self._out.append(with_version(answer, exc.version))
-                self._out_bytes += len(answer)
+                self._queue(with_version(answer, exc.version))
         else:
             self.send(answer)
         if exc.fatal:
-            log.info("closing connection from %s: %s", self.peer, exc)
-            self._flush()
-            self.close()
+            self.server.refusals.warning("frame", "closing connection from %s: %s", self.peer, exc)
+            self._flush_and_close()
             return True
         return False
 
-    @property
-    def peer(self) -> str:
-        if self.transport is None:
-            return "?"
-        address = self.transport.get_extra_info("peername")
-        return f"{address[0]}:{address[1]}" if address else "?"
-
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+            self.transport.close()  # it sends what it holds first: a client that never reads would
+            if self._transport_buffered():  # keep it (and the connection) open for good
+                self._loop.call_later(self.limits.unsent_timeout_s, self._abort_if_open)
         self.closed = True
+
+    def _abort_if_open(self) -> None:
+        if not self._lost:
+            self.abort()
 
     def abort(self) -> None:
         """Drop the connection now, discarding unsent answers (a client that does not read them)."""
         if self.transport is not None:
             self.transport.abort()  # type: ignore[attr-defined]
         self.closed = True
+        self._out, self._out_bytes = [], 0
+        self._note_unsent(gone=True)
 
 

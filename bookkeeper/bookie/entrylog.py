@@ -120,7 +120,7 @@ class EntryLogger:
 
     def open(self, ledger_maps: dict[int, bytes], next_log_id: int) -> None:
         """Find the logs on disk; ``ledger_maps`` are the encoded maps the index kept."""
-        self._directory.mkdir(parents=True, exist_ok=True)
+        self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name in os.listdir(self._directory):
             stem = name[: -len(_SUFFIX)]
             if not (name.endswith(_SUFFIX) and len(stem) == 16):
@@ -193,7 +193,7 @@ class EntryLogger:
             log_id = self.next_log_id
             self.next_log_id += 1
             path = self._directory / log_file_name(log_id)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             self._fd, self._log_id, self._position = fd, log_id, LOG_HEADER_BYTES
             self._logs[log_id] = _LogInfo({}, 0, 0)
             self._buffer += _LOG_HEADER.pack(LOG_MAGIC, LOG_FORMAT_VERSION, log_id)

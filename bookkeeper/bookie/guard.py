@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.errors import AuthenticationError, CorruptMetadataError, DlogError, ForbiddenError, NoSuchLedgerError
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.create import CreateLedgerRequest
@@ -136,6 +137,7 @@ class Guard:
         self.stream_slots = StreamSlots()
         self._stream_of = stream_of
         self.quota_refusals = 0
+        self.refusals = RateLimitedLog(log)  # at most one line per reason per 10 s (S4)
 
     # ------------------------------------------------------------------ authentication
 
@@ -144,7 +146,7 @@ class Guard:
             principal = self._principal_of(request, connection)
         except AuthenticationError as exc:
             self.auth_failures += 1
-            log.info("AUTH from %s refused: %s", connection.peer, exc)
+            self.refusals.warning("auth", "AUTH from %s refused: %s", connection.peer, exc)
             self._refuse(connection, request.request_id, OpCode.AUTH, Status.UNAUTHENTICATED, str(exc),
                          close=True)
             return

@@ -9,7 +9,6 @@ nested JSON.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from aiohttp import web
 
 from bookkeeper.autorecovery.status import add_routes as add_autorecovery_routes
 from bookkeeper.errors import AuthenticationError, DlogError
+from bookkeeper.jsonbody import JSON_BODY_BYTES_MAX, BadBody, read_json
 from bookkeeper.security.authz import Action, decide
 from bookkeeper.security.tokens import TokenVerifier
 
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from bookkeeper.bookie.service import BookieService
 
 LEDGER_PAGE_MAX = 10_000
-JSON_BODY_BYTES_MAX = 64 * 1024
-JSON_DEPTH_MAX = 32
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE_KEY: web.AppKey[BookieService] = web.AppKey("service")
 
@@ -53,54 +51,6 @@ async def info(request: web.Request) -> web.Response:
 
 async def get_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE_KEY].state_summary())
-
-
-class BadBody(Exception):
-    """A request body that is not the JSON it should be; the message says why."""
-
-
-async def read_json(request: web.Request, bytes_max: int = JSON_BODY_BYTES_MAX) -> Any:
-    """The body as JSON: UTF-8 only, at most `bytes_max` bytes and `JSON_DEPTH_MAX` levels deep."""
-    charset = (request.charset or "utf-8").lower()
-    if charset not in ("utf-8", "utf8"):
-        raise BadBody(f"charset {request.charset!r} is not supported: send UTF-8 JSON")
-    if request.content_length is not None and request.content_length > bytes_max:
-        raise BadBody(f"body of {request.content_length} bytes is over {bytes_max}")
-    raw = await request.content.read(bytes_max + 1)
-    if len(raw) > bytes_max:
-        raise BadBody(f"body is over {bytes_max} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadBody(f"body is not valid UTF-8 (byte {exc.start})") from None
-    if json_depth(text) > JSON_DEPTH_MAX:
-        raise BadBody(f"JSON nested deeper than {JSON_DEPTH_MAX} levels")
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise BadBody(f"body is not valid JSON: {exc}") from None
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of arrays and objects, counted outside strings (no parsing needed)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
 
 
 async def put_state(request: web.Request) -> web.Response:

@@ -112,7 +112,7 @@ class _Writer:
             os.close(self.fd)
             self.fd = None
         path = self.directory / journal_file_name(file_id)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         self.fd, self.file_id, self.allocated_bytes = fd, file_id, HEADER_BYTES
         header = _HEADER.pack(MAGIC, FORMAT_VERSION).ljust(HEADER_BYTES, b"\0")
         self.write_all(header, 0)
@@ -212,7 +212,7 @@ class Journal:
     def replay(self, start: JournalMark | None, visit: Callable[[bytes], None]) -> int:
         """Visit every valid record at or after ``start`` in order; returns how many."""
         invariant(not self._open, "replay must run before open_for_append")
-        self._directory.mkdir(parents=True, exist_ok=True)
+        self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         file_ids = list_journal_file_ids(self._directory)
         if start is not None:
             file_ids = [file_id for file_id in file_ids if file_id >= start.file_id]
@@ -252,7 +252,7 @@ class Journal:
     async def open_for_append(self) -> None:
         """Start a new journal file, one past the highest id present."""
         invariant(not self._open and not self._closed, "open_for_append called twice or after close")
-        self._directory.mkdir(parents=True, exist_ok=True)
+        self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._loop = asyncio.get_running_loop()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-writer")
         existing = list_journal_file_ids(self._directory)

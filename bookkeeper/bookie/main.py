@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import resource
 import signal
 import sys
 
@@ -33,6 +35,29 @@ def share_the_interpreter_promptly() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
+PRIVATE_UMASK = 0o077
+
+
+def keep_data_private() -> None:
+    """What the bookie writes (journal, entry logs, index, cookie) is readable by its own user only:
+    files 0600, directories 0700. rocksdict creates the index's files itself, so the process's mask
+    is the one way to reach them all."""
+    os.umask(PRIVATE_UMASK)
+
+
+def take_the_open_files_limit() -> None:
+    """Every client connection is an open file: raise the soft limit (often 1024) to the hard one.
+    The server admits connections only up to that limit minus `reserved_open_files`, so the
+    journal, entry logs and index still open when clients hold the rest."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:  # an unlimited hard limit may be above the kernel's maximum
+        log.info("keeping the open-file limit at %d (cannot raise it to %s: %s)", soft, hard, exc)
+
+
 async def serve(config: BookieConfig, ready_line: bool = True) -> int:
     service = BookieService(config)
     loop = asyncio.get_running_loop()
@@ -58,5 +83,7 @@ def run(config: BookieConfig) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
+    keep_data_private()
+    take_the_open_files_limit()
     install_event_loop_policy()
     return asyncio.run(serve(config))

@@ -101,9 +101,16 @@ class _ServiceCollector(Collector):
             "dlog_bookie_connections_closed_idle": ("Connections closed for sending no whole frame in "
                                                     "time or stalling a partial frame", server.idle_closed),
             "dlog_bookie_connections_closed_unsent": ("Connections closed for not taking their answers "
-                                                      "within unsent_timeout", server.unsent_closed),
+                                                      "within unsent_timeout, or for taking them least "
+                                                      "of unsent_connections_max holding them",
+                                                      server.unsent_closed + server.unsent.closed),
             "dlog_bookie_connections_closed_partial": ("Connections closed because partial frames held "
-                                                       "partial_bytes_max", server.partial_closed),
+                                                       "partial_bytes_max", server.partial.closed),
+            "dlog_bookie_connections_closed_partial_before_auth": (
+                "Connections closed for sending more than unauthenticated_partial_bytes_max of frames "
+                "before AUTH", server.partial.before_auth_closed),
+            "dlog_bookie_tls_handshake_failures": ("TLS handshakes that failed or timed out",
+                                                   server.handshake_failures),
             "dlog_bookie_unsent_pauses": ("Times a connection stopped being read for unsent answers",
                                           server.unsent_blocks),
             "dlog_bookie_long_polls_dropped": ("Long polls dropped because their connection closed",
@@ -144,16 +151,36 @@ class _ServiceCollector(Collector):
         gauges = {
             "dlog_bookie_in_flight_requests": ("Requests received and not yet answered",
                                                server.in_flight),
-            "dlog_bookie_connections": ("Open client connections", len(server.connections)),
-            "dlog_bookie_connections_max": ("Open connections at which new ones are refused",
-                                            server.limits.connections_max),
+            "dlog_bookie_connections": ("Open client connections, those in their TLS handshake "
+                                        "included", len(server.connections)),
+            "dlog_bookie_connections_max": ("Open connections at which new ones are refused (lower "
+                                            "than --max-connections when the open-file limit is)",
+                                            server.connections_max),
+            "dlog_bookie_reserved_open_files": ("Open files kept from client connections for the "
+                                                "bookie's own", server.limits.reserved_open_files),
+            "dlog_bookie_tls_handshakes": ("Connections in their TLS handshake", server.handshakes),
             "dlog_bookie_connections_per_host_max": ("Open connections from one host at which its new "
                                                      "ones are refused",
                                                      server.limits.connections_per_host_max),
             "dlog_bookie_unsent_bytes": ("Answer bytes clients have not taken yet", server.unsent_bytes),
             "dlog_bookie_unsent_bytes_max": ("Unsent answer bytes per connection at which it stops "
                                              "being read", server.limits.unsent_bytes_max),
-            "dlog_bookie_partial_frame_bytes": ("Bytes held in unfinished frames", server.partial_bytes),
+            "dlog_bookie_global_unsent_bytes_max": ("Unsent answer bytes of all connections at which "
+                                                    "those holding some stop being read",
+                                                    server.limits.global_unsent_bytes_max),
+            "dlog_bookie_unsent_connections": ("Connections holding answers their clients have not taken",
+                                               len(server.unsent.holders)),
+            "dlog_bookie_unsent_connections_max": ("Connections holding unsent answers past which, "
+                                                   "at global_unsent_bytes_max, the least progressing "
+                                                   "are closed", server.limits.unsent_connections_max),
+            "dlog_bookie_partial_frame_bytes": ("Bytes held in unfinished frames of authenticated (or "
+                                                "open) connections", server.partial.bytes),
+            "dlog_bookie_unauthenticated_partial_frame_bytes": (
+                "Bytes held in unfinished frames of connections that have not sent AUTH",
+                server.partial.before_auth_bytes),
+            "dlog_bookie_unauthenticated_partial_frame_bytes_max": (
+                "Bytes of frames one connection may hold before AUTH",
+                server.limits.unauthenticated_partial_bytes_max),
             "dlog_bookie_partial_frame_bytes_max": ("Bytes in unfinished frames at which connections are "
                                                     "closed", server.limits.partial_bytes_max),
             "dlog_bookie_long_polls": ("Long polls parked", core.waiter_count),

@@ -113,7 +113,7 @@ async def _announce_identity(zk: AsyncZooKeeper, root: str) -> None:
 def _write_local_cookie(data_dir: Path, cookie: dict[str, Any]) -> None:
     path = data_dir / COOKIE_FILE
     temporary = path.with_suffix(".tmp")
-    with open(temporary, "w") as handle:
+    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
         json.dump(cookie, handle, sort_keys=True)
         handle.flush()
         os.fsync(handle.fileno())

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from bookkeeper.meta.zk import AsyncZooKeeper
 
 log = logging.getLogger(__name__)
+PRIVATE_DIR_MODE = 0o700  # the bookie's data is its user's only (files 0600: bookie/main.py)
 
 
 def next_read_only(read_only: bool, usage: float, threshold: float, low_water_mark: float) -> bool:
@@ -115,9 +116,9 @@ class BookieService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.config.journal_dir.mkdir(parents=True, exist_ok=True)
-        self.config.ledgers_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (self.data_dir, self.config.journal_dir, self.config.ledgers_dir):
+            directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        self.data_dir.chmod(PRIVATE_DIR_MODE)  # one an older version made (0755) becomes private too
         if self.config.zk:
             await self._check_identity()
         await asyncio.to_thread(self._recover_storage)

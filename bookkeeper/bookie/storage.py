@@ -143,7 +143,7 @@ class LedgerStorage:
 
     def open(self) -> None:
         invariant(self._db is None, "LedgerStorage.open called twice")
-        self._directory.mkdir(parents=True, exist_ok=True)
+        self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._db = Rdict(str(self._directory / "index"), Options(raw_mode=True))
         self._states = {
             _LEDGER_KEY.unpack(key)[1]: decode_state(value) for key, value in self._prefix_items(_STATE)
@@ -425,7 +425,7 @@ class LedgerStorage:
         """Durably replace the mark: write temp, fsync, rename, fsync directory."""
         body = _MARK.pack(_MARK_MAGIC, mark.file_id, mark.offset)
         temporary = self._directory / "lastmark.tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, body + struct.pack("<I", crc32c(body)))
             os.fsync(fd)

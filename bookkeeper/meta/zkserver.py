@@ -61,6 +61,8 @@ PR_SET_PDEATHSIG = 1
 PRIVATE_PORTS_FROM = 20000  # ports we pick for servers: [20000, start of the ephemeral range)
 PORT_PICK_ATTEMPTS = 50
 PORT_HINT = "stop that process or choose another port"
+PRIVATE_DIR_MODE = 0o700  # the server's data is its user's only: directories 0700,
+PRIVATE_UMASK = 0o077  # and the files java creates 0600
 
 
 # ---------------------------------------------------------------------------------- discovery
@@ -335,7 +337,8 @@ class EmbeddedZooKeeper:
     # ------------------------------------------------------------------------------ internals
 
     def _write_config(self) -> Path:
-        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "data").mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        self.data_dir.chmod(PRIVATE_DIR_MODE)  # snapshots and logs hold ACLs, digests, sealed passwords
         settings = {
             "tickTime": self.tick_ms,
             "dataDir": self.data_dir / "data",
@@ -363,7 +366,7 @@ class EmbeddedZooKeeper:
             # The child keeps its own copy of the log descriptor, so ours can close now.
             return subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                cwd=self.data_dir, preexec_fn=_parent_death_signal_setter(),
+                cwd=self.data_dir, preexec_fn=_parent_death_signal_setter(), umask=PRIVATE_UMASK,
                 # Own session: a Ctrl-C on our terminal reaches us, and we decide how java stops.
                 start_new_session=True,
             )

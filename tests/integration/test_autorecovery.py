@@ -1,7 +1,8 @@
 """Auto-recovery with real bookie processes (R1, R3): a bookie back within the recovery delay
 triggers nothing and one gone for good is replaced, an abandoned open ledger is fenced and closed
 after its grace period, a worker killed mid-copy leaves metadata consistent and another finishes,
-and operators see and steer it all from `dlog autorecovery` and the admin endpoint."""
+and operators see and steer it all from `dlog autorecovery` and the admin endpoint (whose bad bodies
+get 400, never 500, on a bookie and on `dlog autorecovery`'s own endpoint)."""
 
 from __future__ import annotations
 
@@ -210,3 +211,32 @@ def _toml(directory: Path, line: str) -> Path:
     path = directory / "bad.toml"
     path.write_text(f"[bookie]\n{line}\n")
     return path
+
+
+BAD_BODIES = [
+    (b'{"replica_check": \xff\xfe}', "application/json", "UTF-8"),
+    (b'{"replica_check": true}', "application/json; charset=klingon", "charset"),
+    ('{"replica_check": true}'.encode("utf-16"), "application/json; charset=utf-16", "charset"),
+    (b"[" * 5000 + b"]" * 5000, "application/json", "nested"),
+    (b'{"replica_check": true, "pad": "' + b"x" * 100_000 + b'"}', "application/json", "over"),
+]
+
+
+async def test_the_autorecovery_process_answers_400_to_bad_bodies(zk_server, zk_root, tmp_path):
+    from types import SimpleNamespace
+
+    process = RecoveryProcess(SimpleNamespace(zk_address=zk_server.address, zk_root=zk_root), "ar", tmp_path,
+                              "--http-port", "0")
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = process.http + "/api/v1/autorecovery/trigger_audit"
+            for body, content_type, words in BAD_BODIES:
+                async with http.post(url, data=body, headers={"Content-Type": content_type}) as response:
+                    answer = await response.text()
+                    assert response.status == 400, (words, response.status, answer)
+                    assert words in json.loads(answer)["error"], (words, answer)
+            async with http.post(url, json={"replica_check": True}) as response:
+                assert response.status == 200
+    finally:
+        process.stop()
+    assert "Traceback" not in process.log_text()

@@ -1,7 +1,7 @@
 """The admin endpoint of a secure bookie: TLS only, bearer tokens, the admin role for anything
 that changes state (read-only switch, GC), /health and /metrics open by setting, and 400 (never
-500) for invalid UTF-8, unknown charsets and deeply nested JSON. The status page fetches only
-admin URLs it can verify."""
+500) for invalid UTF-8, unknown charsets and deeply nested JSON, on every path that takes a body
+(the read-only switch and trigger_audit). The status page fetches only admin URLs it can verify."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def call(cluster, path: str, *, method: str = "GET", token: str | None = None, b
         with urllib.request.urlopen(request, timeout=10, context=context) as response:
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
+        text = error.read() or b"{}"
+        try:
+            return error.code, json.loads(text)
+        except ValueError:  # not JSON: a 500 page
+            return error.code, {"error": text.decode(errors="replace")}
 
 
 def test_the_admin_endpoint_serves_tls_only(secure_cluster):
@@ -68,6 +72,8 @@ def test_state_changes_need_the_admin_role(secure_cluster, method, path, body):
          token=secure.admin_token)
 
 
+@pytest.mark.parametrize("method, path", [("PUT", "/api/v1/bookie/state"),
+                                          ("POST", "/api/v1/autorecovery/trigger_audit")])
 @pytest.mark.parametrize("body, content_type, words", [
     (b'{"read_only": \xff\xfe}', "application/json", "UTF-8"),
     ('{"read_only": true}'.encode("utf-16"), "application/json; charset=utf-16", "charset"),
@@ -75,9 +81,9 @@ def test_state_changes_need_the_admin_role(secure_cluster, method, path, body):
     (b"[" * 5000 + b"]" * 5000, "application/json", "nested"),
     (b'{"read_only": ', "application/json", "JSON"),
 ])
-def test_bad_bodies_get_400_never_500(secure_cluster, body, content_type, words):
-    status, answer = call(secure_cluster, "/api/v1/bookie/state", method="PUT", body=body,
-                          content_type=content_type, token=secure_cluster.secure_dir.admin_token)
+def test_bad_bodies_get_400_never_500(secure_cluster, method, path, body, content_type, words):
+    status, answer = call(secure_cluster, path, method=method, body=body, content_type=content_type,
+                          token=secure_cluster.secure_dir.admin_token)
     assert status == 400 and words in answer["error"]
     assert call(secure_cluster, "/health")[0] == 200
 

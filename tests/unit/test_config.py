@@ -63,7 +63,7 @@ def test_the_example_file_documents_every_bookie_setting_and_is_valid(tmp_path):
                                  for p in bookie_start.params if p.name != "config"},
                               **example["bookie"], "data_dir": tmp_path, "group_bytes": 524288,
                               "entry_log_size": 2**28, "write_cache_size": 2**26,
-                              "max_entry_size": 2**22})
+                              "max_entry_size": 2**22, "max_partial_bytes_before_auth": 2**14})
     assert config.journal_group_bytes_max == 524288 and config.limits.entry_bytes_max == 2**22
 
 

@@ -70,6 +70,7 @@ async def _serve(zk: str, zk_root: str, session_timeout_s: float, settings: Any,
 
     from bookkeeper.autorecovery.service import AutoRecovery
     from bookkeeper.autorecovery.status import add_routes
+    from bookkeeper.jsonbody import JSON_BODY_BYTES_MAX
     from bookkeeper.meta.zk import AsyncZooKeeper
     from tools.config import zk_timeout_s
 
@@ -96,7 +97,7 @@ async def _serve(zk: str, zk_root: str, session_timeout_s: float, settings: Any,
         await recovery.start()
         url = "-"
         if http_port >= 0:
-            app = web.Application()
+            app = web.Application(client_max_size=JSON_BODY_BYTES_MAX)
 
             async def metrics(request: web.Request) -> web.Response:
                 return web.Response(body=generate_latest(recovery.registry),

@@ -90,6 +90,18 @@ def bookie() -> None:
               help="seconds a new connection (TLS handshake included) has to send a whole frame")
 @click.option("--max-partial-bytes", default="256MiB", show_default=True, type=SIZE,
               help="bytes held in unfinished frames over all connections")
+@click.option("--max-partial-bytes-before-auth", default="16KiB", show_default=True, type=SIZE,
+              help="bytes of frames one connection may send before AUTH (when the bookie requires it); "
+                   "counted apart from --max-partial-bytes")
+@click.option("--max-global-unsent", default="256MiB", show_default=True, type=SIZE,
+              help="answer bytes all clients have not taken; past it, connections holding some are "
+                   "not read until they took them")
+@click.option("--max-unsent-connections", default=64, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="connections holding unsent answers; past it, at --max-global-unsent, those whose "
+                   "answers moved least recently are closed")
+@click.option("--reserved-open-files", default=256, show_default=True, type=click.IntRange(16, 1_000_000),
+              help="open files kept for the bookie's own (journal, entry logs, index, ZooKeeper): "
+                   "connections are capped at the open-file limit minus this")
 @click.option("--max-long-polls", default=10_000, show_default=True, type=click.IntRange(1, 10_000_000),
               help="long polls parked at once")
 @click.option("--tls-cert", default=None, help="PEM certificate: serve the bookie protocol and the "
@@ -136,6 +148,9 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                   max_connections_per_host: int = 1024, max_unsent: int = 16 * 2**20,
                   unsent_timeout: float = 30.0, first_frame_timeout: float = 10.0,
                   max_partial_bytes: int = 256 * 2**20, max_long_polls: int = 10_000,
+                  max_partial_bytes_before_auth: int = 16 * 2**10,
+                  max_global_unsent: int = 256 * 2**20, max_unsent_connections: int = 64,
+                  reserved_open_files: int = 256,
                   tls_cert: str | None = None, tls_key: str | None = None, tls_ca: str | None = None,
                   tls_require_client_cert: bool = False, token_key: str | None = None,
                   allow_anonymous: bool = False, insecure_plaintext: bool = False,
@@ -158,7 +173,11 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
                           connections_per_host_max=max_connections_per_host,
                           unsent_bytes_max=max_unsent, unsent_timeout_s=unsent_timeout,
                           first_frame_timeout_s=first_frame_timeout,
-                          partial_bytes_max=max_partial_bytes)
+                          partial_bytes_max=max_partial_bytes,
+                          unauthenticated_partial_bytes_max=max_partial_bytes_before_auth,
+                          global_unsent_bytes_max=max_global_unsent,
+                          unsent_connections_max=max_unsent_connections,
+                          reserved_open_files=reserved_open_files)
     security = server_security(host, tls_cert, tls_key, tls_ca, tls_require_client_cert, token_key,
                                allow_anonymous, insecure_plaintext)
     zk_password = None

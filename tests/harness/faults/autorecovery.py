@@ -26,9 +26,12 @@ class RecoveryProcess:
             self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=log, text=True,
                                             preexec_fn=die_with_parent, cwd=project_root(),
                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        if LineReader(self.process).line_starting(READY_PREFIX, timeout_s) is None:
+        ready = LineReader(self.process).line_starting(READY_PREFIX, timeout_s)
+        if ready is None:
             self.kill()
             raise RuntimeError(f"{' '.join(self.command)} did not start: {self.log_text()[-2000:]}")
+        fields = dict(item.split("=", 1) for item in ready[len(READY_PREFIX):].split())
+        self.http = None if fields.get("http") == "-" else fields.get("http")  # its admin endpoint
 
     def log_text(self) -> str:
         try:
