@@ -6,9 +6,10 @@ aiokafka and librdkafka all negotiate down to, so every request header is versio
 response header version 0 (a correlation id alone).
 
 Produce is decoded from v3 (record batch v2, the only format dlog stores) but ADVERTISED from v0:
-librdkafka (up to at least 2.x) asks whether the broker supports "Produce 0..0" before it
-compresses with gzip, snappy or lz4, and sends uncompressed batches otherwise (librdkafka issue
-4956; Kafka 4.0 does the same, KAFKA-18659). Clients pick the highest version both sides support,
+librdkafka releases before the fix of its issue 4956 ask whether the broker supports "Produce
+0..0" before they compress with gzip, snappy or lz4, and send uncompressed batches otherwise
+(Kafka 4.0 lists Produce from v0 for the same reason, KAFKA-18659; the librdkafka of
+confluent-kafka 2.16 compresses either way). Clients pick the highest version both sides support,
 so none of them sends v0-2; one that does is refused like any unsupported version.
 
 The message classes are kafka-python's, generated from Kafka's own JSON schemas; the codec uses
