@@ -144,3 +144,40 @@ def test_a_transactional_batch_is_decoded_and_said_to_be_transactional():
     batch = decode_produce_records(build(producer_id=9, producer_epoch=0, base_sequence=0,
                                          transactional=True), 7)
     assert batch.transactional  # the server decides (dlog has no transactions)
+
+
+def bomb(codec: int, size_bytes: int) -> bytes:
+    """`size_bytes` of zeros compressed with `codec`, built in chunks (never whole in memory)."""
+    import zlib
+
+    import lz4.frame
+    import zstandard
+    chunk, chunks = bytes(1 << 20), size_bytes >> 20
+    if codec == GZIP:
+        compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        return b"".join(compressor.compress(chunk) for _ in range(chunks)) + compressor.flush()
+    if codec == LZ4:
+        compressor = lz4.frame.LZ4FrameCompressor(block_linked=False)
+        return compressor.begin() + b"".join(compressor.compress(chunk) for _ in range(chunks)) + compressor.flush()
+    compressor = zstandard.ZstdCompressor().compressobj()
+    return b"".join(compressor.compress(chunk) for _ in range(chunks)) + compressor.flush()
+
+
+@pytest.mark.parametrize("codec", [GZIP, LZ4, ZSTD], ids=["gzip", "lz4", "zstd"])
+def test_a_decompression_bomb_is_refused_without_inflating_it(codec):
+    import tracemalloc
+    payload = bomb(codec, 256 << 20)  # 256 MiB of zeros in a few hundred KiB
+    batch = bytearray(build([Record(1, None, b"x")]))  # one real record, then the bomb as payload
+    batch[61:] = payload
+    struct.pack_into(">h", batch, 21, codec)
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    sealed = reseal(batch)
+    tracemalloc.start()
+    try:
+        result = decode_produce_records(sealed, 7, batch_bytes_max=len(sealed),
+                                        batch_decompressed_bytes_max=1 << 20)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(result, BatchRefused) and result.error == ErrorCode.MESSAGE_TOO_LARGE
+    assert peak_bytes < 16 << 20, f"decoding took {peak_bytes >> 20} MiB for a 1 MiB bound"

@@ -126,10 +126,13 @@ def _lz4(data: bytes, bytes_max: int) -> bytes:
 
 
 def _zstd(data: bytes, bytes_max: int) -> bytes:
-    decompressor = zstandard.ZstdDecompressor(
-        max_window_size=min(_ZSTD_WINDOW_BYTES_MAX, max(bytes_max, 1 << 20)))
+    # the window is memory the decoder needs besides its output: bound it by the output's bound
+    window_bytes_max = min(_ZSTD_WINDOW_BYTES_MAX, max(bytes_max, 1 << 20))
+    decompressor = zstandard.ZstdDecompressor(max_window_size=window_bytes_max)
     output = bytearray()
     try:
+        if zstandard.get_frame_parameters(data).window_size > window_bytes_max:
+            raise _too_large("zstd", bytes_max)
         with decompressor.stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
             while chunk := reader.read(min(_READ_CHUNK_BYTES, bytes_max + 1 - len(output))):
                 output += chunk
