@@ -175,3 +175,11 @@ def test_after_sasl_handshake_v0_bare_tokens_come_out_as_tokens():
     decoder.raw_sasl_tokens = False
     decoder.receive_data(framed_request(ApiVersionsRequest(version=1), 2))
     assert isinstance(decoder.next_event(), Request)
+
+
+def test_the_error_codes_are_the_numbers_kafka_clients_know():
+    import kafka.errors
+    for code in ErrorCode:
+        if code != ErrorCode.NONE:
+            known = kafka.errors.for_code(int(code))
+            assert known.errno == int(code) and known is not kafka.errors.UnknownError or code == ErrorCode.UNKNOWN_SERVER_ERROR, code
