@@ -218,7 +218,8 @@ def _decode_body(api: Api, header: RequestHeader, frame: bytes, body_start: int)
     except (struct.error, ValueError, IndexError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
         return _malformed(api, header, len(frame) - body_start, f"does not parse ({exc})")
     if end != len(frame):
-        problem = "ends inside a field" if end > len(frame) else f"has {len(frame) - end} bytes after its last field"
+        problem = ("ends inside a field" if end > len(frame)
+                   else f"has {len(frame) - end} bytes after its last field")
         return _malformed(api, header, len(frame) - body_start, problem)
     return Request(header, api, body, len(frame))
 
