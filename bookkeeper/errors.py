@@ -10,7 +10,7 @@ type the bookie meant.
 
 Code ranges: 1-9 generic, 100-199 bookie answers, 200-299 client and metadata, 300-399 streams
 (dlog, the Spark data source, tools outside the CLI), 400-449 CLI, 500-549 security, 550-599
-auto-recovery, 600-649 Spark.
+auto-recovery, 600-649 Spark, 650-699 the Kafka serving tier (dlog.serve).
 
 `InvariantError` (a bug) is deliberately NOT a `DlogError`: an ``except DlogError`` that handles
 expected failures can never swallow a broken invariant.

@@ -115,7 +115,7 @@ def test_no_module_imports_another_modules_private_names():
 
 
 @pytest.mark.parametrize("package", ["bookkeeper", "bookkeeper/protocol", "bookkeeper/meta",
-                                     "bookkeeper/client", "bookkeeper/bookie", "bookkeeper/autorecovery", "dlog", "dlog/segments", "dlog/core",
+                                     "bookkeeper/client", "bookkeeper/bookie", "bookkeeper/autorecovery", "dlog", "dlog/segments", "dlog/core", "dlog/serve", "dlog/serve/kafka",
                                      "spark", "tools", "tools/cli", "tools/bench", "tests/harness",
                                      "tests/harness/sim", "tests/harness/faults"])
 def test_every_package_says_its_role(package):
