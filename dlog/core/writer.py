@@ -34,7 +34,15 @@ over (WriterFencedError), as when an append finds the ledger fenced.
 Ending. Every chunk ends: acknowledged (CompleteChunks), or failed with the writer's error
 (FailChunks: everything from the first unresolved chunk, in flight or buffered) when an append, a
 roll or a close fails. Closing sends what is buffered, waits for it, completes the segment (or
-drops it when it holds no record), closes the ledger and releases the lock.
+drops it when it holds no record), closes the ledger and releases the lock. Aborting waits for
+nothing: what is not acknowledged fails (outcome unknown) and the segment stays in progress.
+
+Ledgers deleted under the writer. Bookies go on acknowledging adds to a ledger whose metadata was
+deleted (`dlog ledger delete --force`) until garbage collection drops it, so an acknowledgement
+alone does not make a record durable. The driver watches the metadata of the ledgers it writes;
+when one is gone (its watch, an append or a close that finds no metadata: `on_ledger_gone`) the
+writer fails with LedgerDeletedError naming it, unless it was a completed segment's ledger that
+truncation or retention removed on purpose, which the segment list tells (`on_ledger_deleted`).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bookkeeper.errors import DlogError, LedgerFencedError, invariant
+from bookkeeper.errors import DlogError, LedgerFencedError, NoSuchLedgerError, invariant
 from dlog.core import changes
 from dlog.core.effects import (
     AppendEntry,
@@ -53,6 +61,7 @@ from dlog.core.effects import (
     CloseLedger,
     CommitSegments,
     CompleteChunks,
+    ConfirmLedgerDeleted,
     CreateLedger,
     DeleteLedger,
     FailChunks,
@@ -65,7 +74,13 @@ from dlog.core.effects import (
     WriterClosed,
     WriterOpened,
 )
-from dlog.core.errors import StreamBusyError, WriterClosedError, WriterFencedError, WriterLockedError
+from dlog.core.errors import (
+    LedgerDeletedError,
+    StreamBusyError,
+    WriterClosedError,
+    WriterFencedError,
+    WriterLockedError,
+)
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList
 
 NO_EFFECTS: tuple[Any, ...] = ()  # never appended to: a tuple
@@ -173,6 +188,7 @@ class WriterMachine:
         self._buffer_since_ms: int | None = None
         self._timer_at_ms: int | None = None
         self._closing_ledgers: set[int] = set()
+        self._confirming: set[int] = set()  # closing ledgers found gone, the list not yet read
         self._full = False
 
     # ------------------------------------------------------------------ queries
@@ -484,6 +500,8 @@ class WriterMachine:
     def on_entry_failed(self, ledger_id: int, entry_id: int, error: DlogError, now_ms: int) -> list[Any]:
         if self.ended:
             return NO_EFFECTS
+        if isinstance(error, NoSuchLedgerError) and ledger_id == self.ledger_id:
+            return self.on_ledger_gone(ledger_id, now_ms)  # its metadata was deleted under the writer
         if isinstance(error, LedgerFencedError):
             error = WriterFencedError(f"stream {self.settings.stream!r} was taken over by another writer "
                                       f"(ledger {ledger_id} was fenced); the outcome of pending records is unknown")
@@ -491,7 +509,11 @@ class WriterMachine:
 
     def on_ledger_closed(self, ledger_id: int, error: DlogError | None, now_ms: int) -> list[Any]:
         """The close of a ledger whose segment is already committed as completed (or dropped):
-        an error leaves the ledger open in its own metadata, which no reader relies on."""
+        an error leaves the ledger open in its own metadata, which no reader relies on, except
+        that its metadata is gone: then the ledger stays closing until the list says whether that
+        lost records (`on_ledger_deleted`)."""
+        if isinstance(error, NoSuchLedgerError) and ledger_id in self._closing_ledgers and not self.ended:
+            return self.on_ledger_gone(ledger_id, now_ms)
         self._closing_ledgers.discard(ledger_id)
         effects: list[Any] = []
         if self._delete_after_commit == ledger_id:
@@ -514,6 +536,63 @@ class WriterMachine:
             effects += self._start_roll()
         effects += self._pump(now_ms)
         return self._finish(effects, now_ms)
+
+    # ------------------------------------------------------------------ ledgers deleted under the writer
+
+    def on_ledger_gone(self, ledger_id: int, now_ms: int) -> list[Any]:
+        """The metadata of a ledger of this writer is gone: its watch fired, or an append or a
+        close found none. Bookies may go on acknowledging adds to it until garbage collection, but
+        nothing in it is durable any more. The ledger being written (or the one created for the
+        next segment) leaves the writer nothing to go on with: it fails at once. A closing ledger,
+        whose segment is committed as completed, may have been removed on purpose (truncation,
+        retention): the segment list decides (`on_ledger_deleted`)."""
+        if self.ended:
+            return NO_EFFECTS
+        stream = self.settings.stream
+        if ledger_id in self._closing_ledgers:
+            if ledger_id in self._confirming:
+                return NO_EFFECTS
+            self._confirming.add(ledger_id)
+            return [ConfirmLedgerDeleted(ledger_id)]
+        if ledger_id == self.ledger_id and self.segment is not None:
+            return self._fail(LedgerDeletedError(
+                f"ledger {ledger_id} of the in-progress segment {self.segment.sequence} of stream {stream!r} "
+                "was deleted under its writer: the records acknowledged into it are lost, and those not "
+                "acknowledged were not written", ledger_id, pending_lost=True), now_ms)
+        if ledger_id == self.new_ledger_id:
+            return self._fail(LedgerDeletedError(
+                f"ledger {ledger_id}, created for the next segment of stream {stream!r}, was deleted under "
+                "its writer; records not acknowledged have an unknown outcome", ledger_id), now_ms)
+        return NO_EFFECTS
+
+    def on_ledger_deleted(self, ledger_id: int, listing: SegmentList, now_ms: int) -> list[Any]:
+        """The list, read after a closing ledger's metadata was found gone (ConfirmLedgerDeleted)."""
+        self._confirming.discard(ledger_id)
+        if self.ended or ledger_id not in self._closing_ledgers:
+            return NO_EFFECTS
+        if changes.deletion_lost_records(listing, ledger_id):
+            segment = listing.by_ledger(ledger_id)
+            assert segment is not None
+            return self._fail(LedgerDeletedError(
+                f"ledger {ledger_id} of the completed segment {segment.sequence} of stream "
+                f"{self.settings.stream!r} was deleted while its writer closed it: its {segment.records} "
+                "records are lost; records not acknowledged have an unknown outcome", ledger_id), now_ms)
+        # removed on purpose (truncation, retention) while it was being closed: nothing left to close
+        self._closing_ledgers.discard(ledger_id)
+        if self._delete_after_commit == ledger_id:
+            self._delete_after_commit = None
+        return self._maybe_closed(now_ms)
+
+    def abort(self, error: DlogError, now_ms: int) -> list[Any]:
+        """Stop now, waiting for nothing: every record not yet acknowledged ends with `error` (its
+        outcome is unknown), the lock is released, and the in-progress segment stays in progress
+        with its ledger open, for the next writer to recover (L1)."""
+        if self.state is WriterState.CLOSED:
+            return NO_EFFECTS
+        effects = [*self._fail(error, now_ms)]
+        if self.state is WriterState.FAILED:
+            effects += self.close(now_ms)
+        return effects
 
     # ------------------------------------------------------------------ rolling
 
