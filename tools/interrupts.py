@@ -29,6 +29,8 @@ class Interrupts:
     def install(self) -> None:
         """Take over SIGINT for the running task (call it first thing in the main task)."""
         loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            return  # a background job of a shell: Ctrl-C is not meant for it
         try:
             loop.add_signal_handler(signal.SIGINT, self._on_signal)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: asyncio's own
