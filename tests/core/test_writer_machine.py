@@ -389,7 +389,7 @@ def test_a_ledger_created_while_the_old_one_still_has_entries_in_flight_may_move
 # ---------------------------------------------------------------------------------- deleted ledgers (issue 20)
 
 
-def test_the_in_progress_ledger_deleted_under_the_writer_fails_it_at_once_naming_the_ledger():
+def test_the_in_progress_ledger_deleted_under_the_writer_fails_it_naming_the_ledger():
     story = Story()
     story.opened()
     story.write(b"a")
@@ -397,6 +397,10 @@ def test_the_in_progress_ledger_deleted_under_the_writer_fails_it_at_once_naming
     story.write(b"b")  # in flight
     story.write(b"c")  # buffered
     effects = story.machine.on_ledger_gone(11, story.now_ms)  # its metadata watch fired
+    assert effects == [ConfirmLedgerDeleted(11)]
+    assert story.machine.on_entry_acked(11, 1, story.now_ms) == ()  # bookies still acknowledge: not durable
+    assert story.machine.flush(story.now_ms) == [] and story.machine.buffer  # nothing more goes to it
+    effects = story.machine.on_ledger_deleted(11, story.listing, story.now_ms)  # the list still names it
     failed = one(effects, FailChunks)
     assert failed.first_chunk_id == 1 and isinstance(failed.error, LedgerDeletedError)
     assert failed.error.ledger_id == 11 and failed.error.pending_lost  # b and c are in no ledger that exists
@@ -409,7 +413,19 @@ def test_an_append_that_finds_no_metadata_is_the_same_deletion():
     story.opened()
     story.write(b"a")
     effects = story.machine.on_entry_failed(11, 0, NoSuchLedgerError("ledger 11 does not exist"), story.now_ms)
+    assert effects == [ConfirmLedgerDeleted(11)]
+    effects = story.machine.on_ledger_deleted(11, story.listing, story.now_ms)
     assert isinstance(one(effects, FailChunks).error, LedgerDeletedError)
+
+
+def test_an_empty_segment_dropped_by_a_new_writer_is_a_takeover_not_a_loss():
+    story = Story()
+    story.opened()
+    story.write(b"a")
+    effects = story.machine.on_ledger_gone(11, story.now_ms)  # the new writer found it empty, dropped it
+    rival = SegmentList((Segment(2, 50),), story.listing.version + 2, 2)
+    effects = story.machine.on_ledger_deleted(11, rival, story.now_ms)
+    assert isinstance(one(effects, FailChunks).error, WriterFencedError)
 
 
 def closing_story() -> Story:
