@@ -82,9 +82,9 @@ PLANTED = [
     ("entries-ignore-roll-size", 2),
     ("batch-columns-not-filled", 1),
     ("records-wait-for-linger", 0),
-    ("gc-without-sync", 0),
+    ("gc-without-sync", 2),
     ("metadata-errors-not-retried", 51),
-    ("roll-timer-crash", 264),
+    ("roll-timer-crash", 48),
     ("created-after-close-committed", 19),
     ("deleted-ledger-acknowledged", 3),
 ]
