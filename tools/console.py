@@ -8,7 +8,15 @@ partial last line until the rest arrives). Every record goes to ONE writer, open
 record and closed at the end, so a run is one segment however long it lasts (unless the stream's
 roll policy says otherwise). Whenever no further chunk is waiting, which is to say standard input
 has nothing more right now, the writer is flushed: `tail -f app.log | dlog write s` makes each
-line durable as it comes, and a big file piped in still goes in large entries.
+line durable as it comes, and a big file piped in still goes in large entries. A writer that fails
+ends the run at once, even while standard input is idle.
+
+The account (`Produced`). Each record's future says how it ended: durable at an offset, lost with a
+ledger deleted under the writer (LedgerDeletedError names it, and records acknowledged into it
+earlier are moved from durable to lost), not written, or unknown (any other failure: it may have
+reached an ack quorum). Acknowledgements come in order, so durable records are a prefix of the
+input (what a deleted ledger took aside) and the last durable offset is where to resume. The first Ctrl-C closes the writer, flushing it; the second aborts it
+(tools/interrupts.py), and what was in flight is unknown.
 
 Formats. `lines`: one record per line, as bytes (any encoding, no decoding); `raw`: all of
 standard input is one record; `base64`: one base64-encoded value per line; `jsonl`: one JSON
