@@ -4,8 +4,15 @@ from dlog.blocking import connect
 from dlog.namespace import Namespace
 from dlog.offsets import Offset
 from dlog.reader import OffsetOutOfRangeError, Record, StreamReader, TruncatedError
-from dlog.writer import StreamWriter, WriterFencedError, WriterLockedError, WrittenBatch
+from dlog.writer import (
+    LedgerDeletedError,
+    StreamWriter,
+    WriterAbortedError,
+    WriterFencedError,
+    WriterLockedError,
+    WrittenBatch,
+)
 
 __all__ = ["Namespace", "Offset", "Record", "StreamReader", "StreamWriter", "WrittenBatch",
            "TruncatedError", "OffsetOutOfRangeError", "WriterFencedError", "WriterLockedError",
-           "connect"]
+           "LedgerDeletedError", "WriterAbortedError", "connect"]

@@ -220,6 +220,11 @@ class Namespace:
         except NoSuchLedgerError:
             return False
 
+    def watch_ledger_deleted(self, ledger_id: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call back once when a ledger's metadata is gone (the ledger client's metadata store
+        port); returns a function that ends the watch."""
+        return self.client.store.watch_ledger_deleted(ledger_id, callback)  # type: ignore[no-any-return]
+
     async def stream_info(self, name: str) -> dict[str, Any]:
         """Config, segments (records, bytes, damage), totals and subscriptions with their lag; see
         dlog/describe.py for what is exact and what is estimated."""

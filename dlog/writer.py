@@ -33,6 +33,7 @@ from dlog.core.effects import (
     CloseLedger,
     CommitSegments,
     CompleteChunks,
+    ConfirmLedgerDeleted,
     CreateLedger,
     DeleteLedger,
     FailChunks,
@@ -45,7 +46,13 @@ from dlog.core.effects import (
     WriterClosed,
     WriterOpened,
 )
-from dlog.core.errors import WriterClosedError, WriterFencedError, WriterLockedError
+from dlog.core.errors import (
+    LedgerDeletedError,
+    WriterAbortedError,
+    WriterClosedError,
+    WriterFencedError,
+    WriterLockedError,
+)
 from dlog.core.writer import (
     RECORD_OVERHEAD_BYTES,
     Encoded,
@@ -68,11 +75,14 @@ from dlog.segments.metadata import Segment, StreamConfig
 if TYPE_CHECKING:
     from dlog.namespace import Namespace
 
-__all__ = ["StreamWriter", "WriterClosedError", "WriterFencedError", "WriterLockedError", "WrittenBatch"]
+__all__ = ["LedgerDeletedError", "StreamWriter", "WriterAbortedError", "WriterClosedError", "WriterFencedError",
+           "WriterLockedError", "WrittenBatch"]
 
 log = logging.getLogger(__name__)
 ENTRY_BYTES_MAX = 4 << 20  # the bookie's entry maximum
 ROW_COLUMNS = ("value", "key", "timestamp", "headers")  # what a buffered record holds, in this order
+SETTLE_S_MAX = 30.0  # how long close() lets effect tasks (deletes, the lock release) end
+ABORT_SETTLE_S_MAX = 1.0  # the same after abort(), which promised not to wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +169,9 @@ class StreamWriter:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: dict[asyncio.Task[None], None] = {}  # ordered: replays are deterministic
         self._crash: BaseException | None = None
+        self._watches: dict[int, Callable[[], None]] = {}  # ledger id -> end of its deletion watch
+        self._ended: asyncio.Future[None] = self.loop.create_future()
+        self._aborted = False
 
     # ------------------------------------------------------------------ state
 
@@ -203,14 +216,33 @@ class StreamWriter:
             self.run(self.machine.close(self.now_ms()))
         try:
             await asyncio.shield(self._closed)
-        finally:
+        except asyncio.CancelledError:
+            raise  # the caller stopped waiting: settling would make it wait again
+        except BaseException:
             await self._settle_tasks()
+            raise
+        await self._settle_tasks()
+
+    def abort(self, error: DlogError | None = None) -> None:
+        """Stop at once, waiting for nothing (the second Ctrl-C of `dlog write`): every record not
+        yet acknowledged fails with `error` (default WriterAbortedError), whose outcome is unknown;
+        the in-progress segment stays in progress with its ledger open, and the next writer of the
+        stream recovers it (L1). A close() under way, or a later one, returns at once."""
+        self._aborted = True
+        self.run(self.machine.abort(error or WriterAbortedError(
+            f"the writer of stream {self.name!r} was stopped before these records were acknowledged: "
+            "their outcome is unknown"), self.now_ms()))
+
+    def until_ended(self) -> asyncio.Future[None]:
+        """A future that resolves (never with an exception) once the writer has failed or closed;
+        then `error` says why it failed, if it did."""
+        return self._ended
 
     async def _settle_tasks(self) -> None:
         """Let effect tasks started for this writer end (deletes, the lock release)."""
         tasks = [task for task in self._tasks if not task.done()]
         if tasks:
-            await asyncio.wait(tasks, timeout=30)
+            await asyncio.wait(tasks, timeout=ABORT_SETTLE_S_MAX if self._aborted else SETTLE_S_MAX)
 
     async def __aenter__(self) -> StreamWriter:
         return self
@@ -354,6 +386,8 @@ class StreamWriter:
                 self._complete(effect)
             elif kind is WakeWriters:
                 self._room.set()
+                if self.machine.ended:
+                    self._on_ended()
             elif kind is SetTimer:
                 self._set_timer(effect.at_ms)
             elif kind is FailChunks:
@@ -377,8 +411,12 @@ class StreamWriter:
         elif isinstance(effect, CloseLedger):
             self._spawn(self._close_ledger(effect.ledger_id))
         elif isinstance(effect, DeleteLedger):
+            self._unwatch(effect.ledger_id)  # our own deletion is no news
             self._spawn(self._quietly(f"delete ledger {effect.ledger_id}",
                                       lambda: namespace.delete_ledger_quietly(effect.ledger_id)))
+        elif isinstance(effect, ConfirmLedgerDeleted):
+            self._answer(lambda: store.segments(stream),
+                         lambda listing, now_ms: machine.on_ledger_deleted(effect.ledger_id, listing, now_ms))
         elif isinstance(effect, ReleaseLock):
             self._spawn(self._unlock())
         elif isinstance(effect, ApplyRetention):
@@ -445,7 +483,31 @@ class StreamWriter:
             config.ensemble, config.write_quorum, config.ack_quorum, password=self.namespace.password_of(config),
             custom={"stream": self.name, "namespace": self.namespace.name})
         self._ledgers[handle.ledger_id] = handle
+        self._watch(handle.ledger_id)
         return handle.ledger_id
+
+    def _watch(self, ledger_id: int) -> None:
+        """Learn at once when the ledger's metadata is deleted under this writer (bookies go on
+        acknowledging adds to it until garbage collection drops it)."""
+        try:
+            self._watches[ledger_id] = self.namespace.watch_ledger_deleted(
+                ledger_id, lambda: self._ledger_gone(ledger_id))
+        except DlogError as exc:  # the close's compare-and-set still finds a deletion
+            log.warning("stream %s: cannot watch ledger %d: %s", self.name, ledger_id, exc)
+
+    def _ledger_gone(self, ledger_id: int) -> None:
+        """The watch's callback, which runs outside any task: a bug it meets must still reach every
+        caller rather than the event loop's log."""
+        try:
+            self._feed(self.machine.on_ledger_gone, ledger_id)
+        except Exception as exc:
+            log.exception("stream %s: the writer driver failed", self.name)
+            self._crashed(exc)
+
+    def _unwatch(self, ledger_id: int) -> None:
+        stop = self._watches.pop(ledger_id, None)
+        if stop is not None:
+            stop()
 
     async def _commit(self, effect: CommitSegments) -> None:
         store = self.namespace.store
@@ -465,6 +527,7 @@ class StreamWriter:
             except DlogError as exc:  # the segment list already says where it ends
                 log.warning("stream %s: closing ledger %d failed: %s", self.name, ledger_id, exc)
                 error = exc
+        self._unwatch(ledger_id)
         self._feed(self.machine.on_ledger_closed, ledger_id, error)
 
     async def _quietly(self, what: str, operation: Callable[[], Awaitable[Any]]) -> None:
@@ -553,9 +616,17 @@ class StreamWriter:
         self._timer = None
         self._feed(self.machine.on_time)
 
+    def _on_ended(self) -> None:
+        """The writer failed or closed: its watches end, and `until_ended()` resolves."""
+        for ledger_id in list(self._watches):
+            self._unwatch(ledger_id)
+        if not self._ended.done():
+            self._ended.set_result(None)
+
     def _on_closed(self, error: DlogError | None) -> None:
         self._set_timer(None)
         self._room.set()
+        self._on_ended()
         if self._closed is None:
             self._closed = self.loop.create_future()
         if self._closed.done():
@@ -581,6 +652,7 @@ class StreamWriter:
                 future.set_exception(exc)
         self._release_drained(everything=True)
         self._room.set()
+        self._on_ended()
 
 
 def _headers_bytes(headers: Headers | None) -> int:

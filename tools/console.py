@@ -8,7 +8,15 @@ partial last line until the rest arrives). Every record goes to ONE writer, open
 record and closed at the end, so a run is one segment however long it lasts (unless the stream's
 roll policy says otherwise). Whenever no further chunk is waiting, which is to say standard input
 has nothing more right now, the writer is flushed: `tail -f app.log | dlog write s` makes each
-line durable as it comes, and a big file piped in still goes in large entries.
+line durable as it comes, and a big file piped in still goes in large entries. A writer that fails
+ends the run at once, even while standard input is idle.
+
+The account (`Produced`). Each record's future says how it ended: durable at an offset, lost with a
+ledger deleted under the writer (LedgerDeletedError names it, and records acknowledged into it
+earlier are moved from durable to lost), not written, or unknown (any other failure: it may have
+reached an ack quorum). Acknowledgements come in order, so durable records are a prefix of the
+input (what a deleted ledger took aside) and the last durable offset is where to resume. The first Ctrl-C closes the writer, flushing it; the second aborts it
+(tools/interrupts.py), and what was in flight is unknown.
 
 Formats. `lines`: one record per line, as bytes (any encoding, no decoding); `raw`: all of
 standard input is one record; `base64`: one base64-encoded value per line; `jsonl`: one JSON
@@ -33,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bookkeeper.errors import ConfigError, DlogError
+from dlog.core.errors import LedgerDeletedError, WriterAbortedError
+from tools.interrupts import Interrupts
 from tools.units import plural
 
 CHUNK_BYTES = 64 * 1024
@@ -197,69 +207,184 @@ async def stdin_chunks(descriptor: int) -> AsyncIterator[tuple[bytes, bool]]:
 
 @dataclass
 class Produced:
-    """What a run wrote so far: a count and the first and last offsets, whatever its length."""
+    """What a run wrote, whatever its length: records durable (acknowledged by an ack quorum, in a
+    ledger that still exists), per ledger in stream order; records lost with a ledger deleted under
+    the writer; records that failed, either certainly not written or with an unknown outcome."""
 
-    count: int = 0
-    first: Any = None
-    last: Any = None
+    started: bool = False  # a record was handed to a writer
+    unknown: int = 0
+    not_written: int = 0
+    lost: int = 0
     error: BaseException | None = None
-    _first_future: Any = field(default=None, repr=False)
-    _last_future: Any = field(default=None, repr=False)
+    deleted_ledgers: list[int] = field(default_factory=list)
+    _durable: dict[int, list[Any]] = field(default_factory=dict, repr=False)  # ledger -> [count, first, last]
 
     def track(self, future: asyncio.Future[Any]) -> None:
-        if self._first_future is None:
-            self._first_future = future
-        self._last_future = future
+        self.started = True
         future.add_done_callback(self._done)
 
     def _done(self, future: asyncio.Future[Any]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            self.error = self.error or future.exception() or DlogError("a write was cancelled")
+        if future.cancelled():
+            self.unknown += 1
+            self.error = self.error or DlogError("a write was cancelled")
             return
-        self.count += 1
-        if future is self._first_future:
-            self.first = future.result()
-        if future is self._last_future:
-            self.last = future.result()
+        error = future.exception()
+        if error is not None:
+            self.error = self.error or error
+            if isinstance(error, LedgerDeletedError):
+                self._lose(error.ledger_id)
+                if error.pending_lost:  # sent only to the deleted ledger, or never sent
+                    self.not_written += 1
+                    return
+            self.unknown += 1
+            return
+        offset = future.result()
+        if offset.ledger_id in self.deleted_ledgers:  # acknowledged just before the writer learned
+            self.lost += 1
+            return
+        durable = self._durable.get(offset.ledger_id)
+        if durable is None:
+            self._durable[offset.ledger_id] = [1, offset, offset]
+        else:
+            durable[0] += 1
+            durable[2] = offset
+
+    def writer_failed(self, error: BaseException) -> None:
+        """The writer's own error, which names a deleted ledger even when no record was pending."""
+        self.error = self.error or error
+        if isinstance(error, LedgerDeletedError):
+            self._lose(error.ledger_id)
+
+    def _lose(self, ledger_id: int) -> None:
+        """Records acknowledged into a ledger deleted under the writer were durable, and are not now."""
+        if ledger_id not in self.deleted_ledgers:
+            self.deleted_ledgers.append(ledger_id)
+            self.lost += self._durable.pop(ledger_id, [0])[0]
+
+    @property
+    def count(self) -> int:
+        return sum(durable[0] for durable in self._durable.values())
+
+    @property
+    def first(self) -> Any:
+        return next(iter(self._durable.values()))[1] if self._durable else None
+
+    @property
+    def last(self) -> Any:
+        return next(reversed(self._durable.values()))[2] if self._durable else None
+
+    @property
+    def clean(self) -> bool:
+        """Every record handed to the writer is durable."""
+        return self.error is None and not (self.unknown or self.not_written or self.lost)
 
     def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "first": None if self.first is None else str(self.first),
-                "last": None if self.last is None else str(self.last)}
+        first, last = self.first, self.last
+        return {"count": self.count, "first": None if first is None else str(first),
+                "last": None if last is None else str(last), "unknown": self.unknown, "lost": self.lost,
+                "not_written": self.not_written, "deleted_ledgers": list(self.deleted_ledgers)}
+
+    def summary(self, name: str) -> str:
+        """One line: what is durable (and up to where: where to resume from) and what is not."""
+        count = self.count
+        if self.clean:
+            offsets = f" ({self.first} .. {self.last})" if count else ""
+            return f"wrote {plural(count, 'record')} to {name}{offsets}"
+        parts = [f"{plural(count, 'record')} durable in {name}" + (f" up to {self.last}" if count else "")]
+        if self.unknown:
+            parts.append(f"{self.unknown:,} in flight with an unknown outcome")
+        if self.lost:
+            ledgers = ", ".join(map(str, self.deleted_ledgers))
+            parts.append(f"{self.lost:,} acknowledged into ledger{'s' if len(self.deleted_ledgers) > 1 else ''} "
+                         f"{ledgers}, deleted under the writer, lost")
+        if self.not_written:
+            parts.append(f"{self.not_written:,} not written")
+        return "; ".join(parts)
 
 
 async def produce(ns: Any, name: str, chunks: AsyncIterator[tuple[bytes, bool]], parser: RecordParser, *,
                   takeover: bool = False, on_lock_wait: Callable[[dict[str, Any] | None], None] | None = None,
-                  produced: Produced | None = None, headers: list[tuple[str, bytes]] | None = None) -> Produced:
+                  produced: Produced | None = None, headers: list[tuple[str, bytes]] | None = None,
+                  interrupts: Interrupts | None = None) -> Produced:
     """Write every record from `chunks` through one writer; flush whenever the input pauses.
-    `headers` (`--header`) go on every record."""
+    `headers` (`--header`) go on every record. A second Ctrl-C (`interrupts`) aborts the writer."""
     produced = produced if produced is not None else Produced()
-    writer = None
+    run = _Run(ns, name, takeover, on_lock_wait, produced, headers)
     try:
-        async for chunk, more_waiting in chunks:
-            for value, key, timestamp in parser.feed(chunk):
-                if writer is None:
-                    writer = await open_writer(ns, name, takeover, on_lock_wait)
-                await writer.wait_writable()
-                produced.track(writer.write_nowait(value, key, timestamp, headers))
-            if not more_waiting and writer is not None:
-                await writer.flush()
-        for value, key, timestamp in parser.finish():
-            if writer is None:
-                writer = await open_writer(ns, name, takeover, on_lock_wait)
-            await writer.wait_writable()
-            produced.track(writer.write_nowait(value, key, timestamp, headers))
+        await run.feed(chunks, parser)
     except BadInputError as exc:  # what came before the bad line is written, and the message says so
-        if writer is not None:
-            await writer.close()
-            writer = None
+        await run.close(interrupts)
         raise BadInputError(f"{exc} ({plural(produced.count, 'record')} before it "
                             f"{'was' if produced.count == 1 else 'were'} written to {name})") from exc
     finally:
-        if writer is not None:
-            await writer.close()
+        await run.close(interrupts)
     if produced.error is not None:
         raise produced.error
     return produced
+
+
+class _Run:
+    """One run of the console producer: its writer, opened on the first record."""
+
+    def __init__(self, ns: Any, name: str, takeover: bool,
+                 on_lock_wait: Callable[[dict[str, Any] | None], None] | None, produced: Produced,
+                 headers: list[tuple[str, bytes]] | None) -> None:
+        self.ns, self.name, self.takeover, self.on_lock_wait = ns, name, takeover, on_lock_wait
+        self.produced, self.headers = produced, headers
+        self.writer: Any = None
+
+    async def feed(self, chunks: AsyncIterator[tuple[bytes, bool]], parser: RecordParser) -> None:
+        iterator = chunks.__aiter__()
+        while (item := await self._next_chunk(iterator)) is not None:
+            chunk, more_waiting = item
+            for record in parser.feed(chunk):
+                await self._write(record)
+            if not more_waiting and self.writer is not None:
+                await self.writer.flush()
+        for record in parser.finish():
+            await self._write(record)
+
+    async def _write(self, record: Record) -> None:
+        if self.writer is None:
+            self.writer = await open_writer(self.ns, self.name, self.takeover, self.on_lock_wait)
+        await self.writer.wait_writable()
+        value, key, timestamp = record
+        self.produced.track(self.writer.write_nowait(value, key, timestamp, self.headers))
+
+    async def _next_chunk(self, iterator: AsyncIterator[tuple[bytes, bool]]) -> tuple[bytes, bool] | None:
+        """The next chunk (None at the end of input), or the writer's error as soon as it fails, even
+        while standard input has nothing new (`tail -f app.log | dlog write s`)."""
+        if self.writer is None:
+            return await anext(iterator, None)
+        reading = asyncio.ensure_future(anext(iterator, None))
+        try:
+            await asyncio.wait({reading, self.writer.until_ended()}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            reading.cancel()
+            raise
+        if reading.done():
+            return reading.result()
+        reading.cancel()
+        await asyncio.wait({reading})  # the reader stops before the writer is closed
+        raise self.writer.error or DlogError(f"the writer of stream {self.name!r} ended")
+
+    async def close(self, interrupts: Interrupts | None) -> None:
+        """Close the writer (flushing what it holds); a second Ctrl-C meanwhile aborts it."""
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return
+        if writer.error is not None:
+            self.produced.writer_failed(writer.error)
+        stop_waiting = interrupts.on_second(lambda: writer.abort(WriterAbortedError(
+            "interrupted twice: stopped without waiting for the records in flight, whose outcome is "
+            "unknown"))) if interrupts is not None else None
+        try:
+            await writer.close()
+        except WriterAbortedError:
+            pass  # the second Ctrl-C: each record's outcome is in `produced`
+        finally:
+            if stop_waiting is not None:
+                stop_waiting()
 
 
 async def open_writer(ns: Any, name: str, takeover: bool,

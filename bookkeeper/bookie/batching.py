@@ -117,7 +117,7 @@ class BatchHandlers:
             return Status.BAD_REQUEST, f"ledger id must be >= 0, got {group.ledger_id}"
         ledger = self._ledger(group.ledger_id)
         if ledger is None:
-            return None
+            return self.deleted_refusal(group.ledger_id)
         if ledger.master_key != group.master_key:
             return Status.UNAUTHORIZED, f"wrong master key for ledger {group.ledger_id}"
         if ledger.fenced and not group.recovery:

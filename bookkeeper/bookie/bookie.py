@@ -7,6 +7,11 @@ ledger storage's write cache at once, so reads see it; readers never go past the
 only covers entries the writer saw acknowledged, so exposing an entry before its fsync returns
 cannot make anyone rely on it.
 
+A ledger that garbage collection dropped (its metadata was deleted) is remembered, the last
+DELETED_LEDGERS_REMEMBERED_MAX of them, until a restart: a later ADD or fencing READ of it is
+refused with NO_LEDGER instead of creating it afresh, so the writer of a ledger deleted under it
+learns at its next add, not never.
+
 All methods run on the event-loop thread. Answers are delivered through a `Reply` (the
 connection): `send(bytes)` queues a frame, and the connection writes everything queued in one
 loop iteration with one system call, so one group commit becomes one write per connection.
@@ -63,6 +68,7 @@ _KEY_RECORD = struct.Struct(f">Bq{wire.MASTER_KEY_BYTES}s")
 _FENCE_RECORD = struct.Struct(">Bq")
 _LAC_RECORD = struct.Struct(">Bqq")
 log = logging.getLogger(__name__)
+DELETED_LEDGERS_REMEMBERED_MAX = 10_000  # ledgers garbage collection dropped, refused afterwards
 _VALID_DIGEST_TYPES = frozenset(int(kind) for kind in DIGEST_BYTES)
 
 
@@ -105,6 +111,7 @@ class BookieCore(BatchHandlers):
         self.long_poll_waiters_max = long_poll_waiters_max
         self.long_poll_timeout_ms_max = long_poll_timeout_ms_max
         self._ledgers: dict[int, _Ledger] = {}
+        self._deleted: dict[int, None] = {}  # collected ledgers, oldest first (insertion order)
         self._waiter_count = 0
         # each reply's parked long polls, so a closed connection's are dropped at once (S4)
         self._waiters_of: dict[Reply, dict[_Waiter, int]] = {}
@@ -116,6 +123,7 @@ class BookieCore(BatchHandlers):
         self.fence_count = 0
         self.dropped_waiters = 0
         self.check_count = 0
+        self.deleted_refusals = 0
 
     # ------------------------------------------------------------------ start-up
 
@@ -180,12 +188,28 @@ class BookieCore(BatchHandlers):
         return ENTRY_HEADER.unpack_from(packed)[2]
 
     def forget_ledger(self, ledger_id: int) -> None:
-        """Garbage collection removed the ledger: drop it and fail its long polls."""
+        """Garbage collection removed the ledger: drop it, fail its long polls, and refuse adds to
+        it from now on."""
+        self._deleted[ledger_id] = None
+        if len(self._deleted) > DELETED_LEDGERS_REMEMBERED_MAX:
+            self._deleted.pop(next(iter(self._deleted)))
         ledger = self._ledgers.pop(ledger_id, None)
         if ledger is not None:
             for waiter in ledger.waiters:
                 self._finish_waiter(waiter, ledger_id, None)
             ledger.waiters.clear()
+
+    def deleted_refusal(self, ledger_id: int) -> tuple[Status, str] | None:
+        """NO_LEDGER for a request that would create a ledger garbage collection dropped."""
+        if ledger_id not in self._deleted:
+            return None
+        self.deleted_refusals += 1
+        return Status.NO_LEDGER, (f"ledger {ledger_id} was deleted (its metadata is gone and garbage "
+                                  "collection dropped it here): it takes no more adds")
+
+    @property
+    def deleted_remembered(self) -> int:
+        return len(self._deleted)
 
     def ledger_summary(self, ledger_id: int) -> dict[str, int | bool] | None:
         ledger = self._ledger(ledger_id)
@@ -205,6 +229,10 @@ class BookieCore(BatchHandlers):
         ledger_id, entry_id, entry = request.ledger_id, request.entry_id, request.packed_entry
         ledger = self._ledger(ledger_id)
         if ledger is None:
+            refused = self.deleted_refusal(ledger_id)
+            if refused is not None:
+                self._fail(reply, request.request_id, OpCode.ADD, *refused)
+                return
             ledger = self._create_ledger(ledger_id, request.master_key)
         elif ledger.master_key != request.master_key:
             self._fail(reply, request.request_id, OpCode.ADD, Status.UNAUTHORIZED,
@@ -431,7 +459,7 @@ class BookieCore(BatchHandlers):
         ledger, a fencing read with the wrong key) or waits for its fence to be durable."""
         ledger_id = request.ledger_id
         ledger = self._ledger(ledger_id)
-        if ledger is None and request.fence and ledger_id >= 0:
+        if ledger is None and request.fence and ledger_id >= 0 and ledger_id not in self._deleted:
             # a fence must hold even where the writer's adds have not arrived yet: otherwise a
             # slow add could still land here after recovery counted this bookie as answered
             ledger = self._create_ledger(ledger_id, request.master_key)

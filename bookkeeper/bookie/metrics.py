@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bookkeeper.bookie.bookie import DELETED_LEDGERS_REMEMBERED_MAX
 from bookkeeper.meta.usage import USAGE_LOOKUPS_MAX
 from bookkeeper.security.quota import STREAMS_RANKED_MAX
 
@@ -115,6 +116,8 @@ class _ServiceCollector(Collector):
                                           server.unsent_blocks),
             "dlog_bookie_long_polls_dropped": ("Long polls dropped because their connection closed",
                                                core.dropped_waiters),
+            "dlog_bookie_deleted_ledger_refusals": ("Adds and fences refused because garbage collection "
+                                                    "had dropped their ledger", core.deleted_refusals),
         })
         guard = self.service.guard
         if guard is not None:
@@ -202,6 +205,11 @@ class _ServiceCollector(Collector):
                                                      "collection found gone, kept because this bookie "
                                                      "first saw them less than the grace period ago",
                                                      metrics.gc_ledgers_kept_by_grace),
+            "dlog_bookie_deleted_ledgers_remembered": ("Ledgers garbage collection dropped that this bookie "
+                                                       "remembers, to refuse adds to them",
+                                                       core.deleted_remembered),
+            "dlog_bookie_deleted_ledgers_remembered_max": ("Dropped ledgers remembered at most (the oldest "
+                                                           "are forgotten first)", DELETED_LEDGERS_REMEMBERED_MAX),
             "dlog_bookie_ledger_storage_bytes": ("Bytes of entry logs and index",
                                                  self.service.storage.disk_bytes()),
             "dlog_bookie_disk_used_ratio": ("Used fraction of the data directory's file system",

@@ -57,6 +57,10 @@ class MetadataStore(Protocol):
     def watch_bookies(self, callback: Callable[[list[BookieInfo]], None]) -> Callable[[], None]:
         """Call back (on the event loop) whenever the registered bookies change."""
 
+    def watch_ledger_deleted(self, ledger_id: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call back once (on the event loop) when the ledger's metadata is gone, at once if it is
+        already; returns a function that ends the watch."""
+
     async def close(self) -> None: ...
 
 
@@ -68,6 +72,7 @@ class MemoryMetadataStore:
         self._next_id = 1
         self._bookies = list(bookies or [])
         self._watchers: list[Callable[[list[BookieInfo]], None]] = []
+        self._deletion_watchers: dict[int, list[Callable[[], None]]] = {}
 
     def ledger_writers(self, namespace: str | None) -> list[str] | None:
         return None
@@ -97,6 +102,9 @@ class MemoryMetadataStore:
     async def delete_ledger(self, ledger_id: int) -> None:
         if self._ledgers.pop(ledger_id, None) is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
+        loop = asyncio.get_running_loop()
+        for callback in self._deletion_watchers.pop(ledger_id, []):
+            loop.call_soon(callback)
 
     async def list_ledgers(self) -> list[int]:
         return sorted(self._ledgers)
@@ -117,5 +125,19 @@ class MemoryMetadataStore:
         self._watchers.append(callback)
         return lambda: self._watchers.remove(callback)
 
+    def watch_ledger_deleted(self, ledger_id: int, callback: Callable[[], None]) -> Callable[[], None]:
+        if ledger_id not in self._ledgers:
+            asyncio.get_running_loop().call_soon(callback)
+            return lambda: None
+        watchers = self._deletion_watchers.setdefault(ledger_id, [])
+        watchers.append(callback)
+
+        def unwatch() -> None:
+            if callback in watchers:
+                watchers.remove(callback)
+
+        return unwatch
+
     async def close(self) -> None:
         self._watchers.clear()
+        self._deletion_watchers.clear()

@@ -393,6 +393,23 @@ class ZooKeeperMetadataStore:
 
         return unwatch
 
+    def watch_ledger_deleted(self, ledger_id: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call back once when the ledger's node is deleted or marked deleted by a tombstone
+        (acl.py), at once if it already is; the one data watch of zk.py, re-armed after a
+        reconnect."""
+        fired = False
+
+        def changed(data: bytes | None, version: int) -> None:
+            nonlocal fired
+            if fired or (data is not None and data != TOMBSTONE):
+                return
+            fired = True
+            stop()
+            callback()
+
+        stop = self.zk.watch_data(layout.ledger_path(self.root, ledger_id), changed)
+        return stop
+
 
 async def ledger_ids_page(zk: AsyncZooKeeper, base: str, after: int, limit: int) -> list[int]:
     """Up to `limit` ids above `after` from a tree of nodes named by `layout.split_ledger_id`

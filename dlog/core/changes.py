@@ -51,6 +51,14 @@ def seal_change(segment: Segment, sealed: Segment | None) -> SegmentChange:
     return SegmentChange(update=(sealed,)) if sealed is not None else SegmentChange(delete=(segment,))
 
 
+def deletion_lost_records(listing: SegmentList, ledger_id: int) -> bool:
+    """Whether a ledger whose metadata is gone took records with it: the list still names it as a
+    live segment. Truncation and retention mark a segment truncated before they delete its ledger,
+    and an empty segment is dropped from the list before its ledger is deleted."""
+    segment = listing.by_ledger(ledger_id)
+    return segment is not None and not segment.is_truncated
+
+
 # ---------------------------------------------------------------------------------- merging
 
 

@@ -1,7 +1,7 @@
 """Effects: what the stream machines ask their driver to do. Frozen, slotted, inert.
 
 Each effect that does I/O has one answer, fed back as the event named in its docstring. A machine
-never has two segment-store operations outstanding at once, so answers need no ids beyond the
+never has two segment-store changes outstanding at once, so answers need no ids beyond the
 ledger and entry ids they carry.
 """
 
@@ -85,6 +85,16 @@ class CloseLedger:
 @dataclass(frozen=True, slots=True)
 class DeleteLedger:
     """Delete a ledger no segment references (no answer: a failure only leaves garbage)."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmLedgerDeleted:
+    """The metadata of ledger `ledger_id`, whose segment this writer completed, is gone: read the
+    segment list -> `on_ledger_deleted(ledger_id, listing)`, which tells a truncation or retention
+    (the list no longer names it live) from a deletion that lost records. A read only, so it may
+    run beside the one outstanding segment-store change; its answer names its ledger."""
 
     ledger_id: int
 

@@ -42,3 +42,25 @@ class StreamBusyError(DlogError):
 
     code = 332
     retryable = True
+
+
+class LedgerDeletedError(DlogError):
+    """A ledger of a live writer lost its metadata (`dlog ledger delete --force`): the records the
+    writer had acknowledged into it are gone, and the writer stops. `ledger_id` names it;
+    `pending_lost` says whether the writer's unacknowledged records went only to that ledger (so
+    they are certainly not in the stream) rather than to another one (outcome unknown)."""
+
+    code = 323
+
+    def __init__(self, message: str, ledger_id: int = -1, pending_lost: bool = False) -> None:
+        super().__init__(message)
+        self.ledger_id = ledger_id
+        self.pending_lost = pending_lost
+
+
+class WriterAbortedError(DlogError):
+    """The writer was stopped without waiting (`abort()`, a second Ctrl-C): its records not yet
+    acknowledged have an unknown outcome (a later writer's recovery keeps whichever reached an
+    ack quorum of bookies)."""
+
+    code = 324

@@ -34,7 +34,16 @@ over (WriterFencedError), as when an append finds the ledger fenced.
 Ending. Every chunk ends: acknowledged (CompleteChunks), or failed with the writer's error
 (FailChunks: everything from the first unresolved chunk, in flight or buffered) when an append, a
 roll or a close fails. Closing sends what is buffered, waits for it, completes the segment (or
-drops it when it holds no record), closes the ledger and releases the lock.
+drops it when it holds no record), closes the ledger and releases the lock. Aborting waits for
+nothing: what is not acknowledged fails (outcome unknown) and the segment stays in progress.
+
+Ledgers deleted under the writer. Bookies go on acknowledging adds to a ledger whose metadata was
+deleted (`dlog ledger delete --force`) until garbage collection drops it, so an acknowledgement
+alone does not make a record durable. The driver watches the metadata of the ledgers it writes;
+when one is gone (its watch, an append or a close that finds no metadata: `on_ledger_gone`),
+nothing more is sent to or acknowledged from it, and the segment list decides: if it still names
+the ledger live, records were lost and the writer fails with LedgerDeletedError naming it; if not,
+the segment was removed on purpose (a takeover that sealed it, truncation, retention).
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bookkeeper.errors import DlogError, LedgerFencedError, invariant
+from bookkeeper.errors import DlogError, LedgerFencedError, NoSuchLedgerError, invariant
 from dlog.core import changes
 from dlog.core.effects import (
     AppendEntry,
@@ -53,6 +62,7 @@ from dlog.core.effects import (
     CloseLedger,
     CommitSegments,
     CompleteChunks,
+    ConfirmLedgerDeleted,
     CreateLedger,
     DeleteLedger,
     FailChunks,
@@ -65,7 +75,13 @@ from dlog.core.effects import (
     WriterClosed,
     WriterOpened,
 )
-from dlog.core.errors import StreamBusyError, WriterClosedError, WriterFencedError, WriterLockedError
+from dlog.core.errors import (
+    LedgerDeletedError,
+    StreamBusyError,
+    WriterClosedError,
+    WriterFencedError,
+    WriterLockedError,
+)
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList
 
 NO_EFFECTS: tuple[Any, ...] = ()  # never appended to: a tuple
@@ -173,6 +189,8 @@ class WriterMachine:
         self._buffer_since_ms: int | None = None
         self._timer_at_ms: int | None = None
         self._closing_ledgers: set[int] = set()
+        self._confirming: set[int] = set()  # ledgers found gone, the list not yet read
+        self._gone: int | None = None  # the ledger being written, found gone: nothing more to or from it
         self._full = False
 
     # ------------------------------------------------------------------ queries
@@ -399,7 +417,8 @@ class WriterMachine:
         """Send what may be sent: full entries always, partial ones while a slot is free."""
         effects: list[Any] = []
         settings = self.settings
-        while self.buffer and not self.rolling and self.state in (WriterState.OPEN, WriterState.CLOSING):
+        while (self.buffer and not self.rolling and self._gone is None
+               and self.state in (WriterState.OPEN, WriterState.CLOSING)):
             taken, records, size_bytes, full = self._next_entry()
             forced = self.buffer[taken - 1][0] < self._forced_through
             if not full and not forced:
@@ -463,7 +482,7 @@ class WriterMachine:
     # ------------------------------------------------------------------ answers
 
     def on_entry_acked(self, ledger_id: int, entry_id: int, now_ms: int) -> list[Any]:
-        if self.ended:
+        if self.ended or ledger_id == self._gone:  # acknowledged into a ledger that no longer exists
             return NO_EFFECTS
         invariant(bool(self.in_flight), f"entry {ledger_id}:{entry_id} acknowledged with nothing in flight")
         entry = self.in_flight[0]
@@ -484,6 +503,8 @@ class WriterMachine:
     def on_entry_failed(self, ledger_id: int, entry_id: int, error: DlogError, now_ms: int) -> list[Any]:
         if self.ended:
             return NO_EFFECTS
+        if isinstance(error, NoSuchLedgerError) and ledger_id == self.ledger_id:
+            return self.on_ledger_gone(ledger_id, now_ms)  # its metadata was deleted under the writer
         if isinstance(error, LedgerFencedError):
             error = WriterFencedError(f"stream {self.settings.stream!r} was taken over by another writer "
                                       f"(ledger {ledger_id} was fenced); the outcome of pending records is unknown")
@@ -491,7 +512,11 @@ class WriterMachine:
 
     def on_ledger_closed(self, ledger_id: int, error: DlogError | None, now_ms: int) -> list[Any]:
         """The close of a ledger whose segment is already committed as completed (or dropped):
-        an error leaves the ledger open in its own metadata, which no reader relies on."""
+        an error leaves the ledger open in its own metadata, which no reader relies on, except
+        that its metadata is gone: then the ledger stays closing until the list says whether that
+        lost records (`on_ledger_deleted`)."""
+        if isinstance(error, NoSuchLedgerError) and ledger_id in self._closing_ledgers and not self.ended:
+            return self.on_ledger_gone(ledger_id, now_ms)
         self._closing_ledgers.discard(ledger_id)
         effects: list[Any] = []
         if self._delete_after_commit == ledger_id:
@@ -514,6 +539,71 @@ class WriterMachine:
             effects += self._start_roll()
         effects += self._pump(now_ms)
         return self._finish(effects, now_ms)
+
+    # ------------------------------------------------------------------ ledgers deleted under the writer
+
+    def on_ledger_gone(self, ledger_id: int, now_ms: int) -> list[Any]:
+        """The metadata of a ledger of this writer is gone: its watch fired, or an append or a
+        close found none. Bookies may go on acknowledging adds to it until garbage collection, but
+        nothing in it is durable any more: from the ledger being written nothing more is sent or
+        acknowledged. The ledger created for the next segment, which nobody else knows, was
+        deleted by hand: the writer fails at once. Otherwise the segment list tells a deletion that
+        lost records (it still names the ledger live) from a segment removed on purpose: by a new
+        writer that sealed it (a takeover), by truncation or by retention (`on_ledger_deleted`)."""
+        if self.ended or ledger_id in self._confirming:
+            return NO_EFFECTS
+        if ledger_id == self.new_ledger_id:
+            return self._fail(LedgerDeletedError(
+                f"ledger {ledger_id}, created for the next segment of stream {self.settings.stream!r}, was "
+                "deleted under its writer; records not acknowledged have an unknown outcome", ledger_id), now_ms)
+        current = ledger_id == self.ledger_id and self.segment is not None
+        if not current and ledger_id not in self._closing_ledgers:
+            return NO_EFFECTS
+        if current:
+            self._gone = ledger_id
+        self._confirming.add(ledger_id)
+        return [ConfirmLedgerDeleted(ledger_id)]
+
+    def on_ledger_deleted(self, ledger_id: int, listing: SegmentList, now_ms: int) -> list[Any]:
+        """The list, read after a ledger's metadata was found gone (ConfirmLedgerDeleted)."""
+        self._confirming.discard(ledger_id)
+        if self.ended:
+            return NO_EFFECTS
+        stream, lost = self.settings.stream, changes.deletion_lost_records(listing, ledger_id)
+        if ledger_id == self._gone and self.segment is not None:
+            if not lost:
+                return self._fail(WriterFencedError(
+                    f"stream {stream!r} was taken over by another writer (it sealed segment "
+                    f"{self.segment.sequence} and removed its ledger {ledger_id})"), now_ms)
+            return self._fail(LedgerDeletedError(
+                f"ledger {ledger_id} of the in-progress segment {self.segment.sequence} of stream {stream!r} "
+                "was deleted under its writer: the records acknowledged into it are lost, and those not "
+                "acknowledged were not written", ledger_id, pending_lost=True), now_ms)
+        if ledger_id not in self._closing_ledgers:
+            return NO_EFFECTS
+        if lost:
+            segment = listing.by_ledger(ledger_id)
+            assert segment is not None
+            return self._fail(LedgerDeletedError(
+                f"ledger {ledger_id} of the completed segment {segment.sequence} of stream {stream!r} was "
+                f"deleted while its writer closed it: its {segment.records} records are lost; records not "
+                "acknowledged have an unknown outcome", ledger_id), now_ms)
+        # removed on purpose (truncation, retention) while it was being closed: nothing left to close
+        self._closing_ledgers.discard(ledger_id)
+        if self._delete_after_commit == ledger_id:
+            self._delete_after_commit = None
+        return self._maybe_closed(now_ms)
+
+    def abort(self, error: DlogError, now_ms: int) -> list[Any]:
+        """Stop now, waiting for nothing: every record not yet acknowledged ends with `error` (its
+        outcome is unknown), the lock is released, and the in-progress segment stays in progress
+        with its ledger open, for the next writer to recover (L1)."""
+        if self.state is WriterState.CLOSED:
+            return NO_EFFECTS
+        effects = [*self._fail(error, now_ms)]
+        if self.state is WriterState.FAILED:
+            effects += self.close(now_ms)
+        return effects
 
     # ------------------------------------------------------------------ rolling
 
@@ -539,7 +629,8 @@ class WriterMachine:
         return [CreateLedger()]
 
     def _maybe_commit_roll(self, now_ms: int) -> list[Any]:
-        if not self.rolling or self.in_flight or self.new_ledger_id is None or self._step is not None:
+        if (not self.rolling or self.in_flight or self.new_ledger_id is None or self._step is not None
+                or self._gone is not None):
             return NO_EFFECTS
         assert self.segment is not None
         completed = changes.sealed_segment(
@@ -566,7 +657,7 @@ class WriterMachine:
 
     def _maybe_seal(self, now_ms: int) -> list[Any]:
         if (self.state is not WriterState.CLOSING or self.rolling or self.buffer or self.in_flight
-                or self._step is not None or self.segment is None):
+                or self._step is not None or self.segment is None or self._gone is not None):
             return NO_EFFECTS
         if self.segment_records == 0:
             return self._start_commit("close", SegmentChange(delete=(self.segment,)))

@@ -1,6 +1,7 @@
 """The stream writer machine keeps L1-L4 and L7: it seals before writing, sends at once when idle and
 batches while busy, rolls by one compare-and-set, merges concurrent list changes instead of dying,
-and ends every chunk (acknowledged or failed) and every waiter."""
+ends every chunk (acknowledged or failed) and every waiter, fails loudly when a ledger of its is
+deleted under it, and aborts without waiting."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from dataclasses import replace
 
 import pytest
 
-from bookkeeper.errors import InvariantError, LedgerFencedError, NotEnoughBookiesError
+from bookkeeper.errors import InvariantError, LedgerFencedError, NoSuchLedgerError, NotEnoughBookiesError
 from dlog.core.effects import (
     AppendEntry,
     ApplyRetention,
     CloseLedger,
     CommitSegments,
     CompleteChunks,
+    ConfirmLedgerDeleted,
     CreateLedger,
     DeleteLedger,
     FailChunks,
@@ -27,7 +29,7 @@ from dlog.core.effects import (
     WriterClosed,
     WriterOpened,
 )
-from dlog.core.errors import WriterFencedError, WriterLockedError
+from dlog.core.errors import LedgerDeletedError, WriterAbortedError, WriterFencedError, WriterLockedError
 from dlog.core.writer import Encoded, WriterMachine, WriterSettings, WriterState, entry_budget_bytes
 from dlog.segments.metadata import Segment, SegmentList, SegmentState
 
@@ -382,3 +384,93 @@ def test_a_ledger_created_while_the_old_one_still_has_entries_in_flight_may_move
     assert not of(effects, CommitSegments) and not of(effects, AppendEntry)
     effects = story.machine.on_entry_acked(11, 0, story.now_ms)
     assert one(effects, CommitSegments)  # the roll goes on once the entry is acknowledged
+
+
+# ---------------------------------------------------------------------------------- deleted ledgers (issue 20)
+
+
+def test_the_in_progress_ledger_deleted_under_the_writer_fails_it_naming_the_ledger():
+    story = Story()
+    story.opened()
+    story.write(b"a")
+    story.machine.on_entry_acked(11, 0, story.now_ms)  # acknowledged: now lost with its ledger
+    story.write(b"b")  # in flight
+    story.write(b"c")  # buffered
+    effects = story.machine.on_ledger_gone(11, story.now_ms)  # its metadata watch fired
+    assert effects == [ConfirmLedgerDeleted(11)]
+    assert story.machine.on_entry_acked(11, 1, story.now_ms) == ()  # bookies still acknowledge: not durable
+    assert story.machine.flush(story.now_ms) == [] and story.machine.buffer  # nothing more goes to it
+    effects = story.machine.on_ledger_deleted(11, story.listing, story.now_ms)  # the list still names it
+    failed = one(effects, FailChunks)
+    assert failed.first_chunk_id == 1 and isinstance(failed.error, LedgerDeletedError)
+    assert failed.error.ledger_id == 11 and failed.error.pending_lost  # b and c are in no ledger that exists
+    assert "ledger 11" in str(failed.error) and story.machine.state is WriterState.FAILED
+    assert story.machine.close(story.now_ms) == [ReleaseLock(), WriterClosed()]  # never completes the segment
+
+
+def test_an_append_that_finds_no_metadata_is_the_same_deletion():
+    story = Story()
+    story.opened()
+    story.write(b"a")
+    effects = story.machine.on_entry_failed(11, 0, NoSuchLedgerError("ledger 11 does not exist"), story.now_ms)
+    assert effects == [ConfirmLedgerDeleted(11)]
+    effects = story.machine.on_ledger_deleted(11, story.listing, story.now_ms)
+    assert isinstance(one(effects, FailChunks).error, LedgerDeletedError)
+
+
+def test_an_empty_segment_dropped_by_a_new_writer_is_a_takeover_not_a_loss():
+    story = Story()
+    story.opened()
+    story.write(b"a")
+    effects = story.machine.on_ledger_gone(11, story.now_ms)  # the new writer found it empty, dropped it
+    rival = SegmentList((Segment(2, 50),), story.listing.version + 2, 2)
+    effects = story.machine.on_ledger_deleted(11, rival, story.now_ms)
+    assert isinstance(one(effects, FailChunks).error, WriterFencedError)
+
+
+def closing_story() -> Story:
+    story = Story()
+    story.opened()
+    story.write(b"a")
+    effects = story.machine.close(story.now_ms)
+    effects = story.commit(story.machine.on_entry_acked(11, 0, story.now_ms))
+    assert effects == [CloseLedger(11)]  # the segment is committed as completed; its ledger closes
+    return story
+
+
+def test_a_close_that_finds_the_ledger_deleted_fails_instead_of_reporting_success():
+    """Issue 20 item 2: the ledger close's compare-and-set found no metadata, and the writer counted
+    the ledger as closed: `dlog write` exited 0 with every record lost."""
+    story = closing_story()
+    effects = story.machine.on_ledger_closed(11, NoSuchLedgerError("ledger 11 does not exist"), story.now_ms)
+    assert effects == [ConfirmLedgerDeleted(11)] and story.machine.state is WriterState.CLOSING
+    effects = story.machine.on_ledger_deleted(11, story.listing, story.now_ms)  # the list still names it
+    closed = one(effects, WriterClosed)
+    assert isinstance(closed.error, LedgerDeletedError) and closed.error.ledger_id == 11
+    assert "1 records are lost" in str(closed.error) and ReleaseLock() in effects
+
+
+def test_a_closing_ledger_removed_by_truncation_is_no_loss():
+    story = closing_story()
+    story.listing = SegmentList((replace(story.listing.segments[0], state=SegmentState.TRUNCATED),),
+                                story.listing.version + 1, 1)
+    assert story.machine.on_ledger_gone(11, story.now_ms) == [ConfirmLedgerDeleted(11)]  # its watch
+    assert story.machine.on_ledger_gone(11, story.now_ms) == ()  # asked once
+    effects = story.machine.on_ledger_deleted(11, story.listing, story.now_ms)
+    assert WriterClosed() in effects and story.machine.state is WriterState.CLOSED
+
+
+def test_abort_fails_what_is_not_acknowledged_and_leaves_the_segment_in_progress():
+    story = Story()
+    story.opened()
+    story.write(b"a")
+    story.machine.on_entry_acked(11, 0, story.now_ms)
+    story.write(b"b")
+    story.write(b"c")
+    story.machine.close(story.now_ms)  # the first Ctrl-C: closing, "b" and "c" in flight
+    effects = story.machine.abort(WriterAbortedError("stopped"), story.now_ms)  # the second
+    failed = one(effects, FailChunks)
+    assert failed.first_chunk_id == 1 and isinstance(failed.error, WriterAbortedError)
+    assert ReleaseLock() in effects and isinstance(one(effects, WriterClosed).error, WriterAbortedError)
+    assert not of(effects, CommitSegments) and story.listing.segments[0].is_in_progress  # for a recovery
+    assert story.machine.on_entry_acked(11, 1, story.now_ms) == ()  # a late answer changes nothing

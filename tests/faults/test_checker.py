@@ -1,4 +1,5 @@
-"""The history checker catches each kind of anomaly in a hand-made bad history, and passes a good one."""
+"""The history checker catches each kind of anomaly in a hand-made bad history (records lost with a
+ledger deleted under a writer that said nothing among them), and passes a good one."""
 
 from __future__ import annotations
 
@@ -239,6 +240,27 @@ def test_truncated_and_deleted_data_is_no_loss_but_data_above_the_truncation_poi
     b.event("tester", "removed", ledgers=[FIRST])
     replace_final(b, final_records()[3:])
     assert check(b.events).ok
+
+
+def test_records_of_a_ledger_deleted_under_its_writer_are_lost_unless_the_writer_said_so_at_once() -> None:
+    died = "LedgerDeletedError: ledger 20 of the in-progress segment 1 of stream 's' was deleted under its writer"
+    b = good()
+    b.event("nemesis", "fault", kind="delete_ledger", ledger=FIRST)
+    b.event("w1.1", "writer_died", error=died)
+    replace_final(b, final_records()[3:])
+    assert check(b.events).ok  # gone, and the writer failed loudly naming the ledger
+    b = good()
+    b.event("nemesis", "fault", kind="delete_ledger", ledger=FIRST)
+    replace_final(b, final_records()[3:])
+    report = check(b.events)
+    assert report.kinds() == {h.LOST} and "never failed after that" in report.anomalies[0].message
+    b = good()
+    b.event("nemesis", "fault", kind="delete_ledger", ledger=FIRST)
+    b.write("w1.1", "late", [FIRST, 2, 1])  # acknowledged 2 s after the deletion
+    b.event("w1.1", "writer_died", error=died)
+    replace_final(b, final_records()[3:])
+    report = check(b.events)
+    assert report.kinds() == {h.LOST} and "after ledger 20 was deleted" in report.anomalies[0].message
 
 
 def test_no_final_read_and_liveness_failures() -> None:

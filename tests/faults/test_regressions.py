@@ -35,6 +35,10 @@ async def test_records_buffered_when_the_writer_fails_are_resolved(local_cluster
     async with namespace(cluster) as ns, namespace(cluster) as other:
         await ns.create_stream("buffered")
         first = await ns.open_writer("buffered", flush_bytes=1000, linger_ms=60_000)
+        # a record first, so the takeover seals the segment rather than dropping it and deleting its
+        # ledger, which the first writer's metadata watch would report before anything is sent
+        first.write_nowait(b"before the takeover")
+        await first.flush()  # now, not after the linger
         second = await other.open_writer("buffered", takeover=True, lock_timeout_s=0.2)  # fences first
         sent = first.write_nowait(b"x" * 2000)  # over flush_bytes: sent at once, will be fenced
         buffered = first.write_nowait(b"y")  # waits in the buffer for the linger

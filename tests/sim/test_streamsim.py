@@ -1,5 +1,6 @@
-"""Seeded runs of the real stream layer on simulated time keep L1-L7 and liveness under every fault,
-replay exactly, and catch each of issue 11's eleven bugs, and those found since, when it is planted back."""
+"""Seeded runs of the real stream layer on simulated time keep L1-L7 and liveness under every fault
+(a ledger deleted under a live writer among them), replay exactly, and catch each of issue 11's eleven
+bugs, and those found since, when it is planted back."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_the_fixed_seeds_inject_every_fault_and_routine_operation(fixed_runs):
     for result, kinds in fixed_runs:
         faults.update(result.faults)
         faults.update(kinds)
-    for kind in ("ledger_failure", "kill_writer", "session_expiry", "metadata blips", "metadata_delay",
+    for kind in ("ledger_failure", "kill_writer", "session_expiry", "metadata blips", "metadata_delay", "delete_ledger",
                  "truncate", "retention", "sink_commit", "event writer_died", "event truncation_done",
                  "event reader_stop"):
         assert faults[kind] > 0, f"no {kind!r} in the fixed seeds: {dict(faults)}"
@@ -80,11 +81,12 @@ PLANTED = [
     ("retention-takes-last-completed", 4),
     ("entries-ignore-roll-size", 2),
     ("batch-columns-not-filled", 1),
-    ("records-wait-for-linger", 1),
-    ("gc-without-sync", 0),
-    ("metadata-errors-not-retried", 14),
-    ("roll-timer-crash", 42),
+    ("records-wait-for-linger", 0),
+    ("gc-without-sync", 2),
+    ("metadata-errors-not-retried", 51),
+    ("roll-timer-crash", 48),
     ("created-after-close-committed", 19),
+    ("deleted-ledger-acknowledged", 3),
 ]
 
 

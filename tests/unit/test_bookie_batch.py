@@ -1,6 +1,7 @@
 """A bookie answers an ADD_BATCH once, after the fsync covering every accepted entry, refuses entries
-one by one with the rules of a single add, replays its journal record entry by entry, and reads
-ranges by stride, byte limit and fence as docs/protocol.md says."""
+one by one with the rules of a single add (a ledger garbage collection dropped among them), replays
+its journal record entry by entry, and reads ranges by stride, byte limit and fence as
+docs/protocol.md says."""
 
 from __future__ import annotations
 
@@ -138,3 +139,16 @@ def test_a_fencing_read_range_is_answered_after_the_fence_is_durable(core):
     assert reply.answers[-1].failures[0].status == Status.FENCED
     core.on_read_range(ReadRangeRequest(10, 7, 0, 1), reply)
     assert reply.answers[-1].status == Status.NO_LEDGER
+
+
+def test_a_batch_for_a_ledger_garbage_collection_dropped_is_refused_and_recreates_nothing(core):
+    reply = Collector()
+    core.on_add_batch(wire_batch(AddGroup(1, KEY, (entry(1, 0),))), reply)
+    core.journal.fsync()
+    core.storage.delete_ledger(1)
+    core.forget_ledger(1)
+    core.on_add_batch(wire_batch(AddGroup(1, KEY, (entry(1, 1),)), AddGroup(2, KEY, (entry(2, 0),))), reply)
+    core.journal.fsync()
+    answer = reply.answers[-1]
+    assert isinstance(answer, AddBatchResponse) and [f.status for f in answer.failures] == [Status.NO_LEDGER]
+    assert not core.has_ledger(1) and core.has_ledger(2)

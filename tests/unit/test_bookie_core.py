@@ -1,5 +1,6 @@
 """The bookie core answers nothing that rests on an unsynced journal record: adds, fences (A2,
-A11), and a second fencing read that arrives while the first fence is not yet durable."""
+A11), and a second fencing read that arrives while the first fence is not yet durable; and a ledger
+garbage collection dropped is never created again by a late add or fence."""
 
 from __future__ import annotations
 
@@ -88,3 +89,19 @@ def test_recovery_adds_pass_a_fence(core):
     add(core, reply, 1, recovery=True)
     core.journal.fsync()
     assert reply.answers[-1].entry_id == 1
+
+
+def test_a_ledger_garbage_collection_dropped_refuses_adds_instead_of_coming_back(core):
+    """Issue 20: bookies went on acknowledging adds to a ledger deleted under its writer, even after
+    garbage collection, which recreated it, so the writer never learned."""
+    reply = Collector()
+    add(core, reply, 0)
+    core.journal.fsync()
+    core.storage.delete_ledger(1)  # what BookieService.collect_garbage does once the metadata is gone
+    core.forget_ledger(1)
+    add(core, reply, 1)
+    core.on_read(ReadRequest(9, 1, -1, fence=True, master_key=KEY), reply)  # a recovery's fence
+    core.journal.fsync()
+    assert [(answer.status, "was deleted" in answer.message) for answer in reply.answers[1:]] == [
+        (Status.NO_LEDGER, True), (Status.NO_LEDGER, False)]
+    assert not core.has_ledger(1) and core.deleted_refusals == 1

@@ -1,9 +1,11 @@
 """The pure parts of the console tools: stdin chunks to records by format (lines split anywhere
-across chunks, binary kept, JSON kept as JSON, bad lines named), `--from` texts, ZooKeeper
-addresses, exact and estimated lag in records and bytes, and the CLI's wording of library errors."""
+across chunks, binary kept, JSON kept as JSON, bad lines named), a run's account of what is durable
+and what is not, `--from` texts, ZooKeeper addresses, exact and estimated lag in records and bytes,
+and the CLI's wording of library errors."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 import pytest
@@ -12,7 +14,8 @@ from bookkeeper.errors import ConfigError
 from bookkeeper.meta.zk import parse_hosts
 from dlog.describe import subscription_lag
 from tools.cli.common import cli_wording
-from tools.console import RECORD_BYTES_MAX, BadInputError, RecordParser
+from dlog import LedgerDeletedError, Offset, WriterAbortedError
+from tools.console import RECORD_BYTES_MAX, BadInputError, Produced, RecordParser
 from tools.positions import parse_start
 from tools.units import format_duration_ms, parse_duration_ms, plural
 
@@ -21,6 +24,41 @@ def parse(input_format: str, *chunks: bytes, separator: str | None = None) -> li
     parser = RecordParser(input_format, separator)
     records = [record for chunk in chunks for record in parser.feed(chunk)]
     return records + list(parser.finish())
+
+
+def account(outcomes: list) -> Produced:
+    """A Produced fed futures that end as `outcomes` say (an Offset, or an exception), in order."""
+
+    async def run() -> Produced:
+        produced = Produced()
+        futures = [asyncio.get_running_loop().create_future() for _ in outcomes]
+        for future in futures:
+            produced.track(future)
+        for future, outcome in zip(futures, outcomes):
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        await asyncio.sleep(0)  # the done callbacks
+        return produced
+
+    return asyncio.run(run())
+
+
+def test_a_run_accounts_for_what_is_durable_lost_unknown_and_not_written():
+    clean = account([Offset(3, 0, 0), Offset(3, 0, 1), Offset(4, 0, 0)])
+    assert clean.summary("s") == "wrote 3 records to s (3:0:0 .. 4:0:0)" and clean.clean
+    aborted = account([Offset(3, 0, 0), Offset(3, 0, 1), WriterAbortedError("stopped"), WriterAbortedError("stopped")])
+    assert aborted.summary("s") == "2 records durable in s up to 3:0:1; 2 in flight with an unknown outcome"
+    deleted = LedgerDeletedError("ledger 4 was deleted", 4, pending_lost=True)
+    lost = account([Offset(3, 0, 0), Offset(4, 0, 0), Offset(4, 1, 0), deleted, deleted])
+    assert lost.summary("s") == ("1 record durable in s up to 3:0:0; 2 acknowledged into ledger 4, deleted under "
+                                 "the writer, lost; 2 not written")
+    assert lost.to_json() == {"count": 1, "first": "3:0:0", "last": "3:0:0", "unknown": 0, "lost": 2,
+                              "not_written": 2, "deleted_ledgers": [4]}
+    idle = account([Offset(4, 0, 0)])
+    idle.writer_failed(LedgerDeletedError("ledger 4 was deleted", 4, pending_lost=True))  # nothing was pending
+    assert idle.summary("s") == "0 records durable in s; 1 acknowledged into ledger 4, deleted under the writer, lost"
 
 
 def test_lines_split_across_chunks_keep_their_bytes():

@@ -14,6 +14,7 @@ import click
 
 from bookkeeper.errors import DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
+from tools.interrupts import Interrupts
 from tools.units import parse_duration_ms, parse_size
 
 DEFAULT_ZK = "127.0.0.1:2181"
@@ -204,8 +205,11 @@ def cluster_options(function: Callable[..., Any]) -> Callable[..., Any]:
                                          help="namespace (a ZooKeeper subtree /dlog/<namespace>)")(wrapper))
 
 
-def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -> Any:
-    """Run `action(namespace)` on a started dlog Namespace of `cluster` (zk, zk root, namespace)."""
+def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any],
+                  interrupts: Interrupts | None = None) -> Any:
+    """Run `action(namespace)` on a started dlog Namespace of `cluster` (zk, zk root, namespace).
+    With `interrupts`, Ctrl-C is counted (tools/interrupts.py) and an interrupted run raises
+    KeyboardInterrupt once its clean-up ended."""
     from bookkeeper.meta.zk import refuse_unreachable
     from dlog import Namespace
     from tools.config import client_options, zk_timeout_s
@@ -213,9 +217,20 @@ def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any]) -
     zk, zk_root, namespace = cluster
 
     async def go() -> Any:
-        await refuse_unreachable(zk)
-        async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
-                             **client_options()) as ns:
-            return await action(ns)
+        if interrupts is not None:
+            interrupts.install()
+        try:
+            await refuse_unreachable(zk)
+            async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
+                                 **client_options()) as ns:
+                return await action(ns)
+        finally:
+            if interrupts is not None:
+                interrupts.uninstall()
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except asyncio.CancelledError:
+        if interrupts is not None and interrupts.count:
+            raise KeyboardInterrupt from None
+        raise

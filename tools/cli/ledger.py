@@ -200,7 +200,11 @@ def ledger_recover(ledger_id: int, password: str, force: bool, zk: str, zk_root:
 
 @ledger.command("delete")
 @click.argument("ledger_id", type=click.IntRange(0))
-@force_option
+@click.option("--force", is_flag=True,
+              help="even if the ledger is a live segment of a stream: its records are destroyed for good "
+                   "(readers stop at a completed segment whose ledger is gone until the stream is "
+                   "truncated past it), and a writer appending to it fails, the records it had "
+                   "acknowledged into it lost")
 @zk_option
 @json_option
 @fails_cleanly
@@ -208,7 +212,8 @@ def ledger_delete(ledger_id: int, force: bool, zk: str, zk_root: str, as_json: b
     """Delete a ledger's metadata; bookies reclaim its space by garbage collection.
 
     Refuses a ledger that is a live segment of a stream unless --force: to remove a stream's old
-    records use `dlog truncate` or retention, which keep the stream consistent."""
+    records use `dlog truncate` or retention, which keep the stream consistent. Deleting a ledger
+    destroys its records even before garbage collection: nothing reads a ledger without metadata."""
 
     async def action(client: Any) -> None:
         await require_ledger_admin(client, ledger_id, "deleting")

@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from bookkeeper.errors import ConfigError
-from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
+from bookkeeper.errors import ConfigError, DlogError
+from tools.cli.common import cli_wording, cluster_options, fails_cleanly, json_option, run_namespace
 from tools.positions import end_of_stream
 from tools.units import format_size, format_time_ms, plural
 
@@ -40,29 +40,46 @@ def write_command(name: str, input_format: str, key_separator: str | None, takeo
 
     Each line is written when it arrives (`tail -f app.log | dlog write logs` works); records that
     arrive together go in one entry, and whatever is written is durable before the next wait for
-    input. Ctrl-C ends the run after flushing. In jsonl, a string value is stored as its text and
-    any other JSON value as JSON text; a null value is refused. Empty lines are skipped."""
+    input. Ctrl-C ends the run after flushing; a second Ctrl-C stops at once, without waiting for
+    the records in flight. The last line says how many records are durable and up to which offset
+    (the input's first N records: resume after them), and, when the run did not end cleanly, how
+    many have an unknown outcome, were lost with a ledger deleted under the writer or were not
+    written; then the exit status is 1. In jsonl, a string value is stored as its text and any
+    other JSON value as JSON text; a null value is refused. Empty lines are skipped."""
     from dlog.names import check_stream_name
-    from tools.console import Produced, RecordParser, produce, stdin_chunks
+    from tools.console import BadInputError, Produced, RecordParser, produce, stdin_chunks
+    from tools.interrupts import Interrupts
 
     check_stream_name(name)
     headers = [_parse_header(text) for text in header_texts] or None
     parser = RecordParser(input_format, key_separator)
     produced = Produced()
+    interrupts = Interrupts()
 
     def on_lock_wait(holder: dict[str, Any] | None) -> None:
         click.echo(f"dlog: waiting for the writer lock of stream {name!r}, held by {_holder_text(holder)}; "
                    "pass --takeover to fence that writer and take over", err=True)
 
+    error: BaseException | None = None
     try:
         run_namespace(cluster, lambda ns: produce(ns, name, stdin_chunks(sys.stdin.fileno()), parser,
                                                   takeover=takeover, on_lock_wait=on_lock_wait,
-                                                  produced=produced, headers=headers))
+                                                  produced=produced, headers=headers, interrupts=interrupts),
+                      interrupts=interrupts)
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a console producer; the writer was closed (flushed) on the way out
+    except BadInputError:
+        raise  # one line, which says how many records before it were written
+    except DlogError as exc:
+        if not produced.started:
+            raise  # nothing was written: the reason alone
+        error = exc
     result = produced.to_json()
-    offsets = f" ({result['first']} .. {result['last']})" if result["count"] else ""
-    click.echo(json.dumps(result) if as_json else f"wrote {plural(result['count'], 'record')} to {name}{offsets}")
+    click.echo(json.dumps(result) if as_json else produced.summary(name))
+    error = error or produced.error
+    if error is not None or not produced.clean:
+        click.echo(f"dlog: {cli_wording(str(error or 'some records are not durable'))}", err=True)
+        sys.exit(1)
 
 
 def _parse_header(text: str) -> tuple[str, bytes]:

@@ -7,7 +7,12 @@ out. After the run, a fresh reader's full read (``final``) and snapshots of the 
 straight from ZooKeeper (``metadata``) join the history, and `check` looks for:
 
     lost             an acknowledged write missing from the final read (unless its data was removed
-                     on purpose: truncated, retention, a ledger deleted by the test)
+                     on purpose: truncated, retention, a ledger deleted by the test); for a ledger
+                     deleted under a live writer (fault `delete_ledger`), a write acknowledged into it
+                     more than DELETION_NOTICE_S after the deletion, or by a writer session that did
+                     not fail after the deletion (it kept acknowledging into a ledger that no longer
+                     existed and ended as if nothing happened): it fails with a LedgerDeletedError
+                     naming the ledger, unless another error ended it first
     never_written    a value read that no write ever invoked
     duplicate        a value twice in the final read (or twice in one reader)
     offset_conflict  two values at one offset, or a write acknowledged at an offset that holds
@@ -64,6 +69,7 @@ ANOMALY_KINDS = (LOST, NEVER_WRITTEN, DUPLICATE, OFFSET_CONFLICT, READER_DIVERGE
                  UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, UNDER_REPLICATED, *promises.PROMISE_KINDS)
 
 METADATA_SNAPSHOT_TRIES_MAX = 20
+DELETION_NOTICE_S = 1.0  # a writer learns of its ledger's deletion (a ZooKeeper watch) within this
 
 OffsetKey = tuple[int, int, int]
 
@@ -149,6 +155,8 @@ class _Checker:
         self.final: list[tuple[OffsetKey, str]] | None = None
         self.final_error: str | None = None
         self.removed_ledgers: set[int] = set()
+        self.deleted_under_writer: dict[int, float] = {}  # ledger -> when the test deleted it
+        self.writer_failures: list[tuple[str, float]] = []  # (writer session, when) of deaths and failed closes
         self.truncations: list[OffsetKey] = []
         self.heals: list[float] = []
         self.liveness_failures: list[str] = []
@@ -175,6 +183,8 @@ class _Checker:
                              f"{event['process']} completed op {event['op']} that was never invoked")
                     continue
                 op.type, op.complete_t, op.error = type_, event["t"], event.get("error")
+                if kind == "close_writer" and type_ == "fail":
+                    self.writer_failures.append((event["process"], event["t"]))
                 if event.get("offset") is not None:
                     op.offset = tuple(event["offset"])  # type: ignore[assignment]
                 op.fields = {**op.fields, **event}
@@ -193,6 +203,10 @@ class _Checker:
                     self.final, self.final_error = None, event.get("error", "failed")
             elif kind == "removed":
                 self.removed_ledgers.update(int(ledger_id) for ledger_id in event["ledgers"])
+            elif kind == "fault" and event.get("kind") == "delete_ledger":
+                self.deleted_under_writer.setdefault(int(event["ledger"]), event["t"])
+            elif kind == "writer_died":
+                self.writer_failures.append((event["process"], event["t"]))
             elif kind == "truncated":
                 self.truncations.append(tuple(event["before"]))  # type: ignore[arg-type]
             elif kind == "heal":
@@ -229,7 +243,8 @@ class _Checker:
 
     def removed(self, offset: OffsetKey) -> bool:
         """Whether the record at `offset` was removed on purpose (so its absence is no loss)."""
-        if offset[0] in self.removed_ledgers or offset[0] in self._truncated_ledgers():
+        if (offset[0] in self.removed_ledgers or offset[0] in self._truncated_ledgers()
+                or offset[0] in self.deleted_under_writer):
             return True
         key = self.key(offset)
         if key is None:
@@ -269,10 +284,31 @@ class _Checker:
         for op in writes:
             if op.type != "ok" or op.value in final_values:
                 continue
+            if op.offset is not None and op.offset[0] in self.deleted_under_writer:
+                self._check_deleted_under_writer(op)
+                continue
             if op.offset is not None and self.removed(op.offset):
                 continue
             self.add(LOST, f"{op.process} write {op.value!r} was acknowledged at {_show(op.offset)} "
                            "but is not in the final read")
+
+    def _check_deleted_under_writer(self, op: _Op) -> None:
+        """A record acknowledged into a ledger the test deleted under its live writer is gone; that
+        is no loss only if the writer stopped acknowledging at once and failed rather than ending as
+        if all it acknowledged were still there (its error names the deletion, unless an unrelated
+        one, a bookie failure, ended it first)."""
+        assert op.offset is not None
+        ledger_id = op.offset[0]
+        deleted_at = self.deleted_under_writer[ledger_id]
+        if op.complete_t is not None and op.complete_t > deleted_at + DELETION_NOTICE_S:
+            self.add(LOST, f"{op.process} write {op.value!r} was acknowledged at {_show(op.offset)} "
+                           f"{op.complete_t - deleted_at:.3f} s after ledger {ledger_id} was deleted under "
+                           "its writer: into a ledger that no longer existed")
+            return
+        if not any(process == op.process and failed_at >= deleted_at for process, failed_at in self.writer_failures):
+            self.add(LOST, f"{op.process} write {op.value!r} was acknowledged at {_show(op.offset)} in ledger "
+                           f"{ledger_id}, which was deleted under its writer, and the writer never failed "
+                           "after that: the loss went unreported")
 
     def _check_never_written(self, writes: list[_Op]) -> None:
         invoked = {op.value for op in writes}
@@ -350,7 +386,8 @@ class _Checker:
             for offset in offsets:
                 key = self.key(offset)
                 if key is None:
-                    if offset[0] not in unknown_ledgers and offset[0] not in self.removed_ledgers:
+                    if (offset[0] not in unknown_ledgers and offset[0] not in self.removed_ledgers
+                            and offset[0] not in self.deleted_under_writer):
                         unknown_ledgers.add(offset[0])
                         self.add(UNKNOWN_SEGMENT, f"{source} returned a record of ledger {offset[0]}, which "
                                                   "no segment list named")

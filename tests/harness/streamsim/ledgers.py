@@ -3,7 +3,9 @@
 A ledger stores entries, acknowledges them in order (entry e only once every entry below it is
 acknowledged), can be fenced by a recovery (which closes it at its last stored entry, A6) and
 after which the old writer's adds fail with LedgerFencedError, is closed by compare-and-set (the
-same end: success, A10), deleted (metadata gone), and tailed with a long poll on its LAC. Faults:
+same end: success, A10), deleted (metadata gone: a watch on it fires; bookies go on acknowledging
+adds to it until garbage collection drops it, then refuse them), and tailed with a long poll on its
+LAC. Faults:
 an add whose ledger fails (NotEnoughBookiesError: this and every later add of that handle fail,
 and the entry may or may not be stored: outcome unknown), latencies drawn from the seed, a writer
 process that dies (its handles stop answering), and garbage collection that drops the entries of
@@ -33,6 +35,7 @@ from bookkeeper.errors import (
 )
 
 GC_LAG_S = 2.0  # how far behind a lagging ZooKeeper follower's view is
+WATCH_DELAY_S = 0.002  # from a ledger's deletion to its watchers' callbacks (fixed: no draw from the seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,7 @@ class SimLedgers:
         self.next_id = 1
         self.first_seen: dict[int, float] = {}  # what a bookie's GC knows: when it first stored each ledger
         self.collected: list[int] = []
+        self.deletion_watchers: dict[int, list[tuple[SimLedgerClient, Callable[[], None]]]] = {}
 
     def latency_s(self) -> float:
         return self.rng.randint(*self.latency_ms) / 1000
@@ -110,6 +114,13 @@ class SimLedgers:
         if ledger is None or ledger.deleted_s is not None:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
         return ledger
+
+    def delete(self, ledger_id: int) -> None:
+        """Delete the ledger's metadata now; its watchers hear of it a moment later."""
+        self.get(ledger_id).deleted_s = self.loop.time()
+        for client, callback in self.deletion_watchers.pop(ledger_id, []):
+            self.loop.call_later(WATCH_DELAY_S, lambda client=client, callback=callback:
+                                 client.alive and callback())
 
     # ------------------------------------------------------------------ garbage collection
 
@@ -146,6 +157,7 @@ class SimLedgerClient:
         self.ledgers = ledgers
         self.alive = True
         self.handles: list[SimWriteHandle] = []
+        self.store = SimMetadataStore(self)
 
     def kill(self) -> None:
         """The process died: nothing it started will answer it."""
@@ -179,7 +191,7 @@ class SimLedgerClient:
 
     async def delete_ledger(self, ledger_id: int) -> None:
         await asyncio.sleep(self.ledgers.latency_s())
-        self.ledgers.get(ledger_id).deleted_s = self.ledgers.loop.time()
+        self.ledgers.delete(ledger_id)
 
     async def ledger_metadata(self, ledger_id: int) -> tuple[SimMetadata, int]:
         ledger = self.ledgers.get(ledger_id)
@@ -188,6 +200,29 @@ class SimLedgerClient:
 
     async def close(self) -> None:
         return None
+
+
+class SimMetadataStore:
+    """The part of the metadata store port the stream layer uses beside the client: deletion watches."""
+
+    def __init__(self, client: SimLedgerClient) -> None:
+        self.client = client
+
+    def watch_ledger_deleted(self, ledger_id: int, callback: Callable[[], None]) -> Callable[[], None]:
+        ledgers = self.client.ledgers
+        ledger = ledgers.ledgers.get(ledger_id)
+        if ledger is None or ledger.deleted_s is not None:
+            ledgers.loop.call_later(WATCH_DELAY_S, callback)
+            return lambda: None
+        watcher = (self.client, callback)
+        watchers = ledgers.deletion_watchers.setdefault(ledger_id, [])
+        watchers.append(watcher)
+
+        def unwatch() -> None:
+            if watcher in watchers:
+                watchers.remove(watcher)
+
+        return unwatch
 
 
 class SimWriteHandle:
@@ -219,7 +254,7 @@ class SimWriteHandle:
 
     def _arrive(self, entry_id: int, payload: bytes) -> None:
         ledger, ledgers = self.ledger, self.client.ledgers
-        if self.error is not None or ledger.deleted_s is not None:
+        if self.error is not None or ledger.collected:  # bookies refuse adds once GC dropped the ledger
             return self._fail_from(entry_id, self.error or NoSuchLedgerError(f"ledger {self.ledger_id} was deleted"))
         if ledger.fenced or ledger.closed:
             return self._fail_from(entry_id, LedgerFencedError(f"ledger {self.ledger_id} is fenced"))

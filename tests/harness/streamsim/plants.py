@@ -1,5 +1,6 @@
-"""The eleven stream-layer bugs of issue 11, and the stream-layer bugs found since, planted on
-purpose: the checker must catch each one.
+"""The eleven stream-layer bugs of issue 11, and the stream-layer bugs found since (issue 20's
+writer that kept acknowledging into a deleted ledger among them), planted on purpose: the checker
+must catch each one.
 
 Each plant puts one old behaviour back at the seam where the bug lived (a planner, a machine
 method, a driver's helper, the GC rule, the store's retries) for the duration of a `with
@@ -17,7 +18,7 @@ from bookkeeper.bookie import gc
 from dlog import writer as writer_driver
 from dlog.core import changes, reader
 from dlog.core import writer as writer_core
-from dlog.core.effects import FailChunks, SetTimer, WakeWriters
+from dlog.core.effects import DeleteLedger, FailChunks, SetTimer, WakeWriters
 from dlog.segments import port
 from dlog.segments.metadata import SegmentState
 
@@ -119,6 +120,18 @@ def _created_after_close_committed(self: Any, ledger_id: int, now_ms: int) -> li
 _on_ledger_created = writer_core.WriterMachine.on_ledger_created
 
 
+def _close_error_ignored(self: Any, ledger_id: int, error: Any, now_ms: int) -> list[Any]:
+    """Issue 20 item 2: a writer whose ledger was deleted under it (`dlog ledger delete --force`)
+    went on: bookies kept acknowledging adds to it, nothing watched its metadata, and a close that
+    found the metadata gone counted as closed; `dlog write` exited 0 with every record lost."""
+    self._closing_ledgers.discard(ledger_id)  # noqa: SLF001 - the seam the plant wraps
+    effects: list[Any] = []
+    if self._delete_after_commit == ledger_id:  # noqa: SLF001
+        self._delete_after_commit = None  # noqa: SLF001
+        effects.append(DeleteLedger(ledger_id))
+    return [*effects, *self._maybe_closed(now_ms)]  # noqa: SLF001
+
+
 PLANTS: dict[str, Plant] = {
     "lost-cas-is-takeover": Plant(
         ((changes, "still_owned", lambda segment, current: None),),
@@ -164,6 +177,10 @@ PLANTS: dict[str, Plant] = {
     "created-after-close-committed": Plant(
         ((writer_core.WriterMachine, "on_ledger_created", _created_after_close_committed),),
         "a writer fenced mid-roll and closed still commits the roll when its new ledger arrives", "metadata"),
+    "deleted-ledger-acknowledged": Plant(
+        ((writer_driver.StreamWriter, "_watch", lambda self, ledger_id: None),
+         (writer_core.WriterMachine, "on_ledger_closed", _close_error_ignored)),
+        "a writer keeps acknowledging after its ledger is deleted, and closes without a word (issue 20)", "lost"),
 }
 NAMES = tuple(PLANTS)
 

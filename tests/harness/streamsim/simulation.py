@@ -25,6 +25,7 @@ from typing import Any
 
 from bookkeeper.errors import DlogError
 from dlog import Namespace
+from dlog.core.writer import WriterState
 from dlog.segments.memory import MemoryMetadata
 from tests.harness.history import History, Report, check, offset_list
 
@@ -38,6 +39,7 @@ GC_GRACE_S = 10.0
 BURST_PROBE_RECORDS = 300
 RUN_S_MAX = 600.0  # simulated seconds; a run that has not finished by then is a liveness failure
 FAULT_KINDS = ("ledger_failure", "kill_writer", "session_expiry", "metadata_blips", "metadata_delay")
+LEDGER_DELETION_SHARE = 0.3  # runs in which an operator deletes live writers' ledgers (ledger delete --force)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,15 @@ class Scenario:
     gc_every_s: float
     faults: tuple[str, ...]
     fault_phase_s: float
+    ledger_deletions: bool = False
+
+    @classmethod
+    def draw_for(cls, seed: int, rng: random.Random) -> Scenario:
+        scenario = cls.draw(rng)
+        # from a generator of its own, so every other draw (and the seeds that show each planted bug)
+        # stays as it was before this fault existed
+        scenario.ledger_deletions = random.Random(f"ledger deletions {seed}").random() < LEDGER_DELETION_SHARE
+        return scenario
 
     @classmethod
     def draw(cls, rng: random.Random) -> Scenario:
@@ -84,7 +95,8 @@ class Scenario:
                 f"{self.roll_bytes} bytes / {self.roll_age_ms} ms, retention on roll {self.retention_on_roll}, "
                 f"truncation every {_seconds(self.truncation_every_s)}, retention every "
                 f"{_seconds(self.retention_every_s)}, sink every {_seconds(self.sink_every_s)}, faults "
-                f"{list(self.faults)} for {self.fault_phase_s:.1f} s")
+                f"{list(self.faults) + (['delete_ledger'] if self.ledger_deletions else [])} for "
+                f"{self.fault_phase_s:.1f} s")
 
 
 @dataclass(slots=True)
@@ -108,7 +120,8 @@ class StreamSimulation:
         self.jitter = random.Random(seed)
         self.seed = seed
         self.rng = random.Random(seed)
-        self.scenario = Scenario.draw(self.rng)
+        self.scenario = Scenario.draw_for(seed, self.rng)
+        self.deletion_rng = random.Random(f"ledger deletion faults {seed}")
         self.loop = SimulatedTimeLoop()
         self.clock = SimulatedClock(self.loop)
         self.history = History(clock=self.loop.time, process_tag="sim")  # no pid: runs replay exactly
@@ -206,6 +219,8 @@ class StreamSimulation:
             if every is not None:
                 admins.append(self.spawn(self._every(every, action)))
         faults = self.spawn(self._inject_faults()) if scenario.faults else None
+        if scenario.ledger_deletions:
+            self.spawn(self._delete_ledgers())
         await asyncio.sleep(scenario.fault_phase_s)
         await self._heal(faults)
         await self._stop_writers()
@@ -332,6 +347,28 @@ class StreamSimulation:
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
         self.delay_s = (0.0, 0.002)
 
+    async def _delete_ledgers(self) -> None:
+        """`dlog ledger delete --force` on the ledger a live writer is appending to, now and then:
+        the writer must fail loudly, and never report as written what was in that ledger."""
+        rng = self.deletion_rng
+        while self.faulting:
+            await asyncio.sleep(rng.uniform(0.5, 2.5))
+            if not self.faulting:
+                return
+            writing = [family for _, family in sorted(self.writers.items())
+                       if family.process is not None and family.process.alive and family.writer is not None
+                       and family.writer.namespace is family.process.namespace  # not a killed one's
+                       and family.writer.machine.state is WriterState.OPEN and family.writer.machine.segment]
+            if not writing:
+                continue
+            family = rng.choice(writing)
+            ledger_id = family.writer.machine.ledger_id
+            ledger = self.ledgers.ledgers.get(ledger_id)
+            if ledger is None or ledger.deleted_s is not None:
+                continue  # already gone: a truncation after a takeover the writer has not noticed yet
+            self.ledgers.delete(ledger_id)
+            self.note("delete_ledger", ledger=ledger_id, writer=family.session_name)
+
     async def _heal(self, faults: asyncio.Task[Any] | None) -> None:
         self.faulting = False
         if faults is not None:
@@ -431,7 +468,11 @@ class StreamSimulation:
         process = await self.new_process()
         try:
             records = []
-            async with await process.namespace.open_reader(self.stream, "earliest", follow=False) as reader:
+            # a deletion that raced a roll or close already committing leaves a completed segment
+            # naming the deleted ledger: readers stop there unless they skip it, as an operator would
+            skip = self.scenario.ledger_deletions
+            async with await process.namespace.open_reader(self.stream, "earliest", follow=False,
+                                                           skip_truncated=skip) as reader:
                 async for record in reader:
                     records.append([offset_list(record.offset), record.value.decode()])
             self.history.record("final", "final", "ok", records=records)
