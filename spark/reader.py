@@ -3,17 +3,19 @@ read that runs in Python workers is in `spark.partition`).
 
 Theory of operation. Offsets are `{"<stream>": {"entry": E, "ledger": L}}` (next entry to read,
 `spark.offsets`); a stream missing from an offset is read from its earliest record (new streams
-of a `streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset` views every
-stream (`dlog.core.snapshot`: segment list and LAC), resolves the start on it (noting data
-removed under the query, L5), measures the backlog up to the latest readable entry, admits whole
-entries up to the trigger's limit, and returns where the batch ends. `partitions` turns the
-(start, end) pair into entry ranges of single ledgers, split for `minPartitions`; `read` decodes those entries in a worker straight into Arrow batches
+of a `streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset` takes ONE
+view of every stream for the trigger (`dlog.core.snapshot`: segment list and LAC), resolves the
+start on it (noting data removed under the query, L5), measures the backlog up to the latest
+readable entry, admits whole entries up to the trigger's limit, and returns where the batch ends.
+`partitions` turns the (start, end) pair into entry ranges of single ledgers on those same views,
+split for `minPartitions`; `read` decodes those entries in a worker straight into Arrow batches
 of the read schema. The same (start, end) always yields the same records, which is what makes a
 replayed batch after a restart exact (L6).
 
 The driver keeps one reader object per query, but Spark pickles the data source to other
 processes for `read`: nothing here holds a client; `spark.connection` caches one per process, and
-with it the process's one cache of read handles and entry headers (`dlog.snapshot`).
+with it the process's one cache of read handles and entry headers (`dlog.snapshot`), which the
+driver's views and the workers' partition reads reuse from one trigger and one task to the next.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -93,11 +96,15 @@ class _Planner:
         return resolved.cursor, bool(resolved.losses)
 
     def partitions_between(self, catalog: Catalog, starts: Mapping[str, Cursor | Offset | None],
-                           ends: Mapping[str, Cursor | Offset]) -> list[DlogPartition]:
+                           ends: Mapping[str, Cursor | Offset],
+                           views: Mapping[str, StreamView] | None = None) -> list[DlogPartition]:
+        """The partitions from `starts` to `ends`, planned on `views` (the views the offsets were
+        taken from) or, for a stream it lacks, on a view taken now."""
         ranges: list[Range] = []
         for name in sorted(ends):
+            view = (views or {}).get(name)
             try:
-                view = catalog.view(name)
+                view = view or catalog.view(name)
             except StreamNotFoundError:
                 on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
                 continue
@@ -114,6 +121,17 @@ class _Planner:
 
 def _offsets(document: Mapping[str, Any] | None) -> dict[str, Offset]:
     return offsets_of(document) if document else {}
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """What `latestOffset` planned a trigger on: its offsets and the views it took them from, so
+    the trigger's `partitions` reads exactly those views instead of taking them again."""
+
+    start: Mapping[str, Any]
+    end: Mapping[str, Any]
+    views: dict[str, StreamView]
+    cursors: dict[str, Cursor]
 
 
 def _check_timestamps(catalog: Catalog, stream: str) -> None:
@@ -164,6 +182,11 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_batch_s = time.monotonic()
         self._latest_seen: dict[str, Offset] | None = None
         self._subscribed: dict | None = None  # the offsets last committed for the subscription
+        self._planned: _Planned | None = None  # the trigger latestOffset planned last
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker's copy needs (`read`): not the driver's views."""
+        return {**self.__dict__, "_planned": None}
 
     # ------------------------------------------------------------------ offsets
 
@@ -214,6 +237,7 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         (noting data removed under the query, L5), the backlog up to its latest readable entry,
         and as much of it as the trigger's limits admit."""
         self._commit_subscription(start)
+        self._planned = None
         catalog = self._planner.catalog()
         starts = _offsets(start)
         views, cursors, moved = self._views(catalog, starts)
@@ -243,6 +267,7 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end_document = offset_document(ends)
         if end_document != offset_document(starts):
             self._last_batch_s = time.monotonic()
+        self._planned = _Planned(start, end_document, views, cursors)
         return end_document
 
     def _views(self, catalog: Catalog, starts: Mapping[str, Offset]
@@ -298,9 +323,14 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ------------------------------------------------------------------ partitions, read, commit
 
     def partitions(self, start: dict, end: dict) -> list[DlogPartition]:
+        """The batch's partitions, on the views `latestOffset` took for it (a batch replayed after
+        a restart, which no `latestOffset` of this process planned, takes views now)."""
         ends = _offsets(end)
         if not ends:
             return []
+        planned = self._planned
+        if planned is not None and planned.start == start and planned.end == end:
+            return self._planner.partitions_between(self._planner.catalog(), planned.cursors, ends, planned.views)
         return self._planner.partitions_between(self._planner.catalog(), _offsets(start), ends)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -353,8 +383,9 @@ class DlogBatchReader(DataSourceReader):
             unknown = [name for name in offsets if name not in names]
             if unknown:
                 raise ConfigError(f"{what} names stream {unknown[0]!r}, which this read does not include")
+        views = {}
         for name in names:
-            view = catalog.view(name)
+            view = views[name] = catalog.view(name)
             start = start_cursor(catalog, self.options, view)
             if start is not None:
                 starts[name] = start
@@ -363,7 +394,7 @@ class DlogBatchReader(DataSourceReader):
             else:
                 starts[name] = given_start.get(name)
             ends[name] = end_cursor(catalog, self.options, view) or given_end.get(name) or snapshot.latest(view)
-        partitions: list[InputPartition] = list(planner.partitions_between(catalog, starts, ends))
+        partitions: list[InputPartition] = list(planner.partitions_between(catalog, starts, ends, views))
         return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
