@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from bookkeeper.errors import invariant
 from dlog.offsets import Offset
@@ -39,21 +39,6 @@ from dlog.segments.metadata import Segment, SegmentList
 
 if TYPE_CHECKING:
     from dlog.segments.codec import RecordSetHeader
-
-
-class Bounds(Protocol):
-    """What the truncation rules read of a segment: a `Segment` or a `SegmentView`."""
-
-    @property
-    def sequence(self) -> int: ...
-    @property
-    def is_truncated(self) -> bool: ...
-    @property
-    def first_entry(self) -> int: ...
-    @property
-    def min_active_entry(self) -> int: ...
-    @property
-    def min_active_slot(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -75,15 +60,15 @@ def first_readable(first_entry: int, min_active_entry: int, min_active_slot: int
     return min_active_entry, min_active_slot
 
 
-def readable_start(segment: Bounds) -> tuple[int, int]:
+def readable_start(segment: Segment | SegmentView) -> tuple[int, int]:
     return first_readable(segment.first_entry, segment.min_active_entry, segment.min_active_slot)
 
 
-def start_cursor(segment: Bounds) -> Cursor:
+def start_cursor(segment: Segment | SegmentView) -> Cursor:
     return Cursor(segment.sequence, *readable_start(segment))
 
 
-def below_truncation(segment: Bounds, entry_id: int, slot: int) -> bool:
+def below_truncation(segment: Segment | SegmentView, entry_id: int, slot: int) -> bool:
     """Whether a position lies in removed data (a truncated segment, or below its truncation point)."""
     return segment.is_truncated or (entry_id, slot) < readable_start(segment)
 
