@@ -4,7 +4,10 @@ gone (damaged), subscription lag, and which stream segment a ledger is.
 Counts. A completed segment's record count and size are in its metadata. An in-progress segment's
 record count comes from the header of its last confirmed entry (`first_record_index +
 record_count`); its size is known only once its ledger closes, so it is estimated from that entry
-(its bytes per record times the records) and flagged `bytes_estimated`.
+(its bytes per record times the records) and flagged `bytes_estimated`. Those rules are
+`dlog.core.snapshot`'s (`tail_count`), and every handle and entry header comes through the
+namespace's one cache (`Namespace.reads`, `dlog.snapshot`), which the status page and the Spark
+source use too.
 
 Damage. A live segment whose ledger metadata is gone (someone ran `dlog ledger delete --force`)
 has lost its records: it is reported with `damaged` saying so, never as healthy.
@@ -26,8 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
+from dlog.core.snapshot import first_readable, records_before_slot
 from dlog.offsets import Offset
-from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment, StreamConfig
 from dlog.segments.store import StreamNotFoundError, StreamStore
 
@@ -80,14 +83,11 @@ async def _summary(ns: Namespace, config: StreamConfig, segment: Segment, ledger
 
 
 async def _count_tail(ns: Namespace, config: StreamConfig, segment: Segment, item: dict[str, Any]) -> None:
+    password = ns.password_of(config)
     try:
-        handle = await ns.open_segment_ledger(config, segment)
-        lac = handle.last_add_confirmed
+        lac = await ns.reads.lac(segment, password)
         item["last_entry"] = lac
-        if lac < segment.first_entry:
-            item["records"], item["bytes"] = 0, 0
-            return
-        entry = (await handle.read(lac, lac))[0]
+        tail = await ns.reads.tail(segment, lac, password)
     except NoSuchLedgerError:
         item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
         return
@@ -95,12 +95,10 @@ async def _count_tail(ns: Namespace, config: StreamConfig, segment: Segment, ite
         item["records"] = item["bytes"] = None
         item["note"] = f"records unknown: {exc}"
         return
-    header = RecordSetCodec(ns.schema_of(config)).peek_header(entry.payload)
-    records = header.next_record_index
-    item["records"] = records
-    item["bytes"] = round(len(entry.payload) / header.record_count * records) if header.record_count else 0
-    item["bytes_estimated"] = True
-    item["last_timestamp_ms"] = header.max_timestamp_ms
+    item["records"], item["bytes"] = tail.records, tail.bytes_estimated
+    if tail.last_timestamp_ms is not None:  # counted from the LAC entry's header
+        item["bytes_estimated"] = True
+        item["last_timestamp_ms"] = tail.last_timestamp_ms
 
 
 def live(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,8 +109,8 @@ def first_offset(segments: list[dict[str, Any]]) -> str | None:
     """The earliest readable record's offset (None when no live segment holds a record)."""
     for item in segments:
         if item["state"] != "truncated" and not item["damaged"] and item["records"] != 0:
-            entry = max(item["first_entry"], item["min_active_entry"])
-            return f"{item['ledger']}:{entry}:{item['min_active_slot']}"
+            entry, slot = first_readable(item["first_entry"], item["min_active_entry"], item["min_active_slot"])
+            return f"{item['ledger']}:{entry}:{slot}"
     return None
 
 
@@ -122,21 +120,20 @@ async def last_offset(ns: Namespace, config: StreamConfig, segments: list[Segmen
     for segment, item in reversed(list(zip(segments, summaries))):
         if item["state"] == "truncated" or item["damaged"] or not item["records"] or item["last_entry"] is None:
             continue
-        entry_id = item["last_entry"]
+        entry_id = item["last_entry"]  # confirmed: the LAC just read, or a completed segment's last entry
         try:
-            handle = await ns.open_segment_ledger(config, segment)
-            entry = (await handle.read(entry_id, entry_id))[0]
+            info = await ns.reads.entry_info(segment.ledger_id, entry_id, ns.password_of(config), entry_id)
         except DlogError:
             return None
-        header = RecordSetCodec(ns.schema_of(config)).peek_header(entry.payload)
-        return str(Offset(segment.ledger_id, entry_id, max(0, header.record_count - 1)))
+        return str(Offset(segment.ledger_id, entry_id, max(0, info.header.record_count - 1)))
     return None
 
 
 # ------------------------------------------------------------------------------ lag (pure)
 
 
-def _entries(segment: Mapping[str, Any]) -> int | None:
+def entry_count(segment: Mapping[str, Any]) -> int | None:
+    """The entries of a segment summary (None when its last entry is unknown)."""
     if segment["last_entry"] is None:
         return None
     return max(0, segment["last_entry"] - segment["first_entry"] + 1)
@@ -156,7 +153,7 @@ def subscription_lag(segments: list[Mapping[str, Any]], offset: Mapping[str, int
                 "lag_known": all(s["records"] is not None for s in alive),
                 "note": "behind the truncation point"}
     segment, later = segments[index], [s for s in segments[index + 1:] if s["state"] != "truncated"]
-    records, entries = segment["records"], _entries(segment)
+    records, entries = segment["records"], entry_count(segment)
     position, remaining = 0.0, records or 0
     if records is not None and consumed_in_segment is not None:
         remaining = max(0, min(records, records - consumed_in_segment))
@@ -197,11 +194,10 @@ async def _consumed_in_segment(ns: Namespace, config: StreamConfig, segment: Seg
     if offset.entry_id > last_entry:
         return summary["records"]  # read everything
     try:
-        handle = await ns.open_segment_ledger(config, segment)
-        entry = (await handle.read(offset.entry_id, offset.entry_id))[0]
+        info = await ns.reads.entry_info(segment.ledger_id, offset.entry_id, ns.password_of(config), last_entry)
     except DlogError:
         return None  # estimated instead
-    return RecordSetCodec(ns.schema_of(config)).peek_header(entry.payload).first_record_index + offset.slot
+    return records_before_slot(info.header, offset.slot)
 
 
 # ------------------------------------------------------------------------------ ledger owners

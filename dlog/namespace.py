@@ -28,7 +28,7 @@ from bookkeeper.retry import Backoff, retry
 from bookkeeper.security.quota import Quota
 from bookkeeper.security.settings import (SecuritySettings, load_client_settings, load_cluster_table,
                                           seal_new_password, unseal_password)
-from dlog import describe
+import dlog.describe as describe  # (not `from dlog import`: the package imports this module)
 from dlog.core import changes
 from dlog.core.errors import StreamBusyError
 from dlog.names import check_stream_name, check_subscription_name
@@ -37,11 +37,11 @@ from dlog.reader import StreamReader
 from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig
 from dlog.segments.port import RetryingSegmentStore, SegmentStore, StreamExistsError
+from dlog.snapshot import READ_HANDLES_MAX, SegmentReads
 from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-READ_HANDLES_MAX = 1024
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
                       "retention_keeps_unconsumed")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
@@ -60,8 +60,6 @@ class Namespace:
         `store` and `client` replace the ZooKeeper segment store and the BookKeeper client (the
         stream simulator passes its own, and its own `rng` for the retries' jitter); otherwise
         both are made from `zk` at start()."""
-        if read_handles_max < 1:
-            raise ConfigError(f"read_handles_max must be >= 1, got {read_handles_max}")
         self.security = security if security is not None else load_client_settings(config)
         self.zk_hosts = zk or str(load_cluster_table(config).get("zk") or "127.0.0.1:2181")
         self.name = check_subscription_name(name)
@@ -77,9 +75,8 @@ class Namespace:
         self.store: Any = RetryingSegmentStore(store, clock=clock, rng=rng) if store is not None else None
         self._owns_client = client is None
         self._schemas: dict[str, pa.Schema] = {}
-        # cached read handles of segment ledgers, at most read_handles_max (oldest dropped first)
-        self.read_handles_max = read_handles_max
-        self._handles: dict[int, Any] = {}
+        # read handles of segment ledgers and entry headers: the one bounded cache (dlog.snapshot)
+        self.reads = SegmentReads(client, handles_max=read_handles_max)
 
     async def start(self) -> Namespace:
         if self.store is not None:
@@ -99,6 +96,7 @@ class Namespace:
             await metadata.ensure_layout()
             self.client = await BookKeeper(store=metadata, security=self.security,
                                            **self.client_options).start()
+            self.reads.client = self.client
         except BaseException:
             await self.zk.close()
             raise
@@ -215,7 +213,7 @@ class Namespace:
     async def delete_ledger_quietly(self, ledger_id: int) -> bool:
         try:
             await self.client.delete_ledger(ledger_id)
-            self._handles.pop(ledger_id, None)
+            self.reads.forget(ledger_id)
             return True
         except NoSuchLedgerError:
             return False
@@ -281,22 +279,11 @@ class Namespace:
         For an in-progress segment its LAC is refreshed; for a completed one it may read up to the
         segment's last entry, which the committed segment list vouches for even before the ledger's
         close lands."""
-        handle = self._handles.get(segment.ledger_id)
-        if handle is None:
-            handle = await self.client.open_ledger(segment.ledger_id, password=self.password_of(config),
-                                                   recovery=False)
-            if len(self._handles) >= self.read_handles_max:
-                self._handles.pop(next(iter(self._handles)))
-            self._handles[segment.ledger_id] = handle
-        elif segment.is_in_progress:
-            await handle.read_lac()
-        if not segment.is_in_progress:
-            handle.advance_lac(segment.last_entry)
-        return handle
+        return await self.reads.segment_handle(segment, self.password_of(config))
 
     def forget_segment_ledger(self, ledger_id: int) -> None:
         """Drop a cached read handle (its ledger is gone)."""
-        self._handles.pop(ledger_id, None)
+        self.reads.forget(ledger_id)
 
     # ------------------------------------------------------------------ truncation and retention
 

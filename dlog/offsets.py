@@ -1,4 +1,4 @@
-"""Offsets of records in a stream, their text and JSON forms, and Spark's offset JSON.
+"""Offsets of records in a stream, and their text and JSON forms: the one position type.
 
 An `Offset` is (ledger id, entry id, slot); the slot is the record's index inside its entry's
 batch. Text form ``L:E`` or ``L:E:S`` (the slot defaults to 0).
@@ -7,27 +7,23 @@ Offsets are deliberately NOT orderable. Stream order is segment order, then entr
 and segment order need not follow ledger-id order: the Spark sink appends ledgers written by its
 tasks as segments in commit order, whatever ids they got. A ``(ledger, entry, slot)`` comparison
 would therefore silently misorder offsets of different segments. Inside one ledger the order is
-`key_within_ledger()`; across ledgers, the stream layer orders through its segment list.
-
-Spark offsets are per stream ``{"entry": E, "ledger": L}`` meaning "the next entry to read",
-as JSON with sorted keys and no spaces, so equal offsets are equal strings in Spark's checkpoint.
+`key_within_ledger()`; across ledgers, the stream layer orders through its segment list (a
+`dlog.core.snapshot.Cursor` is an offset resolved against one). Spark's offset JSON is the Spark
+source's (`spark.offsets`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from bookkeeper.errors import ConfigError
-from dlog.names import check_stream_name
 
 LEDGER_ID_MAX = 2**63 - 1
 ENTRY_ID_MAX = 2**63 - 1
 SLOT_MAX = 2**31 - 1  # Spark's read schema has `slot int`
-SPARK_OFFSETS_CHARS_MAX = 1_000_000
 
 # ASCII digits only (str.isdigit and \d would accept "١"), at most 19 of them per number, which
 # also keeps int() away from huge strings.
@@ -58,11 +54,11 @@ class Offset:
         """The offset written as ``L:E`` or ``L:E:S``; anything else is a ConfigError."""
         matched = _OFFSET_TEXT.fullmatch(text) if isinstance(text, str) else None
         if matched is None:
-            raise ConfigError(f"bad offset {_shown(text)}: {_OFFSET_RULE}")
+            raise ConfigError(f"bad offset {shown_input(text)}: {_OFFSET_RULE}")
         numbers = [int(group) if group else 0 for group in matched.groups()]
         for (what, largest), value in zip(_FIELD_LIMITS, numbers):
             if value > largest:
-                raise ConfigError(f"bad offset {_shown(text)}: {what} {value} is over {largest}; {_OFFSET_RULE}")
+                raise ConfigError(f"bad offset {shown_input(text)}: {what} {value} is over {largest}; {_OFFSET_RULE}")
         return cls(*numbers)
 
     def __str__(self) -> str:
@@ -87,64 +83,7 @@ class Offset:
         return cls(data["ledger"], data["entry"], data.get("slot", 0))
 
 
-def spark_offset_json(offsets: Mapping[str, tuple[int, int]]) -> str:
-    """``{"<stream>": {"entry": E, "ledger": L}}`` for (ledger, entry) per stream, sorted, no spaces."""
-    document = {}
-    for stream, (ledger_id, entry_id) in offsets.items():
-        check_stream_name(stream)
-        Offset(ledger_id, entry_id)  # range checks
-        document[stream] = {"entry": entry_id, "ledger": ledger_id}
-    return json.dumps(document, sort_keys=True, separators=(",", ":"))
-
-
-def parse_spark_offsets(text: str) -> dict[str, tuple[int, int]]:
-    """Inverse of `spark_offset_json`: stream -> (ledger, entry); malformed text is a ConfigError."""
-    return {stream: (ledger_id, entry_id) for stream, (ledger_id, entry_id, _) in _parse_spark(text, False).items()}
-
-
-def parse_spark_positions(text: str) -> dict[str, tuple[int, int, int]]:
-    """Like `parse_spark_offsets`, where a position may also name the first slot to read in its
-    entry (`{"entry": E, "ledger": L, "slot": S}`): stream -> (ledger, entry, slot)."""
-    return _parse_spark(text, True)
-
-
-def _parse_spark(text: str, slots: bool) -> dict[str, tuple[int, int, int]]:
-    expected = ('expected JSON like {"orders": {"entry": 0, "ledger": 12}} (stream -> next entry to read'
-                + (', optionally "slot": the first record to read in it)' if slots else ")"))
-    if not isinstance(text, str) or len(text) > SPARK_OFFSETS_CHARS_MAX:
-        raise ConfigError(
-            f"bad Spark offsets {_shown(text)}: {expected}, in at most {SPARK_OFFSETS_CHARS_MAX} characters"
-        )
-    try:
-        document = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
-    except ValueError as error:  # JSONDecodeError, and our duplicate-key refusal
-        raise ConfigError(f"bad Spark offsets {_shown(text)}: {error}; {expected}") from error
-    if not isinstance(document, dict):
-        raise ConfigError(f"bad Spark offsets {_shown(text)}: not a JSON object; {expected}")
-    allowed = {"entry", "ledger", "slot"} if slots else {"entry", "ledger"}
-    result = {}
-    for stream, position in document.items():
-        check_stream_name(stream)
-        if not isinstance(position, dict) or not {"entry", "ledger"} <= set(position) <= allowed:
-            raise ConfigError(f"bad Spark offset for stream {stream!r}: {position!r}; {expected}")
-        try:
-            offset = Offset(position["ledger"], position["entry"], position.get("slot", 0))
-        except ConfigError as error:
-            raise ConfigError(f"bad Spark offset for stream {stream!r}: {error}; {expected}") from error
-        result[stream] = (offset.ledger_id, offset.entry_id, offset.slot)
-    return result
-
-
-def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    document = dict(pairs)
-    if len(document) != len(pairs):
-        seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"key {duplicate!r} appears more than once")
-    return document
-
-
-def _shown(text: Any) -> str:
+def shown_input(text: Any) -> str:
     """The input quoted for a message, cut short so junk cannot flood a log line."""
     shown = repr(text)
     return shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown)} characters)"

@@ -1,32 +1,34 @@
-"""What the driver reads to plan a micro-batch: stream lists, segment lists, LACs, entry headers.
+"""What the driver reads to plan a micro-batch: stream lists, stream views, entry headers.
 
-Each call takes a fresh snapshot of ZooKeeper (segment lists change under a running query:
-rolls, truncation, the sink appending). Entry headers are cached per (ledger, entry) because
-they never change once written. Everything runs on the process's shared connection.
+`view` takes a fresh snapshot of a stream (segment lists change under a running query: rolls,
+truncation, the sink appending): one segment-list read and one LAC read, through the process's
+one cache of read handles and entry headers (`dlog.snapshot`, the namespace's `reads`). The stream
+reader takes one view per stream per trigger and plans the trigger's partitions from that same
+view. Entry headers (records and bytes before an entry, timestamps) are read from a view's
+confirmed entries only, so they cost no LAC read, and are cached: they never change once written.
+Everything runs on the process's shared connection.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections import OrderedDict
-
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from bookkeeper.errors import ConfigError
-from dlog.segments.codec import RecordSetCodec, RecordSetHeader, default_schema
-from dlog.segments.metadata import Segment, SegmentState, StreamConfig
+from dlog.core import snapshot
+from dlog.core.snapshot import Cursor, SegmentView, StreamView
+from dlog.segments.codec import RecordSetCodec
+from dlog.segments.metadata import StreamConfig
 from dlog.segments.store import StreamNotFoundError
+from dlog.snapshot import EntryInfo
 from spark.connection import Connection
 from spark.options import SourceOptions
-from spark import plan
-from spark.plan import Cursor, Range, SegmentView, StreamView
+from spark.plan import Range
 
 log = logging.getLogger(__name__)
-HEADER_CACHE_MAX = 100_000
 
 
 class Catalog:
@@ -34,10 +36,9 @@ class Catalog:
         self.conn = conn
         self.options = options
         self.namespace = conn.namespace
+        self.reads = conn.namespace.reads
         self._configs: dict[str, StreamConfig] = {}
-        self._segments: dict[str, dict[int, Segment]] = {}  # stream -> ledger -> segment, as last seen
-        self._entries: OrderedDict[tuple[int, int], EntryInfo] = OrderedDict()
-        self._codec = RecordSetCodec(default_schema())  # headers do not depend on the schema
+        self._segments: dict[str, dict[int, SegmentView]] = {}  # stream -> ledger -> segment, as last viewed
 
     # ------------------------------------------------------------------ streams
 
@@ -76,55 +77,30 @@ class Catalog:
     # ------------------------------------------------------------------ snapshots
 
     def view(self, name: str) -> StreamView:
-        return self.conn.call(self._view(self.config(name)))
-
-    async def _view(self, config: StreamConfig) -> StreamView:
-        name = config.name
-        listing = await self.namespace.store.segments(name)
-        self._segments[name] = {segment.ledger_id: segment for segment in listing.segments}
-        views = []
-        for segment in listing.segments:
-            end_entry = segment.last_entry + 1
-            if segment.is_in_progress:
-                handle = await self.namespace.open_segment_ledger(config, segment)
-                end_entry = handle.last_add_confirmed + 1
-            views.append(SegmentView(
-                segment.sequence, segment.ledger_id, live=not segment.is_truncated,
-                completed=segment.state is not SegmentState.IN_PROGRESS,
-                first_entry=segment.first_entry, end_entry=max(end_entry, segment.first_entry),
-                min_active_entry=segment.min_active_entry, min_active_slot=segment.min_active_slot,
-                records=None if segment.is_in_progress else segment.records,
-                last_timestamp_ms=None if segment.is_in_progress else segment.last_timestamp_ms))
-        return StreamView(name, tuple(views))
+        config = self.config(name)
+        view = self.conn.call(self.reads.view(self.namespace.store, name, self.namespace.password_of(config)))
+        self._segments[name] = {segment.ledger_id: segment for segment in view.segments}
+        return view
 
     # ------------------------------------------------------------------ entry headers
 
     def entry(self, stream: str, ledger_id: int, entry_id: int) -> EntryInfo:
         """An entry's record-set header and the ledger's length through it (cached: written
         entries never change)."""
-        key = (ledger_id, entry_id)
-        found = self._entries.get(key)
-        if found is None:
-            config, segment = self._configs[stream], self._segments[stream][ledger_id]
-            found = self._entries[key] = self.conn.call(self._read_entry(config, segment, entry_id))
-            if len(self._entries) > HEADER_CACHE_MAX:
-                self._entries.popitem(last=False)
-        return found
+        segment = self._segments[stream][ledger_id]
+        return self.conn.call(self.reads.entry_info(ledger_id, entry_id, self._password(stream),
+                                                    segment.end_entry - 1))
 
-    async def _read_entry(self, config: StreamConfig, segment: Segment, entry_id: int) -> EntryInfo:
-        handle = await self.namespace.open_segment_ledger(config, segment)
-        if not segment.is_in_progress:
-            handle.advance_lac(segment.last_entry)
-        entry = (await handle.read(entry_id, entry_id))[0]
-        return EntryInfo(self._codec.peek_header(entry.payload), entry.length)
+    def _password(self, stream: str) -> bytes:
+        return self.namespace.password_of(self.config(stream))
 
     def records_before(self, span: Range, entry_id: int) -> int:
         """Records of the span's segment before `entry_id` (from the previous entry's header)."""
         segment = self._segments[span.stream][span.ledger_id]
         if entry_id <= segment.first_entry:
             return 0
-        if not segment.is_in_progress and entry_id > segment.last_entry:
-            return segment.records
+        if segment.completed and entry_id >= segment.end_entry:
+            return segment.records or 0
         return self.entry(span.stream, span.ledger_id, entry_id - 1).header.next_record_index
 
     def bytes_before(self, span: Range, entry_id: int) -> int:
@@ -132,8 +108,8 @@ class Catalog:
         segment = self._segments[span.stream][span.ledger_id]
         if entry_id <= 0:
             return 0
-        if not segment.is_in_progress:
-            entry_id = min(entry_id, segment.last_entry + 1)
+        if segment.completed:
+            entry_id = min(entry_id, segment.end_entry)
         return self.entry(span.stream, span.ledger_id, entry_id - 1).length
 
     # ------------------------------------------------------------------ timestamps
@@ -147,28 +123,17 @@ class Catalog:
         def entry_max_ms(index: int, entry_id: int) -> int:
             return self.entry(name, view.segments[index].ledger_id, entry_id).header.max_timestamp_ms
 
-        cursor = plan.first_entry_at_or_after(view, timestamp_ms, entry_max_ms)
+        cursor = snapshot.first_entry_at_or_after(view, timestamp_ms, entry_max_ms)
         if cursor is None:
             return None
-        segment = self._segments[name][view.segments[cursor.index].ledger_id]
-        batch = self.conn.call(self._decode(self.config(name), segment, cursor.entry))
+        segment = view.segments[view.index_at(cursor)]
+        entry = self.conn.call(self.reads.entry(segment.ledger_id, cursor.entry_id, self._password(name),
+                                                segment.end_entry - 1))
+        batch = RecordSetCodec(self.schema(name)).decode(entry.payload)[1]
         slot = first_slot_at_or_after(batch, timestamp_ms, cursor.slot)
         if slot is None:  # the header's max rounds sub-millisecond stamps up; none is really that late
-            return plan.after_entry(view, cursor)
-        return plan.Cursor(cursor.index, cursor.entry, slot)
-
-    async def _decode(self, config: StreamConfig, segment: Segment, entry_id: int) -> pa.RecordBatch:
-        handle = await self.namespace.open_segment_ledger(config, segment)
-        if not segment.is_in_progress:
-            handle.advance_lac(segment.last_entry)
-        entry = (await handle.read(entry_id, entry_id))[0]
-        return RecordSetCodec(self.schema(config.name)).decode(entry.payload)[1]
-
-
-@dataclass(frozen=True, slots=True)
-class EntryInfo:
-    header: RecordSetHeader
-    length: int  # the ledger's length through this entry
+            return snapshot.after_entry(view, cursor)
+        return Cursor(cursor.sequence, cursor.entry_id, slot)
 
 
 def first_slot_at_or_after(batch: pa.RecordBatch, timestamp_ms: int, from_slot: int = 0) -> int | None:

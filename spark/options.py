@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from bookkeeper.errors import ConfigError
 from dlog.names import check_stream_name, check_subscription_name
-from dlog.offsets import parse_spark_positions
+from spark.offsets import parse_offsets
 
 CONNECTION_OPTIONS = ("zk", "namespace", "zkRoot", "namespaceRoot", "config", "token")
 SOURCE_OPTIONS = CONNECTION_OPTIONS + (
@@ -274,7 +274,7 @@ def _offsets_option(values: Mapping[str, str], name: str, default: str) -> str:
     text = values.get(name, default).strip()
     if text.lower() in ("earliest", "latest"):
         return text.lower()
-    parse_spark_positions(text)  # a ConfigError says what is wrong
+    parse_offsets(text)  # a ConfigError says what is wrong
     return text
 
 

@@ -1,6 +1,7 @@
 """The worker side of the dlog source: a partition (entries of one ledger) and its read, which
 decodes entries straight into Arrow batches of the read schema in a Python worker (an executor's,
-or the driver's in local mode)."""
+or the driver's in local mode). A worker process keeps its read handles (`dlog.snapshot`, on the
+process's connection): the partitions of a ledger that later tasks read cost no second open."""
 
 from __future__ import annotations
 
@@ -65,12 +66,13 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
     namespace = conn.namespace
     try:
         config = conn.call(namespace.config(partition.stream))
-        handle = conn.call(namespace.client.open_ledger(partition.ledger_id, password=namespace.password_of(config),
-                                                        recovery=False))
+        # the process's cached handle when an earlier task opened the ledger; the planner saw
+        # these entries confirmed, so no LAC read
+        handle = conn.call(namespace.reads.handle(partition.ledger_id, namespace.password_of(config),
+                                                  partition.last_entry))
     except (StreamNotFoundError, NoSuchLedgerError) as error:
         on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))
         return
-    handle.advance_lac(partition.last_entry)  # the planner saw these entries confirmed
     stream_schema = namespace.schema_of(config)
     output = arrow_read_schema(schema)
     headers = "headers" in output.names  # includeHeaders: decode every entry with its headers column
@@ -87,6 +89,7 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         try:
             entries = pending.result(READ_TIMEOUT_S)
         except (NoSuchLedgerError, NoSuchEntryError) as error:
+            namespace.reads.forget(partition.ledger_id)
             on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
             return
         next_start += len(entries)

@@ -1,27 +1,29 @@
 """The dlog source: a micro-batch stream reader and a batch reader (driver side; the partition
 read that runs in Python workers is in `spark.partition`).
 
-Theory of operation. Offsets are `{"<stream>": {"entry": E, "ledger": L}}` (next entry to read),
-JSON with sorted keys (a start inside an entry, from a timestamp option, adds `"slot": S`); a
-stream missing from an offset is read from its earliest record (new streams of a
-`streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset`
-snapshots every stream, resolves the start (noting data removed under the query, L5), measures
-the backlog up to the latest readable entry (the LAC of an in-progress segment), admits whole
-entries up to the trigger's limit, and returns where the batch ends. `partitions` turns the
-(start, end) pair into entry ranges of single ledgers, split for `minPartitions`; `read` decodes
-those entries in a worker straight into Arrow batches of the read schema. The same (start, end)
-always yields the same records, which is what makes a replayed batch after a restart exact (L6).
+Theory of operation. Offsets are `{"<stream>": {"entry": E, "ledger": L}}` (next entry to read,
+`spark.offsets`); a stream missing from an offset is read from its earliest record (new streams
+of a `streamPattern`, and every stream of `startingOffsets=earliest`). `latestOffset` takes ONE
+view of every stream for the trigger (`dlog.core.snapshot`: segment list and LAC), resolves the
+start on it (noting data removed under the query, L5), measures the backlog up to the latest
+readable entry, admits whole entries up to the trigger's limit, and returns where the batch ends.
+`partitions` turns the (start, end) pair into entry ranges of single ledgers on those same views,
+split for `minPartitions`; `read` decodes those entries in a worker straight into Arrow batches
+of the read schema. The same (start, end) always yields the same records, which is what makes a
+replayed batch after a restart exact (L6).
 
 The driver keeps one reader object per query, but Spark pickles the data source to other
-processes for `read`: nothing here holds a client; `spark.connection` caches one per process.
+processes for `read`: nothing here holds a client; `spark.connection` caches one per process, and
+with it the process's one cache of read handles and entry headers (`dlog.snapshot`), which the
+driver's views and the workers' partition reads reuse from one trigger and one task to the next.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -41,14 +43,17 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from bookkeeper.errors import ConfigError, DlogError
-from dlog.offsets import Offset, parse_spark_positions
+from dlog.core import snapshot
+from dlog.core.snapshot import Cursor, StreamView
+from dlog.offsets import Offset
 from dlog.segments.store import StreamNotFoundError
 from spark import plan
 from spark.catalog import Catalog
 from spark.connection import connection
+from spark.offsets import offset_document, offsets_of, parse_offsets
 from spark.options import SourceOptions
 from spark.partition import DlogPartition, on_loss, read_partition
-from spark.plan import Cursor, Position, Range, StreamView
+from spark.plan import Range
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +87,24 @@ class _Planner:
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "schema": self.schema, "_catalog": None}
 
-    def resolve(self, view: StreamView, position: Position | None) -> tuple[Cursor, bool]:
+    def resolve(self, view: StreamView, position: Offset | None) -> tuple[Cursor, bool]:
         """The start cursor for `position` and whether data loss moved it (failOnDataLoss=false;
         with true, data loss raises)."""
-        resolved = plan.resolve(view, position)
+        resolved = snapshot.resolve(view, position)
         if resolved.losses:
             on_loss(self.options.fail_on_data_loss, resolved.losses)
         return resolved.cursor, bool(resolved.losses)
 
-    def partitions_between(self, catalog: Catalog, starts: Mapping[str, Cursor | Position | None],
-                           ends: Mapping[str, Cursor | Position]) -> list[DlogPartition]:
+    def partitions_between(self, catalog: Catalog, starts: Mapping[str, Cursor | Offset | None],
+                           ends: Mapping[str, Cursor | Offset],
+                           views: Mapping[str, StreamView] | None = None) -> list[DlogPartition]:
+        """The partitions from `starts` to `ends`, planned on `views` (the views the offsets were
+        taken from) or, for a stream it lacks, on a view taken now."""
         ranges: list[Range] = []
         for name in sorted(ends):
+            view = (views or {}).get(name)
             try:
-                view = catalog.view(name)
+                view = view or catalog.view(name)
             except StreamNotFoundError:
                 on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
                 continue
@@ -104,27 +113,25 @@ class _Planner:
                 start, _ = self.resolve(view, start)
             end = ends[name]
             if not isinstance(end, Cursor):
-                end = plan.resolve(view, end).cursor
+                end = snapshot.resolve(view, end).cursor
             ranges += plan.spans(view, start, end)
         return [DlogPartition(span, self.options.fail_on_data_loss)
                 for span in plan.split(ranges, self.options.min_partitions)]
 
 
-def _offsets(document: Mapping[str, Any] | None) -> dict[str, Position]:
-    if not document:
-        return {}
-    return parse_spark_positions(json.dumps(document))
+def _offsets(document: Mapping[str, Any] | None) -> dict[str, Offset]:
+    return offsets_of(document) if document else {}
 
 
-def _offset_document(positions: Mapping[str, Position]) -> dict[str, dict[str, int]]:
-    """Spark serializes the dict as is, so build it in sorted key order (equal offsets must be
-    equal JSON text in the checkpoint). A slot appears only when a start is inside an entry (a
-    starting timestamp), so entry-aligned offsets keep their usual text."""
-    document = {}
-    for name in sorted(positions):
-        ledger_id, entry_id, slot = positions[name]
-        document[name] = {"entry": entry_id, "ledger": ledger_id, **({"slot": slot} if slot else {})}
-    return document
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """What `latestOffset` planned a trigger on: its offsets and the views it took them from, so
+    the trigger's `partitions` reads exactly those views instead of taking them again."""
+
+    start: Mapping[str, Any]
+    end: Mapping[str, Any]
+    views: dict[str, StreamView]
+    cursors: dict[str, Cursor]
 
 
 def _check_timestamps(catalog: Catalog, stream: str) -> None:
@@ -147,7 +154,7 @@ def start_cursor(catalog: Catalog, options: SourceOptions, view: StreamView) -> 
     if found is not None:
         return found
     if options.timestamp_strategy == "latest":
-        return plan.latest(view)
+        return snapshot.latest(view)
     raise NoRecordAtTimestampError(
         f"stream {view.name!r} has no record at or after timestamp {timestamp_ms}; set "
         "startingOffsetsByTimestampStrategy=latest to start at its latest offset instead")
@@ -160,7 +167,7 @@ def end_cursor(catalog: Catalog, options: SourceOptions, view: StreamView) -> Cu
     if timestamp_ms is None:
         return None
     _check_timestamps(catalog, view.name)
-    return catalog.at_timestamp(view, timestamp_ms) or plan.latest(view)
+    return catalog.at_timestamp(view, timestamp_ms) or snapshot.latest(view)
 
 
 # ------------------------------------------------------------------------------ streaming
@@ -171,10 +178,15 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.schema = schema
         self._planner = _Planner(options, schema)
-        self._target: dict[str, Position] | None = None  # set by Trigger.AvailableNow
+        self._target: dict[str, Offset] | None = None  # set by Trigger.AvailableNow
         self._last_batch_s = time.monotonic()
-        self._latest_seen: dict[str, Position] | None = None
+        self._latest_seen: dict[str, Offset] | None = None
         self._subscribed: dict | None = None  # the offsets last committed for the subscription
+        self._planned: _Planned | None = None  # the trigger latestOffset planned last
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker's copy needs (`read`): not the driver's views."""
+        return {**self.__dict__, "_planned": None}
 
     # ------------------------------------------------------------------ offsets
 
@@ -183,7 +195,7 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         of the document starts at its earliest record)."""
         catalog = self._planner.catalog()
         starting = self.options.starting
-        given = parse_spark_positions(starting) if starting not in ("earliest", "latest") else {}
+        given = parse_offsets(starting) if starting not in ("earliest", "latest") else {}
         unknown = [name for name in given if not self.options.matches(name)]
         if unknown:
             raise ConfigError(f"startingOffsets names stream {unknown[0]!r}, which this query does not read")
@@ -193,13 +205,13 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not timed and starting != "latest":
                 continue
             view = catalog.view(name)
-            cursor = start_cursor(catalog, self.options, view) if timed else plan.latest(view)
-            position = plan.position_of(view, cursor) if cursor is not None else None
+            cursor = start_cursor(catalog, self.options, view) if timed else snapshot.latest(view)
+            position = snapshot.offset_of(view, cursor) if cursor is not None else None
             if position is not None:
                 positions[name] = position
             else:
                 positions.pop(name, None)
-        return _offset_document(positions)
+        return offset_document(positions)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_records_per_trigger is not None:
@@ -215,35 +227,26 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         target = {}
         for name in catalog.stream_names():
             view = catalog.view(name)
-            position = plan.position_of(view, plan.latest(view))
+            position = snapshot.offset_of(view, snapshot.latest(view))
             if position is not None:
                 target[name] = position
         self._target = target
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """Where this trigger's batch ends: one view of each stream, the start resolved on it
+        (noting data removed under the query, L5), the backlog up to its latest readable entry,
+        and as much of it as the trigger's limits admit."""
         self._commit_subscription(start)
+        self._planned = None
         catalog = self._planner.catalog()
         starts = _offsets(start)
-        views, cursors, moved, backlogs, latest_seen = {}, {}, set(), {}, {}
-        expected: pa.Schema | None = None
-        for name in sorted(set(catalog.stream_names()) | set(starts)):
-            try:
-                view = catalog.view(name)
-            except StreamNotFoundError:
-                on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
-                continue
-            expected = expected or catalog.schema(name)
-            catalog.check_schema(name, expected)
-            cursor, skipped = self._planner.resolve(view, starts.get(name))
-            if skipped:
-                moved.add(name)
-            latest_position = plan.position_of(view, plan.latest(view))
-            if latest_position is not None:
-                latest_seen[name] = latest_position
+        views, cursors, moved = self._views(catalog, starts)
+        backlogs = {}
+        for name, view in views.items():
             end = self._end_limit(view, name)
-            views[name], cursors[name] = view, cursor
-            backlogs[name] = plan.spans(view, cursor, end) if end is not None else []
-        self._latest_seen = latest_seen
+            backlogs[name] = plan.spans(view, cursors[name], end) if end is not None else []
+        self._latest_seen = {name: offset for name, view in views.items()
+                             if (offset := snapshot.offset_of(view, snapshot.latest(view))) is not None}
         max_records, max_bytes, min_records = self._limits(limit)
         if max_records is None and max_bytes is None and min_records is None:
             admission = plan.Admission(backlogs)  # no limit: no need to count records
@@ -256,24 +259,45 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = {}
         for name, view in views.items():
             ranges = admission.ranges.get(name, [])
-            position = plan.position_of(view, plan.end_cursor(view, cursors[name], ranges))
+            position = snapshot.offset_of(view, plan.end_cursor(view, cursors[name], ranges))
             if not ranges and name in starts and (name not in moved or position is None):
                 position = starts[name]  # nothing new: the same text, so Spark sees no new data
             if position is not None:
                 ends[name] = position
-        end_document = _offset_document(ends)
-        if end_document != _offset_document(starts):
+        end_document = offset_document(ends)
+        if end_document != offset_document(starts):
             self._last_batch_s = time.monotonic()
+        self._planned = _Planned(start, end_document, views, cursors)
         return end_document
 
+    def _views(self, catalog: Catalog, starts: Mapping[str, Offset]
+               ) -> tuple[dict[str, StreamView], dict[str, Cursor], set[str]]:
+        """A view of every stream the query reads (one per trigger), the start cursor on it, and
+        the streams whose start data loss moved."""
+        views, cursors, moved = {}, {}, set()
+        expected: pa.Schema | None = None
+        for name in sorted(set(catalog.stream_names()) | set(starts)):
+            try:
+                view = catalog.view(name)
+            except StreamNotFoundError:
+                on_loss(self.options.fail_on_data_loss, (f"stream {name!r} was deleted",))
+                continue
+            expected = expected or catalog.schema(name)
+            catalog.check_schema(name, expected)
+            cursor, skipped = self._planner.resolve(view, starts.get(name))
+            if skipped:
+                moved.add(name)
+            views[name], cursors[name] = view, cursor
+        return views, cursors, moved
+
     def _end_limit(self, view: StreamView, name: str) -> Cursor | None:
-        latest = plan.latest(view)
+        latest = snapshot.latest(view)
         if self._target is None:
             return latest
         target = self._target.get(name)
         if target is None:
             return None  # a stream that appeared after the AvailableNow target was taken
-        return min(plan.resolve(view, target).cursor, latest)
+        return min(snapshot.resolve(view, target).cursor, latest)
 
     def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None, int | None]:
         """(max records, max bytes, min records) for this trigger. The engine's limit rules:
@@ -294,14 +318,19 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None, None, None
 
     def reportLatestOffset(self) -> dict | None:
-        return _offset_document(self._latest_seen) if self._latest_seen else None
+        return offset_document(self._latest_seen) if self._latest_seen else None
 
     # ------------------------------------------------------------------ partitions, read, commit
 
     def partitions(self, start: dict, end: dict) -> list[DlogPartition]:
+        """The batch's partitions, on the views `latestOffset` took for it (a batch replayed after
+        a restart, which no `latestOffset` of this process planned, takes views now)."""
         ends = _offsets(end)
         if not ends:
             return []
+        planned = self._planned
+        if planned is not None and planned.start == start and planned.end == end:
+            return self._planner.partitions_between(self._planner.catalog(), planned.cursors, ends, planned.views)
         return self._planner.partitions_between(self._planner.catalog(), _offsets(start), ends)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -320,11 +349,11 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if subscription is None or not done or done == self._subscribed:
             return
         conn = connection(self.options.connection)
-        for name, (ledger_id, entry_id, slot) in _offsets(done).items():
+        for name, offset in _offsets(done).items():
             if (self._subscribed or {}).get(name) == done[name]:
                 continue
             try:
-                conn.call(conn.namespace.commit_subscription(name, subscription, Offset(ledger_id, entry_id, slot)))
+                conn.call(conn.namespace.commit_subscription(name, subscription, offset))
             except StreamNotFoundError:
                 log.warning("dlog source: stream %r is gone; subscription %r not committed", name, subscription)
         self._subscribed = dict(done)
@@ -346,25 +375,26 @@ class DlogBatchReader(DataSourceReader):
         catalog = planner.catalog()
         names = catalog.stream_names()
         starting, ending = self.options.starting, self.options.ending
-        starts: dict[str, Cursor | Position | None] = {}
-        ends: dict[str, Cursor | Position] = {}
-        given_start = parse_spark_positions(starting) if starting not in ("earliest", "latest") else {}
-        given_end = parse_spark_positions(ending) if ending != "latest" else {}
+        starts: dict[str, Cursor | Offset | None] = {}
+        ends: dict[str, Cursor | Offset] = {}
+        given_start = parse_offsets(starting) if starting not in ("earliest", "latest") else {}
+        given_end = parse_offsets(ending) if ending != "latest" else {}
         for offsets, what in ((given_start, "startingOffsets"), (given_end, "endingOffsets")):
             unknown = [name for name in offsets if name not in names]
             if unknown:
                 raise ConfigError(f"{what} names stream {unknown[0]!r}, which this read does not include")
+        views = {}
         for name in names:
-            view = catalog.view(name)
+            view = views[name] = catalog.view(name)
             start = start_cursor(catalog, self.options, view)
             if start is not None:
                 starts[name] = start
             elif starting == "latest":
-                starts[name] = plan.position_of(view, plan.latest(view))
+                starts[name] = snapshot.offset_of(view, snapshot.latest(view))
             else:
                 starts[name] = given_start.get(name)
-            ends[name] = end_cursor(catalog, self.options, view) or given_end.get(name) or plan.latest(view)
-        partitions: list[InputPartition] = list(planner.partitions_between(catalog, starts, ends))
+            ends[name] = end_cursor(catalog, self.options, view) or given_end.get(name) or snapshot.latest(view)
+        partitions: list[InputPartition] = list(planner.partitions_between(catalog, starts, ends, views))
         return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -15,8 +15,9 @@ so ten open tabs cost one scrape; adds/s is the change of each bookie's
 `dlog_bookie_add_entries_total` between two scrapes, over the time between them.
 
 Record counts. A completed segment's metadata holds its record count. An in-progress one's does
-not, so the collector reads its last confirmed entry and takes `first_record_index +
-record_count` from the record-set header (cached per ledger and LAC: an idle stream costs no read).
+not, so the collector reads its LAC and takes `first_record_index + record_count` from the
+record-set header of that entry (`dlog.core.snapshot.tail_count`, through the one bounded cache of
+handles and headers, `dlog.snapshot.SegmentReads`: an idle stream costs a LAC read, no entry read).
 
 Subscription lag (`dlog.describe.subscription_lag`, shared with `dlog subscription describe`) is
 estimated here from counts alone, as if each segment's records were spread evenly over its
@@ -53,7 +54,9 @@ from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
 from bookkeeper.meta import layout
 from bookkeeper.security.settings import NO_SECURITY, SecuritySettings, unseal_password
 from bookkeeper.security.tls import host_of
-from dlog.describe import subscription_lag
+from dlog.core.snapshot import first_readable
+from dlog.describe import entry_count, subscription_lag
+from dlog.snapshot import SegmentReads
 
 STATIC_DIR = Path(__file__).resolve().parent / "ui_static"
 ZK_TIMEOUT_S = 3.0
@@ -134,24 +137,16 @@ class RateTracker:
         return delta / (now_s - previous[0])
 
 
-def _entries(segment: dict[str, Any]) -> int | None:
-    if segment["last_entry"] is None:
-        return None
-    return max(0, segment["last_entry"] - segment["first_entry"] + 1)
-
-
 def truncation_point(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Where the stream's readable records start, if anything was ever truncated."""
     live = [s for s in segments if s["state"] != "truncated"]
     if not live:
         return {"offset": None, "sequence": None, "position": None} if segments else None
     first = live[0]
-    entry, slot = first["min_active_entry"], first["min_active_slot"]
-    if (entry, slot) <= (first["first_entry"], 0):
-        if first is segments[0]:
-            return None
-        entry, slot = first["first_entry"], 0
-    entries = _entries(first)
+    entry, slot = first_readable(first["first_entry"], first["min_active_entry"], first["min_active_slot"])
+    if (entry, slot) == (first["first_entry"], 0) and first is segments[0]:
+        return None  # nothing was ever truncated
+    entries = entry_count(first)
     position = min(1.0, (entry - first["first_entry"]) / entries) if entries else 0.0
     return {"offset": f"{first['ledger']}:{entry}:{slot}", "sequence": first["sequence"],
             "position": position}
@@ -168,8 +163,7 @@ class Collector:
         self._zk: Any = None
         self._client: Any = None
         self._http: aiohttp.ClientSession | None = None
-        self._handles: dict[int, Any] = {}
-        self._tail_records: dict[int, tuple[int, int]] = {}  # ledger -> (lac, records)
+        self._reads: Any = None  # dlog.snapshot.SegmentReads over the client
         self._lock = asyncio.Lock()
         self._last: tuple[float, dict[str, Any]] | None = None
 
@@ -189,7 +183,7 @@ class Collector:
             await self._client.close()
         if self._zk is not None:
             await self._zk.close()
-        self._zk = self._client = self._http = None
+        self._zk = self._client = self._http = self._reads = None
 
     async def _connect(self) -> None:
         from bookkeeper.client import BookKeeper
@@ -213,6 +207,8 @@ class Collector:
             store = ZooKeeperMetadataStore(self._zk, self.options.bookkeeper_root)
             self._client = await BookKeeper(store=store, read_timeout_s=LEDGER_TIMEOUT_S,
                                             security=security).start()
+            self._reads = SegmentReads(self._client, handles_max=HANDLES_MAX, headers_max=HANDLES_MAX,
+                                       step_timeout_s=LEDGER_TIMEOUT_S)
 
     async def _collect(self) -> dict[str, Any]:
         result: dict[str, Any] = {"zk": self.options.zk, "bookkeeper_root": self.options.bookkeeper_root,
@@ -365,42 +361,17 @@ class Collector:
         if segment.is_in_progress:
             item["bytes"] = None  # a ledger's length is known once it is closed
             try:
-                item["last_entry"], item["records"] = await self._tail(config, segment, password)
+                item["last_entry"], item["records"] = await self._tail(segment, password)
             except (DlogError, asyncio.TimeoutError) as exc:
-                self._handles.pop(segment.ledger_id, None)
+                self._reads.forget(segment.ledger_id)
                 item["last_entry"] = item["records"] = None
                 item["note"] = f"records unknown: {exc or type(exc).__name__}"
-        else:
-            self._handles.pop(segment.ledger_id, None)
-            self._tail_records.pop(segment.ledger_id, None)
         return item
 
-    async def _tail(self, config: Any, segment: Any, password: bytes) -> tuple[int, int]:
+    async def _tail(self, segment: Any, password: bytes) -> tuple[int, int]:
         """The in-progress segment's last confirmed entry and record count."""
-        from dlog.segments.codec import RecordSetCodec, default_schema
-
-        handle = self._handles.get(segment.ledger_id)
-        if handle is None:
-            async with asyncio.timeout(LEDGER_TIMEOUT_S):
-                handle = await self._client.open_ledger(
-                    segment.ledger_id, password=password, recovery=False)
-            if len(self._handles) >= HANDLES_MAX:
-                self._handles.pop(next(iter(self._handles)))
-            self._handles[segment.ledger_id] = handle
-        async with asyncio.timeout(LEDGER_TIMEOUT_S):
-            lac = await handle.read_lac()
-        if lac < segment.first_entry:
-            return lac, 0
-        cached = self._tail_records.get(segment.ledger_id)
-        if cached is not None and cached[0] == lac:
-            return cached
-        async with asyncio.timeout(LEDGER_TIMEOUT_S):
-            entry = (await handle.read(lac, lac))[0]
-        header = RecordSetCodec(default_schema()).peek_header(entry.payload)
-        if len(self._tail_records) >= HANDLES_MAX:
-            self._tail_records.pop(next(iter(self._tail_records)))
-        self._tail_records[segment.ledger_id] = (lac, header.next_record_index)
-        return lac, header.next_record_index
+        lac = await self._reads.lac(segment, password)
+        return lac, (await self._reads.tail(segment, lac, password)).records
 
 
 def _settings(config: Any) -> dict[str, Any]:

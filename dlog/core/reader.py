@@ -22,7 +22,9 @@ Truncation (L5). Every new list is checked against the position and against what
 below a truncation point (a truncated segment, or below `min_active_*` in the segment) is never
 handed out; the consumer gets TruncatedError, or with `skip_truncated` the reader moves to the
 first record still there. A segment whose ledger is gone without being truncated is data loss:
-the same error, or with `skip_truncated` the next segment.
+the same error, or with `skip_truncated` the next segment. Where readable data starts and ends,
+and what counts as truncated, are the rules of `dlog.core.snapshot`, which Spark's planner, `dlog
+stream info` and the status page follow too; this machine only decides what a reader does about it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from dlog.core.effects import (
     WaitForEntry,
     WakeReaders,
 )
+from dlog.core import snapshot
 from dlog.core.errors import OffsetOutOfRangeError, TruncatedError
+from dlog.core.snapshot import Cursor
 from dlog.offsets import Offset
 from dlog.segments.metadata import Segment, SegmentList
 
@@ -52,13 +56,6 @@ READ_BATCH_ENTRIES = 64
 EMPTY_POLLS_BEFORE_LIST_READ = 5  # a lost notification delays a tailing reader this many polls at most
 
 END = "end"  # queued after the last record of a reader that does not follow
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    sequence: int  # segment sequence
-    entry_id: int
-    slot: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +83,7 @@ class ReaderMachine:
     def __init__(self, settings: ReaderSettings, decode: Decoder) -> None:
         self.settings = settings
         self.decode = decode
-        self.position: Position | None = None
+        self.position: Cursor | None = None
         self.listing: SegmentList | None = None
         self.step: str | None = None
         self.ended = False
@@ -140,17 +137,16 @@ class ReaderMachine:
         if start is Start.EARLIEST:
             return self._started(self._earliest(listing))
         if isinstance(start, int):
-            segment = next((s for s in listing.live
-                            if s.is_in_progress or s.last_timestamp_ms >= start), None)
-            return self._started(self._entry_of(segment) if segment is not None
-                                 else Position(listing.max_sequence + 1, 0, 0))
+            segment = next((s for s in listing.live if snapshot.may_hold_at_or_after(s, start)), None)
+            return self._started(snapshot.start_cursor(segment) if segment is not None
+                                 else Cursor(listing.max_sequence + 1, 0, 0))
         in_progress = listing.in_progress
         if start is Start.LATEST:
             if in_progress is None:
-                return self._started(Position(listing.max_sequence + 1, 0, 0))
+                return self._started(Cursor(listing.max_sequence + 1, 0, 0))
             if self._ledger_id != in_progress.ledger_id:
                 return self._open(in_progress)
-            return self._started(Position(in_progress.sequence, self._lac + 1, 0))
+            return self._started(Cursor(in_progress.sequence, snapshot.end_entry(in_progress, self._lac)))
         invariant(isinstance(start, Offset), f"bad start {start!r}")
         return self._start_at_offset(listing, start)
 
@@ -162,8 +158,8 @@ class ReaderMachine:
             return self._open_failed(OffsetOutOfRangeError(
                 f"offset {offset} is not in stream {stream!r}: no segment has ledger {offset.ledger_id} "
                 f"(its ledgers: {live})"))
-        position = Position(segment.sequence, offset.entry_id, offset.slot)
-        if below_truncation(segment, position):
+        position = Cursor(segment.sequence, offset.entry_id, offset.slot)
+        if snapshot.below_truncation(segment, offset.entry_id, offset.slot):
             if not self.settings.skip_truncated:
                 return self._open_failed(TruncatedError(
                     f"offset {offset} of stream {stream!r} was truncated; open with skip_truncated=True "
@@ -171,14 +167,14 @@ class ReaderMachine:
             return self._started(self._earliest(listing))
         if segment.is_in_progress and self._ledger_id != segment.ledger_id:
             return self._open(segment)
-        limit = (self._lac if segment.is_in_progress else segment.last_entry) + 1
+        limit = snapshot.end_entry(segment, self._lac)
         if offset.entry_id > limit:
             return self._open_failed(OffsetOutOfRangeError(
                 f"offset {offset} of stream {stream!r} is in the future: ledger {offset.ledger_id} "
                 f"ends before entry {limit}"))
         return self._started(position)
 
-    def _started(self, position: Position) -> list[Any]:
+    def _started(self, position: Cursor) -> list[Any]:
         self.position, self.opened = position, True
         return [ReaderOpened(), *self._pump()]
 
@@ -186,13 +182,9 @@ class ReaderMachine:
         self.ended = True
         return [ReaderOpened(error)]
 
-    @staticmethod
-    def _entry_of(segment: Segment) -> Position:
-        return Position(segment.sequence, max(segment.first_entry, segment.min_active_entry), segment.min_active_slot)
-
-    def _earliest(self, listing: SegmentList) -> Position:
+    def _earliest(self, listing: SegmentList) -> Cursor:
         live = listing.live
-        return self._entry_of(live[0]) if live else Position(listing.max_sequence + 1, 0, 0)
+        return snapshot.start_cursor(live[0]) if live else Cursor(listing.max_sequence + 1, 0, 0)
 
     # ------------------------------------------------------------------ answers
 
@@ -243,7 +235,7 @@ class ReaderMachine:
         for entry_id, payload in entries:
             invariant(entry_id == position.entry_id, f"entry {entry_id} read, {position.entry_id} was next")
             self.fetched.append((ledger_id, entry_id, position.slot, payload))
-            position = Position(position.sequence, entry_id + 1, 0)
+            position = Cursor(position.sequence, entry_id + 1, 0)
         self.position = position
         return self._pump()
 
@@ -265,7 +257,7 @@ class ReaderMachine:
         position = self._position()
         if entry is not None and entry[0] == position.entry_id:
             self.fetched.append((ledger_id, entry[0], position.slot, entry[1]))
-            self.position = Position(position.sequence, entry[0] + 1, 0)
+            self.position = Cursor(position.sequence, entry[0] + 1, 0)
         if closed or self._empty_polls >= EMPTY_POLLS_BEFORE_LIST_READ:
             self._empty_polls = 0
             self._notified += 1  # the list must say more: the segment ended, or we missed a change
@@ -308,32 +300,33 @@ class ReaderMachine:
                 if not self.settings.follow:
                     return effects + self.end(END)
                 return effects + self._idle()  # wait for a notification (or the idle timer)
-            if segment.sequence > position.sequence or below_truncation(segment, position):
+            if (segment.sequence > position.sequence
+                    or snapshot.below_truncation(segment, position.entry_id, position.slot)):
                 moved = self._moved_to(segment, position)
                 if isinstance(moved, DlogError):
                     return effects + self.end(moved)
                 self.position = position = moved
             if segment.is_truncated:
-                self.position = Position(segment.sequence + 1, 0, 0)
+                self.position = Cursor(segment.sequence + 1, 0, 0)
                 continue
             if segment.ledger_id != self._ledger_id:
                 return effects + self._open(segment)
-            limit = segment.last_entry if not segment.is_in_progress else self._lac
-            if position.entry_id <= limit:
-                last = min(limit, position.entry_id + self.settings.read_batch_entries - 1)
+            end = snapshot.end_entry(segment, self._lac)
+            if position.entry_id < end:
+                last = min(end - 1, position.entry_id + self.settings.read_batch_entries - 1)
                 self.step = "read"
                 return effects + [ReadEntries(segment, position.entry_id, last)]
             if not segment.is_in_progress:
-                self.position = Position(segment.sequence + 1, 0, 0)
+                self.position = Cursor(segment.sequence + 1, 0, 0)
                 continue
             if not self.settings.follow:
                 return effects + self.end(END)
             self.step = "wait"
             return effects + [WaitForEntry(segment, position.entry_id, self.settings.poll_timeout_ms)]
 
-    def _moved_to(self, segment: Segment, position: Position) -> Position | DlogError:
+    def _moved_to(self, segment: Segment, position: Cursor) -> Cursor | DlogError:
         """The position's segment is gone or partly truncated: move on, or refuse (L5)."""
-        moved = self._entry_of(segment)
+        moved = snapshot.start_cursor(segment)
         if position.sequence < segment.sequence and position.entry_id == 0 and position.slot == 0:
             return moved  # plainly the start of a later segment: nothing skipped
         if not self.settings.skip_truncated:
@@ -352,7 +345,7 @@ class ReaderMachine:
                 if not self.fetched:
                     break
                 ledger_id, entry_id, slot, payload = self.fetched.popleft()
-                first_slot = readable_slot(listing.by_ledger(ledger_id), entry_id, slot)
+                first_slot = snapshot.readable_slot(listing.by_ledger(ledger_id), entry_id, slot)
                 if first_slot is None:
                     error = self._truncated_error(ledger_id, entry_id)  # truncated since it was read
                     if error is not None:
@@ -376,7 +369,7 @@ class ReaderMachine:
         for queued in waiting:
             _, _, ledger_id, entry_id, first_slot, _ = queued
             segment = listing.by_ledger(ledger_id)
-            if readable_slot(segment, entry_id, first_slot) == first_slot:
+            if snapshot.readable_slot(segment, entry_id, first_slot) == first_slot:
                 kept.append(queued)
                 continue
             error = self._truncated_error(ledger_id, entry_id)
@@ -385,7 +378,7 @@ class ReaderMachine:
                 return self.end(error)
             if segment is not None and not segment.is_truncated and entry_id == segment.min_active_entry:
                 # the point falls inside this entry: read it again from there, and all after it
-                self.position = Position(segment.sequence, entry_id, segment.min_active_slot)
+                self.position = Cursor(segment.sequence, entry_id, segment.min_active_slot)
                 self.fetched.clear()
                 break
         self.held = None
@@ -408,14 +401,14 @@ class ReaderMachine:
             return []
         listed = listing.by_ledger(gone)
         position = self._position()
-        if listed is None or listed.is_truncated or below_truncation(listed, position):
+        if snapshot.removed_by_truncation(listed, position.entry_id, position.slot):
             return []
         if not self.settings.skip_truncated:
             return self.end(TruncatedError(
                 f"stream {self.settings.stream!r}: the ledger {gone} of segment {listed.sequence} was deleted, "
                 f"so its records from entry {position.entry_id} on are gone; reopen with skip_truncated=True "
                 "to skip them, or truncate the stream past the segment"))
-        self.position = Position(listed.sequence + 1, 0, 0)
+        self.position = Cursor(listed.sequence + 1, 0, 0)
         return []
 
     # ------------------------------------------------------------------ helpers
@@ -442,7 +435,7 @@ class ReaderMachine:
         self._tail = [item]
         return [WakeReaders()]
 
-    def _position(self) -> Position:
+    def _position(self) -> Cursor:
         assert self.position is not None
         return self.position
 
@@ -450,16 +443,3 @@ class ReaderMachine:
         assert self.listing is not None
         return self.listing
 
-
-def below_truncation(segment: Segment, position: Position) -> bool:
-    """Whether a position lies in removed data (a truncated segment, or below its truncation point)."""
-    return segment.is_truncated or (position.entry_id, position.slot) < (
-        segment.min_active_entry, segment.min_active_slot)
-
-
-def readable_slot(segment: Segment | None, entry_id: int, slot: int) -> int | None:
-    """The first slot of an entry a reader may hand out when it enters it at `slot`; None when the
-    whole entry is gone (its segment truncated or no longer listed, or below the truncation point)."""
-    if segment is None or segment.is_truncated or entry_id < segment.min_active_entry:
-        return None
-    return segment.first_readable_slot(entry_id, slot)

@@ -1,6 +1,6 @@
 """Offsets round-trip through "L:E[:S]" and JSON, and every malformed form is a ConfigError.
 
-Also: offsets are not orderable across ledgers, and Spark offset JSON is canonical and checked.
+Also: offsets are not orderable across ledgers. (Spark's offset JSON: tests/spark/test_spark_offsets.py.)
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from dlog.offsets import (
     LEDGER_ID_MAX,
     SLOT_MAX,
     Offset,
-    parse_spark_offsets,
-    spark_offset_json,
 )
 
 LEDGER_IDS = st.integers(0, LEDGER_ID_MAX)
@@ -99,58 +97,3 @@ def test_offsets_do_not_order_across_ledgers_but_have_a_key_within_one() -> None
     assert sorted(same_ledger, key=Offset.key_within_ledger) == [Offset(7, 0, 0), Offset(7, 0, 9), Offset(7, 2, 0),
                                                                   Offset(7, 2, 1)]
     assert len({Offset(1, 2, 3), Offset(1, 2, 3), Offset(1, 2)}) == 2  # hashable, by value
-
-
-# ------------------------------------------------------------------------------ Spark offsets
-
-
-def test_spark_offset_json_is_canonical() -> None:
-    text = spark_offset_json({"orders": (12, 5), "a/b": (3, 0)})
-    assert text == '{"a/b":{"entry":0,"ledger":3},"orders":{"entry":5,"ledger":12}}'
-    assert spark_offset_json({}) == "{}"
-
-
-@given(st.dictionaries(st.text(alphabet="abcXYZ09-", min_size=1, max_size=12).filter(lambda name: name[0] != "-"),
-                       st.tuples(LEDGER_IDS, ENTRY_IDS), max_size=5))
-def test_spark_offsets_round_trip(offsets: dict[str, tuple[int, int]]) -> None:
-    text = spark_offset_json(offsets)
-    assert " " not in text and parse_spark_offsets(text) == offsets
-    assert spark_offset_json(parse_spark_offsets(text)) == text
-
-
-@pytest.mark.parametrize(
-    ("text", "words"),
-    [
-        ("", "Expecting value"),
-        ("not json", "Expecting value"),
-        ("[]", "not a JSON object"),
-        ('"orders"', "not a JSON object"),
-        ('{"orders": 5}', "bad Spark offset for stream 'orders'"),
-        ('{"orders": {"ledger": 1}}', "bad Spark offset for stream 'orders'"),
-        ('{"orders": {"ledger": 1, "entry": 2, "slot": 0}}', "bad Spark offset for stream 'orders'"),
-        ('{"orders": {"ledger": -1, "entry": 2}}', "bad Spark offset for stream 'orders'.*ledger id -1"),
-        ('{"orders": {"ledger": 1, "entry": 2.0}}', "entry id 2.0"),
-        ('{"orders": {"ledger": true, "entry": 2}}', "ledger id True"),
-        ('{"orders": {"ledger": 1, "entry": -2}}', "entry id -2"),
-        ('{"orders": {"ledger": 1, "entry": 2}, "orders": {"ledger": 1, "entry": 3}}',
-         "'orders' appears more than once"),
-        ('{"../x": {"ledger": 1, "entry": 2}}', "bad stream name"),
-        ('{"orders": {"ledger": 1, "entry": 2}} trailing', "Extra data"),
-    ],
-)
-def test_malformed_spark_offsets_are_refused(text: str, words: str) -> None:
-    with pytest.raises(ConfigError, match=words) as caught:
-        parse_spark_offsets(text)
-    if "stream name" not in words:
-        assert "expected JSON like" in str(caught.value)
-
-
-def test_spark_offsets_refuse_huge_or_non_text_input_and_bad_streams_on_write() -> None:
-    with pytest.raises(ConfigError, match="at most"):
-        parse_spark_offsets(" " * 1_000_001)
-    with pytest.raises(ConfigError, match="bad Spark offsets"):
-        parse_spark_offsets(None)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="bad stream name"):
-        spark_offset_json({"": (1, 2)})
-    with pytest.raises(ConfigError, match="bad offset entry id"):
-        spark_offset_json({"orders": (1, -2)})

@@ -16,7 +16,7 @@ from typing import Any
 
 from bookkeeper.bookie import gc
 from dlog import writer as writer_driver
-from dlog.core import changes, reader
+from dlog.core import changes, reader, snapshot
 from dlog.core import writer as writer_core
 from dlog.core.effects import DeleteLedger, FailChunks, SetTimer, WakeWriters
 from dlog.segments import port
@@ -148,8 +148,8 @@ PLANTS: dict[str, Plant] = {
         ((writer_core.WriterMachine, "_fail", _fail_in_flight_only),),
         "records still buffered when the writer fails stay pending (item 4)", "liveness"),
     "reader-ignores-truncation": Plant(
-        ((reader, "below_truncation", lambda segment, position: segment.is_truncated),
-         (reader, "readable_slot",
+        ((snapshot, "below_truncation", lambda segment, entry_id, slot: segment.is_truncated),
+         (snapshot, "readable_slot",
           lambda segment, entry_id, slot: None if segment is None or segment.is_truncated else slot)),
         "a reader goes on returning records below a new truncation point (item 5)", "truncation_ignored"),
     "retention-takes-last-completed": Plant(

@@ -1,0 +1,152 @@
+"""Reading stream snapshots: segment lists, LACs and entry headers, through ONE bounded cache of
+open read handles and decoded entry headers.
+
+The rules (where readable data starts and ends, truncation, data loss, in-progress counts) are
+`dlog.core.snapshot`'s; this is the thin driver every caller gathers their inputs through: the
+stream reader (its handles), Spark's catalog (one view per stream per trigger, entry headers for
+admission and timestamp searches) and its workers (handles reused from one partition to the
+next), `dlog stream info` and the status page (in-progress record counts).
+
+Costs. `view` is one segment-list read and, when a segment is in progress, one LAC read (each
+bookie of its last ensemble asked once; opening a ledger reads it too, so a new handle costs no
+second one). A handle of a completed segment may read up to the segment's last entry, which the
+committed list vouches for even before the ledger's close lands; a caller reading entries a view
+saw confirmed passes that bound (`confirmed_through`) instead of asking the bookies again. Entry
+headers never change once their entry is confirmed, so they are cached by (ledger, entry).
+
+Bounds. At most `handles_max` handles (default READ_HANDLES_MAX) and `headers_max` headers
+(default ENTRY_HEADERS_MAX) are kept; the least recently used goes first. A ledger id names one
+ledger for the life of a cluster (its id counter never goes back), so nothing cached can be
+mistaken for another ledger's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from bookkeeper.errors import ConfigError
+from dlog.core.snapshot import StreamView, TailCount, tail_count
+from dlog.segments.codec import RecordSetCodec, RecordSetHeader, default_schema
+from dlog.segments.metadata import Segment
+
+T = TypeVar("T")
+K = TypeVar("K")
+READ_HANDLES_MAX = 1024
+ENTRY_HEADERS_MAX = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class EntryInfo:
+    """What an entry's header and position say (its records are not decoded)."""
+
+    header: RecordSetHeader
+    length: int  # the ledger's length in bytes through this entry
+    size_bytes: int  # this entry's payload
+
+
+class SegmentReads:
+    """Read handles of segment ledgers and entry headers, cached and bounded, over one ledger
+    client. `step_timeout_s` bounds each ledger operation (open, LAC read, entry read) for callers
+    that must answer in time whatever the bookies do (the status page); None leaves the client's
+    own timeouts."""
+
+    def __init__(self, client: Any, *, handles_max: int = READ_HANDLES_MAX, headers_max: int = ENTRY_HEADERS_MAX,
+                 step_timeout_s: float | None = None) -> None:
+        for what, value in (("read_handles_max", handles_max), ("entry_headers_max", headers_max)):
+            if value < 1:
+                raise ConfigError(f"{what} must be >= 1, got {value}")
+        self.client = client  # a bookkeeper.client.BookKeeper (or the stream simulator's ledgers)
+        self.handles_max = handles_max
+        self.headers_max = headers_max
+        self.step_timeout_s = step_timeout_s
+        self._handles: OrderedDict[int, Any] = OrderedDict()
+        self._headers: OrderedDict[tuple[int, int], EntryInfo] = OrderedDict()
+        self._codec = RecordSetCodec(default_schema())  # a header does not depend on the schema
+
+    # ------------------------------------------------------------------ handles
+
+    async def handle(self, ledger_id: int, password: bytes, confirmed_through: int | None = None) -> Any:
+        """A read handle of a ledger (shared: reads of it may run at once), allowed to read up to
+        `confirmed_through`, an entry the caller knows is confirmed."""
+        handle = self._handles.get(ledger_id)
+        if handle is None:
+            handle = await self._step(self.client.open_ledger(ledger_id, password=password, recovery=False))
+            _remember(self._handles, ledger_id, handle, self.handles_max)
+        else:
+            self._handles.move_to_end(ledger_id)
+        if confirmed_through is not None:
+            handle.advance_lac(confirmed_through)
+        return handle
+
+    async def segment_handle(self, segment: Segment, password: bytes) -> Any:
+        """The handle of a segment's ledger with its end up to date: an in-progress segment's LAC
+        read now (opening reads it), a completed segment's last entry readable."""
+        cached = segment.ledger_id in self._handles
+        handle = await self.handle(segment.ledger_id, password,
+                                   None if segment.is_in_progress else segment.last_entry)
+        if cached and segment.is_in_progress:
+            await self._step(handle.read_lac())
+        return handle
+
+    def forget(self, ledger_id: int) -> None:
+        """Drop a ledger's handle (the ledger is gone, or its handle failed)."""
+        self._handles.pop(ledger_id, None)
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def view(self, store: Any, name: str, password: bytes) -> StreamView:
+        """One snapshot of a stream: its segment list and its in-progress segment's LAC."""
+        listing = await store.segments(name)
+        in_progress = listing.in_progress
+        lac = None
+        if in_progress is not None:
+            lac = (await self.segment_handle(in_progress, password)).last_add_confirmed
+        return StreamView.of(name, listing, lac)
+
+    async def lac(self, segment: Segment, password: bytes) -> int:
+        """An in-progress segment's LAC, read now."""
+        return (await self.segment_handle(segment, password)).last_add_confirmed
+
+    async def tail(self, segment: Segment, lac: int, password: bytes) -> TailCount:
+        """An in-progress segment's records through entry `lac` (its LAC): one header read, none
+        while the LAC has not moved."""
+        if lac < segment.first_entry:
+            return tail_count(segment.first_entry, lac, None, 0)
+        info = await self.entry_info(segment.ledger_id, lac, password, lac)
+        return tail_count(segment.first_entry, lac, info.header, info.size_bytes)
+
+    # ------------------------------------------------------------------ entries
+
+    async def entry(self, ledger_id: int, entry_id: int, password: bytes, confirmed_through: int) -> Any:
+        """One entry (a bookkeeper LedgerEntry) of a ledger confirmed through `confirmed_through`."""
+        handle = await self.handle(ledger_id, password, confirmed_through)
+        return (await self._step(handle.read(entry_id, entry_id)))[0]
+
+    async def entry_info(self, ledger_id: int, entry_id: int, password: bytes, confirmed_through: int) -> EntryInfo:
+        """An entry's record-set header and the ledger's length through it (cached)."""
+        key = (ledger_id, entry_id)
+        found = self._headers.get(key)
+        if found is not None:
+            self._headers.move_to_end(key)
+            return found
+        entry = await self.entry(ledger_id, entry_id, password, confirmed_through)
+        found = EntryInfo(self._codec.peek_header(entry.payload), entry.length, len(entry.payload))
+        _remember(self._headers, key, found, self.headers_max)
+        return found
+
+    async def _step(self, awaitable: Awaitable[T]) -> T:
+        if self.step_timeout_s is None:
+            return await awaitable
+        async with asyncio.timeout(self.step_timeout_s):
+            return await awaitable
+
+
+def _remember(cache: OrderedDict[K, Any], key: K, value: Any, size_max: int) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size_max:
+        cache.popitem(last=False)
