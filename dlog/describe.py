@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
+from dlog.context import StreamContext
 from dlog.core.snapshot import first_readable, records_before_slot
 from dlog.offsets import Offset
-from dlog.segments.metadata import Segment, StreamConfig
+from dlog.segments.metadata import Segment
 from dlog.segments.store import StreamNotFoundError, StreamStore
 
 if TYPE_CHECKING:
     from bookkeeper.meta.zk import AsyncZooKeeper
-    from dlog.namespace import Namespace
 
 NAMESPACE_ROOT_DEFAULT = "/dlog"
 LEDGER_CHECKS_IN_FLIGHT_MAX = 64  # ledger metadata reads at once when looking for damage
@@ -45,19 +45,19 @@ LEDGER_CHECKS_IN_FLIGHT_MAX = 64  # ledger metadata reads at once when looking f
 # ------------------------------------------------------------------------------ segments
 
 
-async def segment_summaries(ns: Namespace, config: StreamConfig, segments: list[Segment]) -> list[dict[str, Any]]:
+async def segment_summaries(context: StreamContext, segments: list[Segment]) -> list[dict[str, Any]]:
     """One JSON-ready dict per segment, in order (see the module doc for what is counted how)."""
-    missing = await _missing_ledgers(ns, [s.ledger_id for s in segments if not s.is_truncated])
-    return [await _summary(ns, config, segment, segment.ledger_id in missing) for segment in segments]
+    missing = await _missing_ledgers(context, [s.ledger_id for s in segments if not s.is_truncated])
+    return [await _summary(context, segment, segment.ledger_id in missing) for segment in segments]
 
 
-async def _missing_ledgers(ns: Namespace, ledger_ids: list[int]) -> set[int]:
+async def _missing_ledgers(context: StreamContext, ledger_ids: list[int]) -> set[int]:
     limit = asyncio.Semaphore(LEDGER_CHECKS_IN_FLIGHT_MAX)
 
     async def missing(ledger_id: int) -> bool:
         async with limit:
             try:
-                await ns.client.ledger_metadata(ledger_id)
+                await context.client.ledger_metadata(ledger_id)
             except NoSuchLedgerError:
                 return True
             return False
@@ -66,7 +66,7 @@ async def _missing_ledgers(ns: Namespace, ledger_ids: list[int]) -> set[int]:
     return {ledger_id for ledger_id, gone in zip(ledger_ids, found) if gone}
 
 
-async def _summary(ns: Namespace, config: StreamConfig, segment: Segment, ledger_missing: bool) -> dict[str, Any]:
+async def _summary(context: StreamContext, segment: Segment, ledger_missing: bool) -> dict[str, Any]:
     item: dict[str, Any] = {
         "sequence": segment.sequence, "ledger": segment.ledger_id, "state": segment.state.value,
         "first_entry": segment.first_entry, "last_entry": segment.last_entry, "records": segment.records,
@@ -78,16 +78,16 @@ async def _summary(ns: Namespace, config: StreamConfig, segment: Segment, ledger
     if ledger_missing:
         item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
     elif segment.is_in_progress:
-        await _count_tail(ns, config, segment, item)
+        await _count_tail(context, segment, item)
     return item
 
 
-async def _count_tail(ns: Namespace, config: StreamConfig, segment: Segment, item: dict[str, Any]) -> None:
-    password = ns.password_of(config)
+async def _count_tail(context: StreamContext, segment: Segment, item: dict[str, Any]) -> None:
+    reads, password = context.reads, context.password
     try:
-        lac = await ns.reads.lac(segment, password)
+        lac = await reads.lac(segment, password)
         item["last_entry"] = lac
-        tail = await ns.reads.tail(segment, lac, password)
+        tail = await reads.tail(segment, lac, password)
     except NoSuchLedgerError:
         item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
         return
@@ -114,15 +114,14 @@ def first_offset(segments: list[dict[str, Any]]) -> str | None:
     return None
 
 
-async def last_offset(ns: Namespace, config: StreamConfig, segments: list[Segment],
-                      summaries: list[dict[str, Any]]) -> str | None:
+async def last_offset(context: StreamContext, segments: list[Segment], summaries: list[dict[str, Any]]) -> str | None:
     """The last record's offset: one read of the last entry's header (None if none or unreadable)."""
     for segment, item in reversed(list(zip(segments, summaries))):
         if item["state"] == "truncated" or item["damaged"] or not item["records"] or item["last_entry"] is None:
             continue
         entry_id = item["last_entry"]  # confirmed: the LAC just read, or a completed segment's last entry
         try:
-            info = await ns.reads.entry_info(segment.ledger_id, entry_id, ns.password_of(config), entry_id)
+            info = await context.reads.entry_info(segment.ledger_id, entry_id, context.password, entry_id)
         except DlogError:
             return None
         return str(Offset(segment.ledger_id, entry_id, max(0, info.header.record_count - 1)))
@@ -174,19 +173,19 @@ def subscription_lag(segments: list[Mapping[str, Any]], offset: Mapping[str, int
 # ------------------------------------------------------------------------------ lag (read)
 
 
-async def lag_of(ns: Namespace, config: StreamConfig, segments: list[Segment], summaries: list[dict[str, Any]],
+async def lag_of(context: StreamContext, segments: list[Segment], summaries: list[dict[str, Any]],
                  offset: Offset) -> dict[str, Any]:
     """`subscription_lag` made exact by reading the header of the committed offset's entry."""
     consumed = None
     segment = next((s for s in segments if s.ledger_id == offset.ledger_id), None)
     summary = next((s for s in summaries if s["ledger"] == offset.ledger_id), None)
     if segment is not None and summary is not None and not segment.is_truncated and not summary["damaged"]:
-        consumed = await _consumed_in_segment(ns, config, segment, summary, offset)
+        consumed = await _consumed_in_segment(context, segment, summary, offset)
     result = subscription_lag(summaries, offset.to_json(), consumed)
     return {"offset": str(offset), **result}
 
 
-async def _consumed_in_segment(ns: Namespace, config: StreamConfig, segment: Segment, summary: dict[str, Any],
+async def _consumed_in_segment(context: StreamContext, segment: Segment, summary: dict[str, Any],
                                offset: Offset) -> int | None:
     last_entry = summary["last_entry"]
     if last_entry is None or summary["records"] is None:
@@ -194,7 +193,7 @@ async def _consumed_in_segment(ns: Namespace, config: StreamConfig, segment: Seg
     if offset.entry_id > last_entry:
         return summary["records"]  # read everything
     try:
-        info = await ns.reads.entry_info(segment.ledger_id, offset.entry_id, ns.password_of(config), last_entry)
+        info = await context.reads.entry_info(segment.ledger_id, offset.entry_id, context.password, last_entry)
     except DlogError:
         return None  # estimated instead
     return records_before_slot(info.header, offset.slot)

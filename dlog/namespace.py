@@ -9,13 +9,15 @@
         await ns.truncate("orders", before=offset)
 
 A namespace is a ZooKeeper subtree (`/dlog/<name>`); its streams' ledgers live in the BookKeeper
-cluster under `/bookkeeper` of the same ZooKeeper.
+cluster under `/bookkeeper` of the same ZooKeeper. Its writers, readers and descriptions of one
+stream get what they need of it in a `StreamContext` (`context_of`), and never the namespace.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from functools import partial
 from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
 
 import pyarrow as pa
@@ -29,6 +31,7 @@ from bookkeeper.security.quota import Quota
 from bookkeeper.security.settings import (SecuritySettings, load_client_settings, load_cluster_table,
                                           seal_new_password, unseal_password)
 import dlog.describe as describe  # (not `from dlog import`: the package imports this module)
+from dlog.context import StreamContext
 from dlog.core import changes
 from dlog.core.errors import StreamBusyError
 from dlog.names import check_stream_name, check_subscription_name
@@ -128,6 +131,13 @@ class Namespace:
         """The ledger password of a stream's segments (unsealed with the namespace's credentials)."""
         return unseal_password(config.password, self.security.seal_key(self.name)).encode()
 
+    def context_of(self, config: StreamConfig) -> StreamContext:
+        """What a writer, a reader or a description of this stream needs of the namespace."""
+        return StreamContext(
+            namespace=self.name, config=config, store=self.store, client=self.client, password=self.password_of(config),
+            schema=self.schema_of(config), clock=self.clock, reads=self.reads, delete_ledger=self.delete_ledger_quietly,
+            apply_retention=partial(self.apply_retention, config.name))
+
     async def close(self) -> None:
         if self.client is not None and self._owns_client:
             await self.client.close()
@@ -218,32 +228,27 @@ class Namespace:
         except NoSuchLedgerError:
             return False
 
-    def watch_ledger_deleted(self, ledger_id: int, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call back once when a ledger's metadata is gone (the ledger client's metadata store
-        port); returns a function that ends the watch."""
-        return self.client.store.watch_ledger_deleted(ledger_id, callback)  # type: ignore[no-any-return]
-
     async def stream_info(self, name: str) -> dict[str, Any]:
         """Config, segments (records, bytes, damage), totals and subscriptions with their lag; see
         dlog/describe.py for what is exact and what is estimated."""
-        config = await self.store.config(name)
+        context = self.context_of(await self.store.config(name))
         listing = await self.store.segments(name)
-        segments = await describe.segment_summaries(self, config, listing.segments)
+        segments = await describe.segment_summaries(context, listing.segments)
         alive = describe.live(segments)
         offsets = await self.subscriptions(name)
-        subscriptions = [{"name": subscription, **await describe.lag_of(self, config, listing.segments, segments, offset)}
+        subscriptions = [{"name": subscription, **await describe.lag_of(context, listing.segments, segments, offset)}
                          for subscription, offset in sorted(offsets.items())]
-        return {"name": name, "config": config.public_json(), "segments": segments,
+        return {"name": name, "config": context.config.public_json(), "segments": segments,
                 "records": sum(s["records"] or 0 for s in alive), "bytes": sum(s["bytes"] or 0 for s in alive),
                 "first_offset": describe.first_offset(segments),
-                "last_offset": await describe.last_offset(self, config, listing.segments, segments),
+                "last_offset": await describe.last_offset(context, listing.segments, segments),
                 "damaged_segments": [s["sequence"] for s in segments if s["damaged"]],
                 "subscriptions": subscriptions}
 
     async def subscription_lag(self, name: str, subscription: str | None = None) -> dict[str, dict[str, Any]]:
         """Per subscription (or just `subscription`): its committed offset, and the records and bytes
         after it (`lag_records`, `lag_bytes`, exact for records; see dlog/describe.py)."""
-        config = await self.store.config(name)
+        context = self.context_of(await self.store.config(name))
         offsets = await self.subscriptions(name)
         if subscription is not None:
             if subscription not in offsets:
@@ -251,8 +256,8 @@ class Namespace:
                                   f"(it has: {', '.join(sorted(offsets)) or 'none'})")
             offsets = {subscription: offsets[subscription]}
         listing = await self.store.segments(name)
-        segments = await describe.segment_summaries(self, config, listing.segments)
-        return {key: await describe.lag_of(self, config, listing.segments, segments, offset)
+        segments = await describe.segment_summaries(context, listing.segments)
+        return {key: await describe.lag_of(context, listing.segments, segments, offset)
                 for key, offset in sorted(offsets.items())}
 
     # ------------------------------------------------------------------ writers and readers
@@ -261,7 +266,7 @@ class Namespace:
         """`async with ns.open_writer(name) as writer:` (or `writer = await ns.open_writer(name)`)."""
 
         async def open_it() -> StreamWriter:
-            return await StreamWriter(self, await self.store.config(name), **options).open()
+            return await StreamWriter(self.context_of(await self.store.config(name)), **options).open()
 
         return _Opening(open_it)
 
@@ -270,7 +275,7 @@ class Namespace:
         """`async with ns.open_reader(name, start) as reader:` (or `await ns.open_reader(...)`)."""
 
         async def open_it() -> StreamReader:
-            return await StreamReader(self, await self.store.config(name), start, **options).open()
+            return await StreamReader(self.context_of(await self.store.config(name)), start, **options).open()
 
         return _Opening(open_it)
 
@@ -280,10 +285,6 @@ class Namespace:
         segment's last entry, which the committed segment list vouches for even before the ledger's
         close lands."""
         return await self.reads.segment_handle(segment, self.password_of(config))
-
-    def forget_segment_ledger(self, ledger_id: int) -> None:
-        """Drop a cached read handle (its ledger is gone)."""
-        self.reads.forget(ledger_id)
 
     # ------------------------------------------------------------------ truncation and retention
 

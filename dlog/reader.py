@@ -7,9 +7,10 @@
 
 The rules (where to start, how far to read ahead, when to long-poll, how to follow a roll, what
 truncation means for a reader) are the machine's. This module carries out its effects: segment
-lists from the store, ledger handles from the namespace's cache, range reads and long polls as
-tasks whose answers go back to the machine, and the list watch as notifications. It decodes
-entries for the machine (the record-set codec) and hands the consumer what the machine queued.
+lists from the store, ledger handles from the namespace's cache (both in its `StreamContext`),
+range reads and long polls as tasks whose answers go back to the machine, and the list watch as
+notifications. It decodes entries for the machine (the record-set codec) and hands the consumer
+what the machine queued.
 
 Positions below a truncation point raise TruncatedError unless the reader was opened with
 `skip_truncated=True`, in which case it moves to the earliest available record (L5).
@@ -21,12 +22,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
 from bookkeeper.runtime import start_task
+from dlog.context import StreamContext
 from dlog.core.effects import (
     CancelWait,
     OpenSegment,
@@ -41,10 +43,7 @@ from dlog.core.errors import OffsetOutOfRangeError, TruncatedError
 from dlog.core.reader import END, ReaderMachine, ReaderSettings, Start
 from dlog.offsets import Offset
 from dlog.segments.codec import RecordSetCodec
-from dlog.segments.metadata import Segment, StreamConfig
-
-if TYPE_CHECKING:
-    from dlog.namespace import Namespace
+from dlog.segments.metadata import Segment
 
 __all__ = ["EntryBatch", "OffsetOutOfRangeError", "Record", "StreamReader", "TruncatedError"]
 
@@ -72,7 +71,7 @@ class EntryBatch:
 
 
 class StreamReader:
-    def __init__(self, namespace: Namespace, config: StreamConfig, start: str | Offset | int = "earliest",
+    def __init__(self, context: StreamContext, start: str | Offset | int = "earliest",
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, poll_timeout_ms: int = 1000,
                  follow: bool = True, headers: bool = False) -> None:
@@ -80,12 +79,12 @@ class StreamReader:
                               ("read_ahead_bytes", read_ahead_bytes), ("poll_timeout_ms", poll_timeout_ms)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"bad {option} {value!r}: use a whole number >= 1")
-        self.namespace = namespace
-        self.config = config
+        self.context = context
+        config = context.config
         self.name = config.name
-        self.clock = namespace.clock
+        self.clock = context.clock
         # headers=True: record headers too (untyped streams): every batch gets the `headers` column
-        self.codec = RecordSetCodec(namespace.schema_of(config), headers=headers)
+        self.codec = RecordSetCodec(context.schema, headers=headers)
         self.start = _parse_start(start)
         self.machine = ReaderMachine(
             ReaderSettings(config.name, follow=follow, skip_truncated=skip_truncated,
@@ -118,7 +117,7 @@ class StreamReader:
     # ------------------------------------------------------------------ open and close
 
     async def open(self) -> StreamReader:
-        self._unwatch = self.namespace.store.watch_segments(self.name, self._on_change)
+        self._unwatch = self.context.store.watch_segments(self.name, self._on_change)
         self.run(self.machine.start(self.start, self.now_ms()))
         try:
             await self._opened
@@ -198,13 +197,13 @@ class StreamReader:
             self._feed(self.machine.on_segments_changed)
 
     async def _read_segments(self) -> None:
-        self._feed(self.machine.on_segments, await self.namespace.store.segments(self.name))
+        self._feed(self.machine.on_segments, await self.context.store.segments(self.name))
 
     async def _handle(self, segment: Segment) -> Any:
         try:
-            handle = await self.namespace.open_segment_ledger(self.config, segment)
+            handle = await self.context.reads.segment_handle(segment, self.context.password)
         except NoSuchLedgerError:
-            self.namespace.forget_segment_ledger(segment.ledger_id)
+            self.context.reads.forget(segment.ledger_id)
             self._handles.pop(segment.ledger_id, None)
             self._feed(self.machine.on_ledger_missing, segment.ledger_id)
             return None
@@ -228,7 +227,7 @@ class StreamReader:
         try:
             entries = await handle.read(effect.first_entry, effect.last_entry)
         except NoSuchLedgerError:
-            self.namespace.forget_segment_ledger(segment.ledger_id)
+            self.context.reads.forget(segment.ledger_id)
             self._handles.pop(segment.ledger_id, None)
             self._feed(self.machine.on_ledger_missing, segment.ledger_id)
             return

@@ -11,7 +11,8 @@ rolling, closing, coexisting with truncation and retention) are the machine's; t
 carries out its effects, as `bookkeeper.client.ledger.LedgerHandle` does for the ledger writer:
 segment-store calls and ledger creation, appends, closes and deletes as tasks whose outcome goes
 back to the machine, and record futures resolved as the machine says. It encodes entries for the
-machine (the record-set codec) and keeps the futures of what was written.
+machine (the record-set codec) and keeps the futures of what was written. What it needs of the
+namespace comes in a `StreamContext`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import logging
 from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import pyarrow as pa
 
 from bookkeeper.errors import ConfigError, DlogError, MetadataVersionError
 from bookkeeper.runtime import start_task
+from dlog.context import StreamContext
 from dlog.core.effects import (
     AppendEntry,
     ApplyRetention,
@@ -70,10 +72,7 @@ from dlog.segments.codec import (
     schema_with_headers,
     split_batch,
 )
-from dlog.segments.metadata import Segment, StreamConfig
-
-if TYPE_CHECKING:
-    from dlog.namespace import Namespace
+from dlog.segments.metadata import Segment
 
 __all__ = ["LedgerDeletedError", "StreamWriter", "WriterAbortedError", "WriterClosedError", "WriterFencedError",
            "WriterLockedError", "WrittenBatch"]
@@ -132,7 +131,7 @@ class _BatchWaiter:
 
 
 class StreamWriter:
-    def __init__(self, namespace: Namespace, config: StreamConfig, *, flush_bytes: int = 1 << 20,
+    def __init__(self, context: StreamContext, *, flush_bytes: int = 1 << 20,
                  flush_records: int = 20_000, linger_ms: float = 0.0, partial_entries_in_flight_max: int = 1,
                  buffer_bytes_max: int = 64 << 20, entry_bytes_max: int = 3 << 20, lock_timeout_s: float = 30.0,
                  takeover: bool = False, retention_on_roll: bool = False) -> None:
@@ -143,12 +142,12 @@ class StreamWriter:
                                    ("buffer_bytes_max", buffer_bytes_max, 1), ("linger_ms", linger_ms, 0)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"bad {option} {value!r}: use a number >= {low}")
-        self.namespace = namespace
-        self.config = config
+        self.context = context
+        config = context.config
         self.name = config.name
-        self.clock = namespace.clock
+        self.clock = context.clock
         self._wall_ms = self.clock.wall_ms  # bound once: the per-record path calls it
-        self.codec = RecordSetCodec(namespace.schema_of(config))
+        self.codec = RecordSetCodec(context.schema)
         self.settings = WriterSettings(
             config.name, roll_bytes=config.roll_bytes, roll_age_ms=config.roll_age_ms,
             roll_records=config.roll_records, flush_bytes=flush_bytes, flush_records=flush_records,
@@ -397,7 +396,7 @@ class StreamWriter:
 
     def _run_other(self, effect: Any) -> None:
         machine, stream = self.machine, self.name
-        namespace, store = self.namespace, self.namespace.store
+        context, store = self.context, self.context.store
         if isinstance(effect, LockStream):
             self._spawn(self._lock(effect.timeout_s))
         elif isinstance(effect, ReadSegments):
@@ -413,14 +412,14 @@ class StreamWriter:
         elif isinstance(effect, DeleteLedger):
             self._unwatch(effect.ledger_id)  # our own deletion is no news
             self._spawn(self._quietly(f"delete ledger {effect.ledger_id}",
-                                      lambda: namespace.delete_ledger_quietly(effect.ledger_id)))
+                                      lambda: context.delete_ledger(effect.ledger_id)))
         elif isinstance(effect, ConfirmLedgerDeleted):
             self._answer(lambda: store.segments(stream),
                          lambda listing, now_ms: machine.on_ledger_deleted(effect.ledger_id, listing, now_ms))
         elif isinstance(effect, ReleaseLock):
             self._spawn(self._unlock())
         elif isinstance(effect, ApplyRetention):
-            self._spawn(self._quietly("retention on roll", lambda: namespace.apply_retention(stream)))
+            self._spawn(self._quietly("retention on roll", context.apply_retention))
         elif isinstance(effect, WriterOpened):
             if effect.error is not None:
                 self._opened.set_exception(effect.error)
@@ -458,18 +457,17 @@ class StreamWriter:
         self._spawn(call())
 
     async def _lock(self, timeout_s: float) -> None:
-        token = await self.namespace.store.lock(self.name, timeout_s)
+        token = await self.context.store.lock(self.name, timeout_s)
         self._lock_token = token
         self._feed(self.machine.on_locked, token is not None)
 
     async def _unlock(self) -> None:
         token, self._lock_token = self._lock_token, None
         if token is not None:
-            await self._quietly("release the writer lock", lambda: self.namespace.store.unlock(token))
+            await self._quietly("release the writer lock", lambda: self.context.store.unlock(token))
 
     async def _seal(self, segment: Segment) -> None:
-        sealed, exists = await seal_in_progress(self.namespace.client, self.namespace.password_of(self.config),
-                                                 segment, self.now_ms())
+        sealed, exists = await seal_in_progress(self.context.client, self.context.password, segment, self.now_ms())
         if sealed is None:
             log.info("stream %s: removing empty in-progress segment %d", self.name, segment.sequence)
         else:
@@ -478,10 +476,11 @@ class StreamWriter:
         self._feed(self.machine.on_sealed, segment, sealed, exists)
 
     async def _create_ledger(self) -> int:
-        config = self.config
-        handle = await self.namespace.client.create_ledger(
-            config.ensemble, config.write_quorum, config.ack_quorum, password=self.namespace.password_of(config),
-            custom={"stream": self.name, "namespace": self.namespace.name})
+        context = self.context
+        config = context.config
+        handle = await context.client.create_ledger(
+            config.ensemble, config.write_quorum, config.ack_quorum, password=context.password,
+            custom={"stream": self.name, "namespace": context.namespace})
         self._ledgers[handle.ledger_id] = handle
         self._watch(handle.ledger_id)
         return handle.ledger_id
@@ -490,7 +489,7 @@ class StreamWriter:
         """Learn at once when the ledger's metadata is deleted under this writer (bookies go on
         acknowledging adds to it until garbage collection drops it)."""
         try:
-            self._watches[ledger_id] = self.namespace.watch_ledger_deleted(
+            self._watches[ledger_id] = self.context.watch_ledger_deleted(
                 ledger_id, lambda: self._ledger_gone(ledger_id))
         except DlogError as exc:  # the close's compare-and-set still finds a deletion
             log.warning("stream %s: cannot watch ledger %d: %s", self.name, ledger_id, exc)
@@ -510,7 +509,7 @@ class StreamWriter:
             stop()
 
     async def _commit(self, effect: CommitSegments) -> None:
-        store = self.namespace.store
+        store = self.context.store
         try:
             listing = await store.commit(self.name, effect.based_on, effect.change)
         except MetadataVersionError:

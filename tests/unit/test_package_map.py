@@ -1,5 +1,6 @@
 """The package map in docs/design.md is true: every import follows it, shipped code never imports
-the test harness, no module reaches for another's private names, each package says its role."""
+the test harness, no module reaches for another's private names, no modules of the stream layer
+import each other in a circle, each package says its role."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("bookkeeper", "dlog", "spark", "tools", "pyspark_dlog")
 PROJECT = (*SHIPPED, "tests")
+CIRCLE_FREE = ("dlog",)  # packages none of whose modules import each other in a circle
 
 
 def package_map() -> dict[str, set[str]]:
@@ -69,6 +71,68 @@ def owner(module: str, packages: set[str]) -> str | None:
     return None
 
 
+def import_graph(top: str) -> dict[str, set[str]]:
+    """module -> the modules under `top` it imports (also inside functions and TYPE_CHECKING
+    blocks); `from package import name` counts as importing the module `name` when there is one."""
+    modules = {module: file for module, file in module_files() if module == top or module.startswith(top + ".")}
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for module, file in modules.items():
+        for target, names, _ in imports_of(file, module):
+            for imported in [f"{target}.{name}" if f"{target}.{name}" in modules else target for name in names or [""]]:
+                if imported in modules and imported != module:
+                    graph[module].add(imported)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of more than one module (they all import each other, directly
+    or not), sorted."""
+    found: list[list[str]] = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def circle_through(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """One circle inside a strongly connected group: from its first module back to it."""
+    start = min(group)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        module = queue.pop(0)
+        for target in sorted(graph[module] & group):
+            if target == start:
+                return paths[module] + [start]
+            if target not in paths:
+                paths[target] = paths[module] + [target]
+                queue.append(target)
+    raise AssertionError(f"{sorted(group)} is not strongly connected")
+
+
 def test_the_map_names_every_package_with_code():
     rules = package_map()
     assert {"bookkeeper", "bookkeeper.protocol", "dlog", "spark", "tools", "tests.harness"} <= set(rules)
@@ -122,6 +186,20 @@ def test_every_package_says_its_role(package):
     init = ROOT / package / "__init__.py"
     docstring = ast.get_docstring(ast.parse(init.read_text()))
     assert docstring and len(docstring) > 40, f"{init.relative_to(ROOT)} needs a docstring saying its role"
+
+
+@pytest.mark.parametrize("top", CIRCLE_FREE)
+def test_no_modules_import_each_other_in_a_circle(top):
+    graph = import_graph(top)
+    found = [f"{', '.join(group)} (as in {' -> '.join(circle_through(graph, set(group)))})"
+             for group in circles(graph)]
+    assert not found, f"modules of {top} import each other in a circle:\n" + "\n".join(found)
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set()}
+    assert circles(graph) == [["a", "b", "c"]] and circle_through(graph, {"a", "b", "c"}) == ["a", "b", "c", "a"]
+    assert circles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_map_catches_an_import_against_it(tmp_path):

@@ -357,7 +357,7 @@ class StreamSimulation:
                 return
             writing = [family for _, family in sorted(self.writers.items())
                        if family.process is not None and family.process.alive and family.writer is not None
-                       and family.writer.namespace is family.process.namespace  # not a killed one's
+                       and family.writer.context.store is family.process.namespace.store  # not a killed one's
                        and family.writer.machine.state is WriterState.OPEN and family.writer.machine.segment]
             if not writing:
                 continue
