@@ -10,16 +10,16 @@ The rules (locking, sealing the previous writer's segment, batching records into
 rolling, closing, coexisting with truncation and retention) are the machine's; this module only
 carries out its effects, as `bookkeeper.client.ledger.LedgerHandle` does for the ledger writer:
 segment-store calls and ledger creation, appends, closes and deletes as tasks whose outcome goes
-back to the machine, and record futures resolved as the machine says. It encodes entries for the
-machine (the record-set codec) and keeps the futures of what was written. What it needs of the
-namespace comes in a `StreamContext`.
+back to the machine, and waiters resolved as the machine says: the machine keeps the future (or
+batch collector) of every record until its outcome is known, so the driver keeps no list of its
+own. It encodes entries for the machine (the record-set codec). What it needs of the namespace
+comes in a `StreamContext`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -35,6 +35,7 @@ from dlog.core.effects import (
     CloseLedger,
     CommitSegments,
     CompleteChunks,
+    CompleteFlushes,
     ConfirmLedgerDeleted,
     CreateLedger,
     DeleteLedger,
@@ -55,12 +56,8 @@ from dlog.core.errors import (
     WriterFencedError,
     WriterLockedError,
 )
-from dlog.core.writer import (
-    RECORD_OVERHEAD_BYTES,
-    Encoded,
-    WriterMachine,
-    WriterSettings,
-)
+from dlog.core.settings import RECORD_OVERHEAD_BYTES, WriterSettings
+from dlog.core.writer import WriterMachine
 from dlog.offsets import Offset
 from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
@@ -111,7 +108,7 @@ class WrittenBatch:
 
 
 class _BatchWaiter:
-    """Collects where the pieces of one write_batch went."""
+    """Collects where the pieces of one write_batch went (the waiter of each of its pieces)."""
 
     __slots__ = ("future", "entries", "left", "ledger_id")
 
@@ -155,12 +152,10 @@ class StreamWriter:
             buffer_bytes_max=buffer_bytes_max, entry_bytes_max=entry_bytes_max, lock_timeout_s=lock_timeout_s,
             takeover=takeover, retention_on_roll=retention_on_roll)
         self.machine = WriterMachine(self.settings, self._encode)
+        self._record_bytes_max = self.machine.batcher.budget_bytes
         self.loop = asyncio.get_running_loop()
         self._ledgers: dict[int, Any] = {}  # ledger id -> LedgerHandle of this writer
         self._lock_token: str | None = None
-        self._chunks: deque[tuple[Any, int]] = deque()  # (future or _BatchWaiter, records), oldest first
-        self._first_chunk_id = 0
-        self._drained: list[tuple[int, asyncio.Future[None]]] = []  # (chunk id, set once below it all ended)
         self._room = asyncio.Event()
         self._room.set()
         self._opened: asyncio.Future[Segment] = self.loop.create_future()
@@ -190,7 +185,7 @@ class StreamWriter:
     @property
     def in_flight_entries(self) -> int:
         """Entries sent and not acknowledged yet."""
-        return len(self.machine.in_flight)
+        return len(self.machine.batcher.in_flight)
 
     @property
     def writable(self) -> bool:
@@ -301,12 +296,11 @@ class StreamWriter:
             value, key = _checked_record(value, key, timestamp_ms)
         headers_bytes = self._check_headers(headers) if headers else 0
         size_bytes = len(value) + (len(key) if key else 0) + headers_bytes + RECORD_OVERHEAD_BYTES
-        if size_bytes > machine.budget_bytes:
-            raise ConfigError(machine.check_record(size_bytes) or "record too large")
+        if size_bytes > self._record_bytes_max:
+            raise ConfigError(machine.batcher.check_record(size_bytes) or "record too large")
         now_ms = self._wall_ms()
-        self._chunks.append((future, 1))
-        _, effects = machine.write((value, key, now_ms if timestamp_ms is None else timestamp_ms, headers or None),
-                                   size_bytes, now_ms)
+        effects = machine.write((value, key, now_ms if timestamp_ms is None else timestamp_ms, headers or None),
+                                size_bytes, future, now_ms)
         if effects:
             self.run(effects)
 
@@ -337,26 +331,20 @@ class StreamWriter:
             future.set_result(WrittenBatch(self.machine.ledger_id or 0, ()))
             return await future
         waiter = _BatchWaiter(future, len(pieces))
-        for piece in pieces:
-            self._chunks.append((waiter, piece.num_rows))
-        _, effects = self.machine.write_group([(piece, piece.num_rows, piece.nbytes) for piece in pieces],
-                                              self.now_ms())
-        self.run(effects)
+        self.run(self.machine.write_group([(piece, piece.num_rows, piece.nbytes) for piece in pieces], waiter,
+                                          self.now_ms()))
         return await future
 
     async def flush(self) -> None:
         """Send what is buffered and wait until everything written so far is durable."""
         self._check_open()
-        target = self.machine.next_chunk_id
-        self.run(self.machine.flush(self.now_ms()))
-        if self._first_chunk_id < target:
-            done: asyncio.Future[None] = self.loop.create_future()
-            self._drained.append((target, done))
-            await done
+        done: asyncio.Future[None] = self.loop.create_future()
+        self.run(self.machine.flush(self.now_ms(), done))
+        await done
         if self.machine.error is not None:
             raise self.machine.error
 
-    def _encode(self, items: Sequence[Any], first_record_index: int) -> Encoded:
+    def _encode(self, items: Sequence[Any], first_record_index: int) -> tuple[bytes, int, int]:
         """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
             batch = items[0]
@@ -368,11 +356,11 @@ class StreamWriter:
                 batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
                 low, high = min(timestamps), max(timestamps)
                 payload = self.codec.encode(batch, first_record_index, timestamp_range_ms=(low, high), checked=True)
-                return Encoded(payload, low, high)
+                return payload, low, high
             batch = records_to_batch(values, keys, timestamps, self.codec.schema, headers)
         payload = self.codec.encode(batch, first_record_index)
         header = self.codec.peek_header(payload)
-        return Encoded(payload, header.min_timestamp_ms, header.max_timestamp_ms)
+        return payload, header.min_timestamp_ms, header.max_timestamp_ms
 
     # ------------------------------------------------------------------ effects
 
@@ -390,7 +378,9 @@ class StreamWriter:
             elif kind is SetTimer:
                 self._set_timer(effect.at_ms)
             elif kind is FailChunks:
-                self._fail(effect)
+                _fail_waiters(effect.waiters, effect.error)
+            elif kind is CompleteFlushes:
+                self._flushed(effect.waiters)
             else:
                 self._run_other(effect)
 
@@ -560,48 +550,19 @@ class StreamWriter:
         appended.add_done_callback(done)
 
     def _complete(self, effect: CompleteChunks) -> None:
-        chunks = self._chunks
-        if effect.first_chunk_id != self._first_chunk_id:
-            self._crashed(AssertionError(f"chunk {effect.first_chunk_id} completed, {self._first_chunk_id} was next"))
-            return
         ledger_id, entry_id, slot = effect.ledger_id, effect.entry_id, 0
-        for _ in range(effect.chunk_count):
-            target, records = chunks.popleft()
-            if type(target) is _BatchWaiter:
-                target.piece_done(ledger_id, entry_id, records)
-            elif target is not None and not target.done():  # None: an offered record
-                target.set_result(Offset(ledger_id, entry_id, slot))
+        for waiter, records in zip(effect.waiters, effect.records):
+            if type(waiter) is _BatchWaiter:
+                waiter.piece_done(ledger_id, entry_id, records)
+            elif waiter is not None and not waiter.done():  # None: an offered record
+                waiter.set_result(Offset(ledger_id, entry_id, slot))
             slot += records
-        self._first_chunk_id += effect.chunk_count
-        if self._drained:
-            self._release_drained()
 
-    def _fail(self, effect: FailChunks) -> None:
-        """Every chunk from `first_chunk_id` on (all that are left: a failed writer takes nothing
-        more) ends with the error."""
-        skip = max(0, effect.first_chunk_id - self._first_chunk_id)
-        end = len(self._chunks) if effect.last_chunk_id is None else effect.last_chunk_id + 1 - self._first_chunk_id
-        failed = list(self._chunks)[skip:end]
-        kept = list(self._chunks)[end:]
-        self._chunks.clear()
-        self._chunks.extend(kept)
-        for target, _ in failed:
-            if type(target) is _BatchWaiter:
-                target.fail(effect.error)
-            elif target is not None and not target.done():  # None: an offered record
-                target.set_exception(effect.error)
-        self._first_chunk_id += skip + len(failed)
-        self._release_drained(everything=True)
-
-    def _release_drained(self, everything: bool = False) -> None:
-        waiting = []
-        for target, done in self._drained:
-            if everything or self._first_chunk_id >= target:
-                if not done.done():
-                    done.set_result(None)
-            else:
-                waiting.append((target, done))
-        self._drained = waiting
+    @staticmethod
+    def _flushed(waiters: Sequence[asyncio.Future[None]]) -> None:
+        for done in waiters:
+            if not done.done():
+                done.set_result(None)
 
     def _set_timer(self, at_ms: int | None) -> None:
         if self._timer is not None:
@@ -640,18 +601,21 @@ class StreamWriter:
         if self._crash is not None:
             return
         self._crash = exc
-        for target, _ in self._chunks:
-            if type(target) is _BatchWaiter:
-                target.fail(exc)
-            elif target is not None and not target.done():
-                target.set_exception(exc)
-        self._chunks.clear()
+        _fail_waiters(self.machine.batcher.waiters(), exc)
         for future in (self._opened, self._closed):
             if future is not None and not future.done():
                 future.set_exception(exc)
-        self._release_drained(everything=True)
+        self._flushed([done for _, done in self.machine.batcher.flushes])
         self._room.set()
         self._on_ended()
+
+
+def _fail_waiters(waiters: Sequence[Any], error: BaseException) -> None:
+    for waiter in waiters:
+        if type(waiter) is _BatchWaiter:
+            waiter.fail(error)
+        elif waiter is not None and not waiter.done():  # None: an offered record
+            waiter.set_exception(error)
 
 
 def _headers_bytes(headers: Headers | None) -> int:

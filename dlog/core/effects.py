@@ -2,12 +2,18 @@
 
 Each effect that does I/O has one answer, fed back as the event named in its docstring. A machine
 never has two segment-store changes outstanding at once, so answers need no ids beyond the
-ledger and entry ids they carry.
+ledger and entry ids they carry. `WriterEffect` and `ReaderEffect` name what each machine may ask
+for; a driver that meets anything else has a bug.
+
+Waiters. What a caller hands the writer machine with a record, a batch or a flush (a future, the
+driver's batch collector; None for a record nobody waits for) is the machine's to keep, inert to
+it, until an effect hands it back: CompleteChunks, FailChunks or CompleteFlushes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bookkeeper.errors import DlogError
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList
@@ -106,23 +112,30 @@ class ApplyRetention:
 
 @dataclass(frozen=True, slots=True)
 class CompleteChunks:
-    """Chunks first..first+count-1 are durable in entry `entry_id` of `ledger_id`, in that order,
-    the first one from slot 0."""
+    """The chunks of entry `entry_id` of `ledger_id` are durable: `waiters[i]` gets its chunk's
+    `records[i]` records, which follow on in the entry from slot 0 in this order."""
 
-    first_chunk_id: int
-    chunk_count: int
     ledger_id: int
     entry_id: int
+    waiters: tuple[Any, ...]
+    records: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class FailChunks:
-    """Every chunk from `first_chunk_id` on (to `last_chunk_id`, when given) ends with `error`
+    """The chunks of `waiters` (every one not acknowledged yet, oldest first) end with `error`
     (WriterFencedError: outcome unknown)."""
 
-    first_chunk_id: int
     error: DlogError
-    last_chunk_id: int | None = None
+    waiters: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteFlushes:
+    """Every chunk written before these flushes ended (acknowledged or failed): wake their
+    `waiters`, oldest first."""
+
+    waiters: tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,4 +205,10 @@ class WakeReaders:
     """Something was queued for the consumer (records, the end, or an error)."""
 
 
-Effect = object  # any of the classes above
+WriterEffect = (LockStream | ReleaseLock | ReadSegments | SealSegment | CreateLedger | CommitSegments
+                | AppendEntry | CloseLedger | DeleteLedger | ConfirmLedgerDeleted | ApplyRetention
+                | CompleteChunks | FailChunks | CompleteFlushes | WakeWriters | SetTimer | WriterOpened
+                | WriterClosed)
+ReaderEffect = (ReadSegments | SetTimer | OpenSegment | ReadEntries | WaitForEntry | CancelWait | ReaderOpened
+                | WakeReaders)
+Effect = WriterEffect | ReaderEffect

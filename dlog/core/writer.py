@@ -1,23 +1,20 @@
-"""The stream writer's rules: lock, seal the previous writer's segment, open a segment, batch
-records into entries, roll, close; coexist with truncation, retention and sink commits.
+"""The stream writer's rules: lock, seal the previous writer's segment, open a segment, roll,
+close; coexist with truncation, retention and sink commits; fail loudly when a ledger is deleted
+under it. The batching of records into entries is `batching.EntryBatcher`'s, a part of this machine.
 
 Theory of operation.
+
+States. `state` is the writer's life (opening, open, closing, closed, failed); `step` is what it
+waits for besides acknowledgements: at most one segment-store or ledger operation at a time
+(locking, listing, sealing, creating a ledger, committing a change of the segment list: the step
+says which change), or a roll waiting for the old ledger's entries in flight. Each answer names
+the steps it may answer; any other is a bug (InvariantError).
 
 Opening (L1, L4). Take the writer lock (it only avoids needless fights: without it, a writer
 opened with `takeover` goes on). Read the list; while it has an in-progress segment, seal it:
 recovering its ledger fences its writer, whatever the lock says; a segment with no entry is
 dropped. Then create a ledger and commit it as the new in-progress segment. Each commit is a
 compare-and-set on the list version; a lost one means: read again and plan again.
-
-Writing. Records (and pieces of Arrow batches) are buffered as chunks, in order. An entry is a run
-of chunks: up to `flush_records` records and `flush_bytes` bytes, and never more than fits in one
-entry of min(roll size, entry maximum) (a piece of a batch is an entry of its own). When nothing
-is in flight an entry goes out at once; while `partial_entries_in_flight_max` entries are in
-flight, records that arrive batch up until an acknowledgement frees a slot (Nagle's algorithm
-without delayed ack; Kafka's linger.ms=0), or until they fill an entry, which always goes out.
-`linger_ms` > 0 also holds a partial entry that long for more records. Buffered and in-flight
-bytes are bounded by `buffer_bytes_max`: `writable` says whether there is room, `WakeWriters`
-when room comes back or the writer ends.
 
 Rolling (L2). After an entry that takes the segment to its roll size, record count or age, no new
 entry is sent; a new ledger is created meanwhile; once every entry in flight is acknowledged, ONE
@@ -32,10 +29,10 @@ progress fields, the stored truncation point) and committed again; otherwise ano
 over (WriterFencedError), as when an append finds the ledger fenced.
 
 Ending. Every chunk ends: acknowledged (CompleteChunks), or failed with the writer's error
-(FailChunks: everything from the first unresolved chunk, in flight or buffered) when an append, a
-roll or a close fails. Closing sends what is buffered, waits for it, completes the segment (or
-drops it when it holds no record), closes the ledger and releases the lock. Aborting waits for
-nothing: what is not acknowledged fails (outcome unknown) and the segment stays in progress.
+(FailChunks: every chunk not acknowledged, in flight or buffered) when an append, a roll or a
+close fails. Closing sends what is buffered, waits for it, completes the segment (or drops it when
+it holds no record), closes the ledger and releases the lock. Aborting waits for nothing: what is
+not acknowledged fails (outcome unknown) and the segment stays in progress.
 
 Ledgers deleted under the writer. Bookies go on acknowledging adds to a ledger whose metadata was
 deleted (`dlog ledger delete --force`) until garbage collection drops it, so an acknowledgement
@@ -49,23 +46,20 @@ the segment was removed on purpose (a takeover that sealed it, truncation, reten
 from __future__ import annotations
 
 import enum
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from bookkeeper.errors import DlogError, LedgerFencedError, NoSuchLedgerError, invariant
 from dlog.core import changes
+from dlog.core.batching import EntryBatcher, Encoder
 from dlog.core.effects import (
-    AppendEntry,
     ApplyRetention,
     CloseLedger,
     CommitSegments,
-    CompleteChunks,
     ConfirmLedgerDeleted,
     CreateLedger,
     DeleteLedger,
-    FailChunks,
     LockStream,
     ReadSegments,
     ReleaseLock,
@@ -73,6 +67,7 @@ from dlog.core.effects import (
     SetTimer,
     WakeWriters,
     WriterClosed,
+    WriterEffect,
     WriterOpened,
 )
 from dlog.core.errors import (
@@ -82,18 +77,10 @@ from dlog.core.errors import (
     WriterFencedError,
     WriterLockedError,
 )
+from dlog.core.settings import WriterSettings
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList
 
-NO_EFFECTS: tuple[Any, ...] = ()  # never appended to: a tuple
-ENTRY_HEADER_BYTES = 40  # dlog.segments.codec's record-set header
-ENTRY_SLACK_BYTES = 2048  # Arrow IPC metadata and buffer padding of one entry, and the zstd frame
-RECORD_OVERHEAD_BYTES = 17  # what a record costs in an entry beyond its key and value (offsets, bitmaps)
-
-
-def entry_budget_bytes(entry_bytes_limit: int) -> int:
-    """Record bytes (as counted by `record_size_bytes`) that surely encode within the limit,
-    compressed or not (zstd may grow incompressible data by 1/256)."""
-    return (entry_bytes_limit - ENTRY_HEADER_BYTES) * 256 // 257 - ENTRY_SLACK_BYTES
+NO_EFFECTS: tuple[WriterEffect, ...] = ()  # never appended to: a tuple
 
 
 class WriterState(enum.Enum):
@@ -104,195 +91,168 @@ class WriterState(enum.Enum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
-class WriterSettings:
-    stream: str
-    roll_bytes: int = 0  # 0: no limit
-    roll_age_ms: int = 0
-    roll_records: int = 0
-    flush_bytes: int = 1 << 20
-    flush_records: int = 20_000
-    linger_ms: float = 0.0
-    partial_entries_in_flight_max: int = 1
-    buffer_bytes_max: int = 64 << 20
-    entry_bytes_max: int = 3 << 20
-    lock_timeout_s: float = 30.0
-    takeover: bool = False
-    retention_on_roll: bool = False
-    commit_conflicts_max: int = 50
+class Step(enum.Enum):
+    """What the writer waits for besides acknowledgements (the answer that ends each step)."""
 
-    @property
-    def entry_bytes_limit(self) -> int:
-        """No entry is larger than this: the entry maximum, and the roll size when it is smaller."""
-        if self.roll_bytes and self.roll_bytes < self.entry_bytes_max:
-            return self.roll_bytes
-        return self.entry_bytes_max
+    IDLE = "idle"  # nothing
+    LOCKING = "locking"  # LockStream -> on_locked
+    LISTING = "listing"  # ReadSegments -> on_segments
+    SEALING = "sealing"  # SealSegment of a previous writer's segment -> on_sealed
+    COMMITTING_SEAL = "committing_seal"  # that segment completed, or dropped when empty -> on_committed
+    CREATING = "creating"  # CreateLedger for the first segment -> on_ledger_created
+    COMMITTING_OPEN = "committing_open"  # the first segment created -> on_committed
+    ROLL_CREATING = "roll_creating"  # CreateLedger for the next segment -> on_ledger_created
+    ROLL_DRAINING = "roll_draining"  # the old ledger's entries in flight -> on_entry_acked
+    COMMITTING_ROLL = "committing_roll"  # the segment completed and the next one created, at once
+    COMMITTING_CLOSE = "committing_close"  # the segment completed, or dropped when empty
 
 
-@dataclass(frozen=True, slots=True)
-class Encoded:
-    """What the encoder made of some chunks: the entry's bytes and its records' time range."""
-
-    payload: bytes
-    min_timestamp_ms: int
-    max_timestamp_ms: int
-
-
-# encode(items, first_record_index) -> Encoded: a pure function (dlog.segments.codec in the driver)
-Encoder = Callable[[Sequence[Any], int], Encoded]
-
-
-@dataclass(slots=True)
-class _Entry:
-    ledger_id: int
-    entry_id: int
-    first_chunk_id: int
-    chunk_count: int
-    size_bytes: int  # as counted for the buffer bound
+COMMITTING = (Step.COMMITTING_SEAL, Step.COMMITTING_OPEN, Step.COMMITTING_ROLL, Step.COMMITTING_CLOSE)
+ROLLING = (Step.ROLL_CREATING, Step.ROLL_DRAINING, Step.COMMITTING_ROLL)  # no entry goes out
+ENDED = (WriterState.CLOSED, WriterState.FAILED)
+# bound once: the per-record path compares with them (an enum member lookup costs more than a global)
+_OPEN, _IDLE = WriterState.OPEN, Step.IDLE
 
 
 class WriterMachine:
     def __init__(self, settings: WriterSettings, encode: Encoder) -> None:
         self.settings = settings
-        self.encode = encode
-        self.budget_bytes = entry_budget_bytes(settings.entry_bytes_limit)
-        invariant(self.budget_bytes > 0, f"entry limit {settings.entry_bytes_limit} leaves no room for records")
+        self.batcher = EntryBatcher(settings, encode)
         self.state = WriterState.OPENING
+        self.step = Step.IDLE
         self.error: DlogError | None = None
         self.listing: SegmentList | None = None
         self.segment: Segment | None = None  # our in-progress segment, as last committed
-        self.ledger_id: int | None = None
-        self.locked = False
-        # chunks: (chunk id, item, records, size bytes, alone); `alone` chunks are entries of their own
-        self.buffer: deque[tuple[int, Any, int, int, bool]] = deque()
-        self.buffered_bytes = 0
-        self.buffered_records = 0
-        self.in_flight: deque[_Entry] = deque()
-        self.in_flight_bytes = 0
-        self.next_chunk_id = 0
-        self.first_unresolved_chunk_id = 0
-        self.next_entry_id = 0
-        self.segment_records = 0
-        self.segment_bytes = 0
-        self.segment_first_ts = 0
-        self.segment_last_ts = 0
-        self.segment_started_ms = 0
-        self.rolling = False
         self.new_ledger_id: int | None = None  # created for the next segment, not committed yet
-        self._step: str | None = None  # the segment-store operation outstanding
-        self._commit: tuple[str, SegmentChange] | None = None
-        self._sealing: Segment | None = None
+        self.locked = False
+        self._change: SegmentChange | None = None  # what a COMMITTING_* step commits
+        self._sealing: Segment | None = None  # what the SEALING step seals
         self._delete_after_commit: int | None = None
         self._conflicts = 0
-        self._group_end_chunk_id = -1  # a write_group is sent whole into one segment
-        self._forced_through = 0  # chunks below this id go out even as partial entries (flush, close)
-        self._buffer_since_ms: int | None = None
         self._timer_at_ms: int | None = None
         self._closing_ledgers: set[int] = set()
         self._confirming: set[int] = set()  # ledgers found gone, the list not yet read
         self._gone: int | None = None  # the ledger being written, found gone: nothing more to or from it
-        self._full = False
 
     # ------------------------------------------------------------------ queries
 
     @property
     def writable(self) -> bool:
-        return self.buffered_bytes + self.in_flight_bytes < self.settings.buffer_bytes_max
-
-    @property
-    def pending_chunks(self) -> int:
-        return self.next_chunk_id - self.first_unresolved_chunk_id
+        return self.batcher.writable
 
     @property
     def ended(self) -> bool:
-        return self.state in (WriterState.CLOSED, WriterState.FAILED)
+        return self.state in ENDED
+
+    @property
+    def rolling(self) -> bool:
+        return self.step in ROLLING
+
+    @property
+    def ledger_id(self) -> int | None:
+        """The ledger of the segment being written (or last written)."""
+        return self.batcher.progress.ledger_id
+
+    def closed_error(self) -> DlogError:
+        """What a write to this writer raises now."""
+        if self.error is not None:
+            return self.error
+        return WriterClosedError(f"the writer of stream {self.settings.stream!r} is closed")
 
     # ------------------------------------------------------------------ opening
 
-    def open(self, now_ms: int) -> list[Any]:
-        invariant(self.state is WriterState.OPENING and self._step is None, "open() is called once")
-        self._step = "lock"
+    def open(self, now_ms: int) -> list[WriterEffect]:
+        invariant(self.state is WriterState.OPENING and self.step is Step.IDLE, "open() is called once")
+        self.step = Step.LOCKING
         return [LockStream(self.settings.lock_timeout_s)]
 
-    def on_locked(self, acquired: bool, now_ms: int) -> list[Any]:
-        self._expect("lock")
+    def on_locked(self, acquired: bool, now_ms: int) -> list[WriterEffect]:
+        self._answered(Step.LOCKING)
         self.locked = acquired
         if not acquired and not self.settings.takeover:
             return self._fail(WriterLockedError(
                 f"stream {self.settings.stream!r} has a live writer (lock not free within "
                 f"{self.settings.lock_timeout_s} s); open with takeover=True to fence it and take over"), now_ms)
-        self._step = "list"
+        self.step = Step.LISTING
         return [ReadSegments()]
 
-    def on_segments(self, listing: SegmentList, now_ms: int) -> list[Any]:
+    def on_segments(self, listing: SegmentList, now_ms: int) -> list[WriterEffect]:
         """The list, read while opening (the reader machine reads lists for other reasons)."""
-        self._expect("list")
+        self._answered(Step.LISTING)
         return self._plan_open(listing, now_ms)
 
-    def _plan_open(self, listing: SegmentList, now_ms: int) -> list[Any]:
+    def _plan_open(self, listing: SegmentList, now_ms: int) -> list[WriterEffect]:
         self.listing = listing
         in_progress = listing.in_progress
         if in_progress is not None:
-            self._step, self._sealing = "seal", in_progress
+            self.step, self._sealing = Step.SEALING, in_progress
             return [SealSegment(in_progress)]
         if self.new_ledger_id is None:
-            self._step = "create"
+            self.step = Step.CREATING
             return [CreateLedger()]
         created = Segment(listing.max_sequence + 1, self.new_ledger_id, created_ms=now_ms)
-        return self._start_commit("open", SegmentChange(create=(created,)))
+        return self._start_commit(Step.COMMITTING_OPEN, SegmentChange(create=(created,)))
 
-    def on_sealed(self, segment: Segment, sealed: Segment | None, ledger_exists: bool, now_ms: int) -> list[Any]:
-        self._expect("seal")
+    def on_sealed(self, segment: Segment, sealed: Segment | None, ledger_exists: bool,
+                  now_ms: int) -> list[WriterEffect]:
+        self._answered(Step.SEALING)
         invariant(segment == self._sealing, f"sealed segment {segment.sequence} was not asked for")
         self._sealing = None
         self._delete_after_commit = segment.ledger_id if sealed is None and ledger_exists else None
-        return self._start_commit("seal", changes.seal_change(segment, sealed))
+        return self._start_commit(Step.COMMITTING_SEAL, changes.seal_change(segment, sealed))
 
-    def on_ledger_created(self, ledger_id: int, now_ms: int) -> list[Any]:
-        self._expect("create")
+    def on_ledger_created(self, ledger_id: int, now_ms: int) -> Sequence[WriterEffect]:
+        step = self._answered(Step.CREATING, Step.ROLL_CREATING)
         if self.ended:  # the writer failed (and maybe was closed) while it was being created
             return [DeleteLedger(ledger_id)]
         self.new_ledger_id = ledger_id
-        if self.state is WriterState.OPENING:
+        if step is Step.CREATING:
             return self._plan_open(self._listing(), now_ms)
+        self.step = Step.ROLL_DRAINING
         return self._finish(self._maybe_commit_roll(now_ms), now_ms)
 
     # ------------------------------------------------------------------ commits
 
-    def _start_commit(self, kind: str, change: SegmentChange) -> list[Any]:
-        self._step, self._commit = "commit", (kind, change)
+    def _start_commit(self, step: Step, change: SegmentChange) -> list[WriterEffect]:
+        self.step, self._change = step, change
         return [CommitSegments(self._listing(), change)]
 
-    def on_committed(self, listing: SegmentList, now_ms: int) -> list[Any]:
-        self._expect("commit")
+    def on_committed(self, listing: SegmentList, now_ms: int) -> Sequence[WriterEffect]:
+        step = self._answered(*COMMITTING)
         if self.ended:  # failed meanwhile: whatever landed, a later writer seals
             return []
-        assert self._commit is not None
-        kind, change = self._commit
-        self._commit, self.listing, self._conflicts = None, listing, 0
-        return getattr(self, f"_committed_{kind}")(change, now_ms)
+        change = self._change
+        assert change is not None
+        self._change, self.listing, self._conflicts = None, listing, 0
+        if step is Step.COMMITTING_SEAL:
+            return self._committed_seal(now_ms)
+        if step is Step.COMMITTING_OPEN:
+            return self._committed_open(change, now_ms)
+        if step is Step.COMMITTING_ROLL:
+            return self._committed_roll(change, now_ms)
+        return self._committed_close(change, now_ms)
 
-    def on_commit_conflict(self, current: SegmentList, now_ms: int) -> list[Any]:
+    def on_commit_conflict(self, current: SegmentList, now_ms: int) -> Sequence[WriterEffect]:
         """The compare-and-set lost; `current` is the list as it now is."""
-        self._expect("commit")
+        step = self._answered(*COMMITTING)
         if self.ended:
             return []
-        assert self._commit is not None
-        kind, change = self._commit
+        change = self._change
+        assert change is not None
         if change.landed_in(current):  # an earlier attempt whose answer was lost went through
-            self._step = "commit"
+            self.step = step
             return self.on_committed(current, now_ms)
         self._conflicts += 1
         if self._conflicts > self.settings.commit_conflicts_max:
-            self._commit = None
+            self._change = None
             return self._fail(StreamBusyError(
                 f"stream {self.settings.stream!r}: the segment list changed under {self._conflicts} "
                 "changes in a row; try again"), now_ms)
         self.listing = current
-        if kind in ("seal", "open"):
-            self._commit = None
-            effects: list[Any] = []
-            if kind == "open" and self.new_ledger_id is not None:
+        if step is Step.COMMITTING_SEAL or step is Step.COMMITTING_OPEN:
+            self._change = None
+            effects: list[WriterEffect] = []
+            if step is Step.COMMITTING_OPEN and self.new_ledger_id is not None:
                 # never reuse it: an attempt whose answer was lost may have landed, and another
                 # writer may have sealed and deleted it since; a fresh ledger is never ambiguous
                 effects.append(DeleteLedger(self.new_ledger_id))
@@ -301,53 +261,48 @@ class WriterMachine:
         assert self.segment is not None
         stored = changes.still_owned(self.segment, current)
         if stored is None:
-            self._commit = None
+            self._change = None
             return self._fail(WriterFencedError(
                 f"stream {self.settings.stream!r} was taken over by another writer (its segment "
                 f"{self.segment.sequence} was sealed by someone else)"), now_ms)
-        return self._start_commit(kind, self._rebased(kind, change, stored, current))
+        return self._start_commit(step, self._rebased(step, change, stored, current))
 
-    def _rebased(self, kind: str, change: SegmentChange, stored: Segment, current: SegmentList) -> SegmentChange:
-        if kind == "close" and change.delete:
+    def _rebased(self, step: Step, change: SegmentChange, stored: Segment, current: SegmentList) -> SegmentChange:
+        if step is Step.COMMITTING_CLOSE and change.delete:
             return SegmentChange(delete=(stored,))
         update = changes.rebase_progress(change.update[0], stored)
         create = tuple(replace(s, sequence=current.max_sequence + 1) for s in change.create)
         return SegmentChange(update=(update,), create=create)
 
-    def _committed_seal(self, change: SegmentChange, now_ms: int) -> list[Any]:
-        effects: list[Any] = []
+    def _committed_seal(self, now_ms: int) -> list[WriterEffect]:
+        effects: list[WriterEffect] = []
         if self._delete_after_commit is not None:
             effects.append(DeleteLedger(self._delete_after_commit))
             self._delete_after_commit = None
-        self._step = None
         return effects + self._plan_open(self._listing(), now_ms)
 
-    def _committed_open(self, change: SegmentChange, now_ms: int) -> list[Any]:
-        self._step = None
+    def _committed_open(self, change: SegmentChange, now_ms: int) -> Sequence[WriterEffect]:
         self._enter_segment(change.create[0], now_ms)
         self.state = WriterState.OPEN
         return self._finish([WriterOpened(self.segment), *self._pump(now_ms)], now_ms)
 
-    def _committed_roll(self, change: SegmentChange, now_ms: int) -> list[Any]:
-        self._step = None
+    def _committed_roll(self, change: SegmentChange, now_ms: int) -> Sequence[WriterEffect]:
         old_ledger = self.ledger_id
         assert old_ledger is not None
         self._enter_segment(change.create[0], now_ms)
-        self.rolling = False
         self._closing_ledgers.add(old_ledger)
-        effects: list[Any] = [CloseLedger(old_ledger)]
+        effects: list[WriterEffect] = [CloseLedger(old_ledger)]
         if self.settings.retention_on_roll:
             effects.append(ApplyRetention())
         effects += self._pump(now_ms)
         effects += self._maybe_seal(now_ms)
         return self._finish(effects, now_ms)
 
-    def _committed_close(self, change: SegmentChange, now_ms: int) -> list[Any]:
-        self._step = None
-        assert self.ledger_id is not None
+    def _committed_close(self, change: SegmentChange, now_ms: int) -> list[WriterEffect]:
         ledger_id = self.ledger_id
+        assert ledger_id is not None
         self._closing_ledgers.add(ledger_id)
-        effects: list[Any] = [CloseLedger(ledger_id)]
+        effects: list[WriterEffect] = [CloseLedger(ledger_id)]
         if change.delete:
             self._delete_after_commit = ledger_id  # after its close
         self.segment = None
@@ -355,152 +310,69 @@ class WriterMachine:
         return effects
 
     def _enter_segment(self, segment: Segment, now_ms: int) -> None:
-        self.segment, self.ledger_id, self.new_ledger_id = segment, segment.ledger_id, None
-        self.next_entry_id = 0
-        self.segment_records = self.segment_bytes = 0
-        self.segment_first_ts = self.segment_last_ts = 0
-        self.segment_started_ms = now_ms
+        self.segment, self.new_ledger_id = segment, None
+        self.batcher.start_segment(segment.ledger_id, now_ms)
+
+    def _completed(self, now_ms: int) -> Segment:
+        """Our in-progress segment, completed where this writer's entries end."""
+        assert self.segment is not None
+        progress = self.batcher.progress
+        return changes.sealed_segment(
+            self.segment, last_entry=progress.next_entry_id - 1, records=progress.records,
+            size_bytes=progress.bytes, first_timestamp_ms=progress.first_timestamp_ms,
+            last_timestamp_ms=progress.last_timestamp_ms, now_ms=now_ms)
 
     # ------------------------------------------------------------------ writes
 
-    def check_record(self, size_bytes: int) -> str | None:
-        """Why a record of this size can never be written (None: it can)."""
-        if size_bytes > self.budget_bytes:
-            return (f"a record of {size_bytes} bytes does not fit in one entry of at most "
-                    f"{self.settings.entry_bytes_limit} bytes (the smaller of the stream's roll size and the "
-                    f"writer's entry_bytes_max); write smaller records or raise those limits")
-        return None
+    def write(self, item: Any, size_bytes: int, waiter: Any, now_ms: int) -> Sequence[WriterEffect]:
+        """Buffer one record; `waiter` (None: nobody waits) comes back with its outcome. The hot
+        path of per-record writes: nothing it need not do."""
+        if self.batcher.add(item, size_bytes, waiter, now_ms) and self.state is _OPEN and self.step is _IDLE:
+            return self._finish(self._pump(now_ms), now_ms)
+        if self.settings.linger_ms and len(self.batcher.buffer) == 1:
+            return self._finish([], now_ms)
+        return NO_EFFECTS
 
-    def write(self, item: Any, size_bytes: int, now_ms: int) -> tuple[int, list[Any]]:
-        """Buffer one record (the hot path of per-record writes: nothing it need not do)."""
-        chunk_id = self.next_chunk_id
-        self.next_chunk_id = chunk_id + 1
-        self.buffer.append((chunk_id, item, 1, size_bytes, False))
-        self.buffered_bytes += size_bytes
-        self.buffered_records += 1
-        if self._buffer_since_ms is None:
-            self._buffer_since_ms = now_ms
-        effects = NO_EFFECTS
-        if self.state is WriterState.OPEN and not self.rolling and (
-                len(self.in_flight) < self.settings.partial_entries_in_flight_max
-                or self.buffered_records >= self.settings.flush_records
-                or self.buffered_bytes >= self.settings.flush_bytes):
-            effects = self._finish(self._pump(now_ms), now_ms)
-        elif self.settings.linger_ms and len(self.buffer) == 1:
-            effects = self._finish([], now_ms)
-        if not self.writable:
-            self._full = True
-        return chunk_id, effects
-
-    def write_group(self, pieces: Sequence[tuple[Any, int, int]], now_ms: int) -> tuple[int, list[Any]]:
-        """Buffer pieces (item, records, size bytes) that must land in one segment, one entry each."""
-        first = self.next_chunk_id
-        for item, records, size_bytes in pieces:
-            self.buffer.append((self.next_chunk_id, item, records, size_bytes, True))
-            self.next_chunk_id += 1
-            self.buffered_bytes += size_bytes
-            self.buffered_records += records
-        if self._buffer_since_ms is None:
-            self._buffer_since_ms = now_ms
-        self._forced_through = self.next_chunk_id  # a batch is never held back for more records
-        effects = self._finish(self._pump(now_ms), now_ms) if self.state is WriterState.OPEN else []
-        if not self.writable:
-            self._full = True
-        return first, effects
-
-    def flush(self, now_ms: int) -> list[Any]:
-        """Send every buffered record now, as partial entries if need be."""
-        self._forced_through = self.next_chunk_id
+    def write_group(self, pieces: Sequence[tuple[Any, int, int]], waiter: Any, now_ms: int) -> Sequence[WriterEffect]:
+        """Buffer pieces (item, records, size bytes) that must land in one segment, one entry
+        each; `waiter` comes back with each piece's outcome."""
+        self.batcher.add_group(pieces, waiter, now_ms)
         return self._finish(self._pump(now_ms), now_ms) if self.state is WriterState.OPEN else []
 
-    def _pump(self, now_ms: int) -> list[Any]:
-        """Send what may be sent: full entries always, partial ones while a slot is free."""
-        effects: list[Any] = []
-        settings = self.settings
-        while (self.buffer and not self.rolling and self._gone is None
-               and self.state in (WriterState.OPEN, WriterState.CLOSING)):
-            taken, records, size_bytes, full = self._next_entry()
-            forced = self.buffer[taken - 1][0] < self._forced_through
-            if not full and not forced:
-                if len(self.in_flight) >= settings.partial_entries_in_flight_max:
-                    break
-                if settings.linger_ms and now_ms - (self._buffer_since_ms or now_ms) < settings.linger_ms:
-                    break
-            effects.append(self._send(taken, records, size_bytes, now_ms))
-            last_chunk_id = self.in_flight[-1].first_chunk_id + taken - 1
-            if last_chunk_id >= self._group_end_chunk_id and self._roll_due(now_ms):
+    def flush(self, now_ms: int, waiter: Any) -> list[WriterEffect]:
+        """Send every buffered record now, as partial entries if need be; `waiter` comes back
+        (CompleteFlushes) once every record written so far has ended."""
+        self.batcher.force_through(self.batcher.next_chunk_id)
+        effects = self.batcher.add_flush(waiter)
+        if self.state is WriterState.OPEN:
+            effects += self._finish(self._pump(now_ms), now_ms)
+        return effects
+
+    def _pump(self, now_ms: int) -> list[WriterEffect]:
+        """Send what may be sent, and start a roll after the entry that fills the segment."""
+        effects: list[WriterEffect] = []
+        batcher = self.batcher
+        while self.state in (WriterState.OPEN, WriterState.CLOSING) and self.step not in ROLLING and self._gone is None:
+            append = batcher.next_entry(now_ms)
+            if append is None:
+                break
+            effects.append(append)
+            if not batcher.mid_group and self._roll_due(now_ms):
                 effects += self._start_roll()
         return effects
 
-    def _next_entry(self) -> tuple[int, int, int, bool]:
-        """How many chunks from the front form the next entry, their records and size, and
-        whether the entry is full (it cannot grow: more would not fit, or a flush limit is met)."""
-        buffer, settings = self.buffer, self.settings
-        if buffer[0][4]:  # a batch piece: an entry of its own
-            return 1, buffer[0][2], buffer[0][3], True
-        taken = records = size_bytes = 0
-        for _, _, chunk_records, chunk_bytes, alone in buffer:
-            if alone or (taken and (size_bytes + chunk_bytes > self.budget_bytes)):
-                return taken, records, size_bytes, True
-            taken, records, size_bytes = taken + 1, records + chunk_records, size_bytes + chunk_bytes
-            if records >= settings.flush_records or size_bytes >= settings.flush_bytes:
-                return taken, records, size_bytes, True
-        return taken, records, size_bytes, False
-
-    def _send(self, taken: int, records: int, size_bytes: int, now_ms: int) -> AppendEntry:
-        assert self.ledger_id is not None
-        chunks = [self.buffer.popleft() for _ in range(taken)]
-        first_chunk_id = chunks[0][0]
-        if chunks[-1][4] and taken == 1:
-            self._group_end_chunk_id = max(self._group_end_chunk_id, self._group_end(first_chunk_id))
-        self.buffered_bytes -= size_bytes
-        self.buffered_records -= records
-        self._buffer_since_ms = now_ms if self.buffer else None
-        encoded = self.encode([chunk[1] for chunk in chunks], self.segment_records)
-        invariant(len(encoded.payload) <= self.settings.entry_bytes_limit,
-                  f"an entry of {len(encoded.payload)} bytes is over the limit {self.settings.entry_bytes_limit}")
-        if self.segment_records == 0:
-            self.segment_first_ts = encoded.min_timestamp_ms
-        self.segment_last_ts = max(self.segment_last_ts, encoded.max_timestamp_ms)
-        self.segment_records += records
-        self.segment_bytes += len(encoded.payload)
-        entry_id = self.next_entry_id
-        self.next_entry_id += 1
-        self.in_flight.append(_Entry(self.ledger_id, entry_id, first_chunk_id, taken, size_bytes))
-        self.in_flight_bytes += size_bytes
-        return AppendEntry(self.ledger_id, entry_id, encoded.payload)
-
-    def _group_end(self, first_chunk_id: int) -> int:
-        """The last chunk id of the run of batch pieces that starts at `first_chunk_id`."""
-        end = first_chunk_id
-        for chunk_id, _, _, _, alone in self.buffer:
-            if not alone or chunk_id != end + 1:
-                break
-            end = chunk_id
-        return end
-
     # ------------------------------------------------------------------ answers
 
-    def on_entry_acked(self, ledger_id: int, entry_id: int, now_ms: int) -> list[Any]:
+    def on_entry_acked(self, ledger_id: int, entry_id: int, now_ms: int) -> Sequence[WriterEffect]:
         if self.ended or ledger_id == self._gone:  # acknowledged into a ledger that no longer exists
             return NO_EFFECTS
-        invariant(bool(self.in_flight), f"entry {ledger_id}:{entry_id} acknowledged with nothing in flight")
-        entry = self.in_flight[0]
-        invariant(entry.ledger_id == ledger_id and entry.entry_id == entry_id,
-                  f"entry {ledger_id}:{entry_id} acknowledged, {entry.ledger_id}:{entry.entry_id} was next")
-        self.in_flight.popleft()
-        self.in_flight_bytes -= entry.size_bytes
-        self.first_unresolved_chunk_id = entry.first_chunk_id + entry.chunk_count
-        effects: list[Any] = [CompleteChunks(entry.first_chunk_id, entry.chunk_count, ledger_id, entry_id)]
-        if self._full and self.writable:
-            self._full = False
-            effects.append(WakeWriters())
+        effects = self.batcher.acked(ledger_id, entry_id)
         effects += self._pump(now_ms)
         effects += self._maybe_commit_roll(now_ms)
         effects += self._maybe_seal(now_ms)
         return self._finish(effects, now_ms)
 
-    def on_entry_failed(self, ledger_id: int, entry_id: int, error: DlogError, now_ms: int) -> list[Any]:
+    def on_entry_failed(self, ledger_id: int, entry_id: int, error: DlogError, now_ms: int) -> Sequence[WriterEffect]:
         if self.ended:
             return NO_EFFECTS
         if isinstance(error, NoSuchLedgerError) and ledger_id == self.ledger_id:
@@ -510,7 +382,7 @@ class WriterMachine:
                                       f"(ledger {ledger_id} was fenced); the outcome of pending records is unknown")
         return self._fail(error, now_ms)
 
-    def on_ledger_closed(self, ledger_id: int, error: DlogError | None, now_ms: int) -> list[Any]:
+    def on_ledger_closed(self, ledger_id: int, error: DlogError | None, now_ms: int) -> Sequence[WriterEffect]:
         """The close of a ledger whose segment is already committed as completed (or dropped):
         an error leaves the ledger open in its own metadata, which no reader relies on, except
         that its metadata is gone: then the ledger stays closing until the list says whether that
@@ -518,31 +390,31 @@ class WriterMachine:
         if isinstance(error, NoSuchLedgerError) and ledger_id in self._closing_ledgers and not self.ended:
             return self.on_ledger_gone(ledger_id, now_ms)
         self._closing_ledgers.discard(ledger_id)
-        effects: list[Any] = []
+        effects: list[WriterEffect] = []
         if self._delete_after_commit == ledger_id:
             self._delete_after_commit = None
             effects.append(DeleteLedger(ledger_id))
         effects += self._maybe_closed(now_ms)
         return effects
 
-    def on_operation_failed(self, error: DlogError, now_ms: int) -> list[Any]:
+    def on_operation_failed(self, error: DlogError, now_ms: int) -> Sequence[WriterEffect]:
         """A segment-store or ledger operation failed for good (its driver retried what it could)."""
-        self._step = None
-        self._commit = None
+        self.step = Step.IDLE
+        self._change = None
         return self._fail(error, now_ms)
 
-    def on_time(self, now_ms: int) -> list[Any]:
+    def on_time(self, now_ms: int) -> Sequence[WriterEffect]:
         self._timer_at_ms = None
-        effects: list[Any] = []
-        if self.state is WriterState.OPEN and not self.rolling and self._roll_due(now_ms) \
-                and self.next_chunk_id - 1 >= self._group_end_chunk_id:
+        effects: list[WriterEffect] = []
+        if (self.state is WriterState.OPEN and self.step is Step.IDLE and self._roll_due(now_ms)
+                and not self.batcher.mid_group):
             effects += self._start_roll()
         effects += self._pump(now_ms)
         return self._finish(effects, now_ms)
 
     # ------------------------------------------------------------------ ledgers deleted under the writer
 
-    def on_ledger_gone(self, ledger_id: int, now_ms: int) -> list[Any]:
+    def on_ledger_gone(self, ledger_id: int, now_ms: int) -> Sequence[WriterEffect]:
         """The metadata of a ledger of this writer is gone: its watch fired, or an append or a
         close found none. Bookies may go on acknowledging adds to it until garbage collection, but
         nothing in it is durable any more: from the ledger being written nothing more is sent or
@@ -564,7 +436,7 @@ class WriterMachine:
         self._confirming.add(ledger_id)
         return [ConfirmLedgerDeleted(ledger_id)]
 
-    def on_ledger_deleted(self, ledger_id: int, listing: SegmentList, now_ms: int) -> list[Any]:
+    def on_ledger_deleted(self, ledger_id: int, listing: SegmentList, now_ms: int) -> Sequence[WriterEffect]:
         """The list, read after a ledger's metadata was found gone (ConfirmLedgerDeleted)."""
         self._confirming.discard(ledger_id)
         if self.ended:
@@ -594,7 +466,7 @@ class WriterMachine:
             self._delete_after_commit = None
         return self._maybe_closed(now_ms)
 
-    def abort(self, error: DlogError, now_ms: int) -> list[Any]:
+    def abort(self, error: DlogError, now_ms: int) -> Sequence[WriterEffect]:
         """Stop now, waiting for nothing: every record not yet acknowledged ends with `error` (its
         outcome is unknown), the lock is released, and the in-progress segment stays in progress
         with its ledger open, for the next writer to recover (L1)."""
@@ -611,70 +483,62 @@ class WriterMachine:
         """Whether the segment is full. While closing, only if records are still to go: what is
         buffered at close must not pile into one segment past the roll size, but a segment that is
         merely old is sealed by the close itself."""
-        settings = self.settings
-        if self.rolling or self.segment_records == 0:
+        settings, progress = self.settings, self.batcher.progress
+        if self.step in ROLLING or progress.records == 0:
             return False
-        if self.state is WriterState.CLOSING and not self.buffer:
+        if self.state is WriterState.CLOSING and not self.batcher.buffer:
             return False
         if self.state is not WriterState.OPEN and self.state is not WriterState.CLOSING:
             return False
-        full = bool((settings.roll_bytes and self.segment_bytes >= settings.roll_bytes)
-                    or (settings.roll_records and self.segment_records >= settings.roll_records))
-        old = bool(settings.roll_age_ms and now_ms - self.segment_started_ms >= settings.roll_age_ms)
+        full = bool((settings.roll_bytes and progress.bytes >= settings.roll_bytes)
+                    or (settings.roll_records and progress.records >= settings.roll_records))
+        old = bool(settings.roll_age_ms and now_ms - progress.started_ms >= settings.roll_age_ms)
         return full or (old and self.state is WriterState.OPEN)
 
-    def _start_roll(self) -> list[Any]:
-        self.rolling = True
-        self._step = "create"
+    def _start_roll(self) -> list[WriterEffect]:
+        self.step = Step.ROLL_CREATING
         return [CreateLedger()]
 
-    def _maybe_commit_roll(self, now_ms: int) -> list[Any]:
-        if (not self.rolling or self.in_flight or self.new_ledger_id is None or self._step is not None
-                or self._gone is not None):
+    def _maybe_commit_roll(self, now_ms: int) -> Sequence[WriterEffect]:
+        if self.step is not Step.ROLL_DRAINING or self.batcher.in_flight or self._gone is not None:
             return NO_EFFECTS
-        assert self.segment is not None
-        completed = changes.sealed_segment(
-            self.segment, last_entry=self.next_entry_id - 1, records=self.segment_records,
-            size_bytes=self.segment_bytes, first_timestamp_ms=self.segment_first_ts,
-            last_timestamp_ms=self.segment_last_ts, now_ms=now_ms)
+        assert self.new_ledger_id is not None
         created = Segment(self._listing().max_sequence + 1, self.new_ledger_id, created_ms=now_ms)
-        return self._start_commit("roll", SegmentChange(update=(completed,), create=(created,)))
+        return self._start_commit(Step.COMMITTING_ROLL, SegmentChange(update=(self._completed(now_ms),),
+                                                                      create=(created,)))
 
     # ------------------------------------------------------------------ closing
 
-    def close(self, now_ms: int) -> list[Any]:
-        if self.state in (WriterState.CLOSED, WriterState.CLOSING):
+    def close(self, now_ms: int) -> Sequence[WriterEffect]:
+        if self.state is WriterState.CLOSED or self.state is WriterState.CLOSING:
             return NO_EFFECTS
         if self.state is WriterState.FAILED:
             self.state = WriterState.CLOSED
             return self._release() + [WriterClosed()]
         invariant(self.state is WriterState.OPEN, f"close() while {self.state.value}")
         self.state = WriterState.CLOSING
-        self._forced_through = self.next_chunk_id + 2**62
+        self.batcher.force_through(self.batcher.next_chunk_id + 2**62)
         effects = self._pump(now_ms)
         effects += self._maybe_seal(now_ms)
         return self._finish(effects, now_ms)
 
-    def _maybe_seal(self, now_ms: int) -> list[Any]:
-        if (self.state is not WriterState.CLOSING or self.rolling or self.buffer or self.in_flight
-                or self._step is not None or self.segment is None or self._gone is not None):
+    def _maybe_seal(self, now_ms: int) -> Sequence[WriterEffect]:
+        batcher = self.batcher
+        if (self.state is not WriterState.CLOSING or self.step is not Step.IDLE or batcher.buffer
+                or batcher.in_flight or self.segment is None or self._gone is not None):
             return NO_EFFECTS
-        if self.segment_records == 0:
-            return self._start_commit("close", SegmentChange(delete=(self.segment,)))
-        completed = changes.sealed_segment(
-            self.segment, last_entry=self.next_entry_id - 1, records=self.segment_records,
-            size_bytes=self.segment_bytes, first_timestamp_ms=self.segment_first_ts,
-            last_timestamp_ms=self.segment_last_ts, now_ms=now_ms)
-        return self._start_commit("close", SegmentChange(update=(completed,)))
+        if batcher.progress.records == 0:
+            return self._start_commit(Step.COMMITTING_CLOSE, SegmentChange(delete=(self.segment,)))
+        return self._start_commit(Step.COMMITTING_CLOSE, SegmentChange(update=(self._completed(now_ms),)))
 
-    def _maybe_closed(self, now_ms: int) -> list[Any]:
+    def _maybe_closed(self, now_ms: int) -> Sequence[WriterEffect]:
         if (self.state is not WriterState.CLOSING or self.segment is not None or self._closing_ledgers
                 or self._delete_after_commit is not None):
             return NO_EFFECTS
         self.state = WriterState.CLOSED
         return self._release() + [WakeWriters(), WriterClosed(), SetTimer(None)]
 
-    def _release(self) -> list[Any]:
+    def _release(self) -> list[WriterEffect]:
         if not self.locked:
             return []
         self.locked = False
@@ -682,20 +546,14 @@ class WriterMachine:
 
     # ------------------------------------------------------------------ failure
 
-    def _fail(self, error: DlogError, now_ms: int) -> list[Any]:
+    def _fail(self, error: DlogError, now_ms: int) -> list[WriterEffect]:
         """The writer ends with `error`: every chunk not yet acknowledged fails with it."""
         if self.ended:
-            return NO_EFFECTS
+            return []
         previous = self.state
         self.state, self.error = WriterState.FAILED, error
-        effects: list[Any] = []
-        if self.next_chunk_id > self.first_unresolved_chunk_id:
-            effects.append(FailChunks(self.first_unresolved_chunk_id, error))
-            self.first_unresolved_chunk_id = self.next_chunk_id
-        self.buffer.clear()
-        self.in_flight.clear()
-        self.buffered_bytes = self.buffered_records = self.in_flight_bytes = 0
-        if self.new_ledger_id is not None and self._step != "commit":
+        effects = self.batcher.fail(error)
+        if self.new_ledger_id is not None and self.step not in COMMITTING:
             effects.append(DeleteLedger(self.new_ledger_id))  # created, never committed: not leaked
             self.new_ledger_id = None
         effects += [WakeWriters(), SetTimer(None)]
@@ -707,23 +565,20 @@ class WriterMachine:
             effects = self._release() + effects + [WriterClosed(error)]
         return effects
 
-    def closed_error(self) -> DlogError:
-        """What a write to this writer raises now."""
-        if self.error is not None:
-            return self.error
-        return WriterClosedError(f"the writer of stream {self.settings.stream!r} is closed")
-
     # ------------------------------------------------------------------ helpers
 
-    def _expect(self, step: str) -> None:
-        invariant(self._step == step, f"answer to {step!r} while {self._step!r} is outstanding")
-        self._step = None
+    def _answered(self, *steps: Step) -> Step:
+        """An answer came: it must end one of `steps`. Returns the step it ended."""
+        step = self.step
+        invariant(step in steps, f"answer to {' or '.join(s.value for s in steps)} while {step.value}")
+        self.step = Step.IDLE
+        return step
 
     def _listing(self) -> SegmentList:
         assert self.listing is not None
         return self.listing
 
-    def _finish(self, effects: Sequence[Any], now_ms: int) -> Sequence[Any]:
+    def _finish(self, effects: Sequence[WriterEffect], now_ms: int) -> Sequence[WriterEffect]:
         """The effects, and a SetTimer when the earliest deadline changed. `effects` may be the
         shared NO_EFFECTS tuple (a roll with nothing to commit): it is never appended to."""
         deadline = self._deadline_ms(now_ms)
@@ -740,10 +595,11 @@ class WriterMachine:
         if self.state is not WriterState.OPEN and self.state is not WriterState.CLOSING:
             return None
         candidates = []
-        settings = self.settings
-        if settings.linger_ms and self.buffer and self._buffer_since_ms is not None:
-            candidates.append(self._buffer_since_ms + int(settings.linger_ms + 0.999))
-        if settings.roll_age_ms and self.segment_records and not self.rolling and self.state is WriterState.OPEN:
-            candidates.append(self.segment_started_ms + settings.roll_age_ms)
+        linger_deadline_ms = self.batcher.linger_deadline_ms()
+        if linger_deadline_ms is not None:
+            candidates.append(linger_deadline_ms)
+        roll_age_ms, progress = self.settings.roll_age_ms, self.batcher.progress
+        if roll_age_ms and progress.records and self.step not in ROLLING and self.state is WriterState.OPEN:
+            candidates.append(progress.started_ms + roll_age_ms)
         future = [at_ms for at_ms in candidates if at_ms > now_ms]
         return min(future) if future else None

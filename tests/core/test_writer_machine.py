@@ -1,7 +1,7 @@
 """The stream writer machine keeps L1-L4 and L7: it seals before writing, sends at once when idle and
 batches while busy, rolls by one compare-and-set, merges concurrent list changes instead of dying,
-ends every chunk (acknowledged or failed) and every waiter, fails loudly when a ledger of its is
-deleted under it, and aborts without waiting."""
+ends every chunk (acknowledged or failed) and every waiter it was handed, fails loudly when a ledger
+of its is deleted under it, and aborts without waiting."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dlog.core.effects import (
     CloseLedger,
     CommitSegments,
     CompleteChunks,
+    CompleteFlushes,
     ConfirmLedgerDeleted,
     CreateLedger,
     DeleteLedger,
@@ -30,7 +31,8 @@ from dlog.core.effects import (
     WriterOpened,
 )
 from dlog.core.errors import LedgerDeletedError, WriterAbortedError, WriterFencedError, WriterLockedError
-from dlog.core.writer import Encoded, WriterMachine, WriterSettings, WriterState, entry_budget_bytes
+from dlog.core.settings import WriterSettings, entry_budget_bytes
+from dlog.core.writer import WriterMachine, WriterState
 from dlog.segments.metadata import Segment, SegmentList, SegmentState
 
 STREAM = "orders"
@@ -39,7 +41,7 @@ STREAM = "orders"
 def encode(items, first_record_index):
     """A stand-in for the record-set codec: items are (value, timestamp)."""
     payload = b"|".join(value for value, _ in items)
-    return Encoded(payload, min(ts for _, ts in items), max(ts for _, ts in items))
+    return payload, min(ts for _, ts in items), max(ts for _, ts in items)
 
 
 def of(effects, kind):
@@ -86,7 +88,8 @@ class Story:
         return self.next_ledger
 
     def write(self, value: bytes):
-        return self.machine.write((value, self.now_ms), len(value) + 17, self.now_ms)[1]
+        """Write a record whose waiter is its value."""
+        return self.machine.write((value, self.now_ms), len(value) + 17, value, self.now_ms)
 
 
 # ---------------------------------------------------------------------------------- opening (L1, L4)
@@ -161,8 +164,21 @@ def test_an_idle_writer_sends_at_once_and_a_busy_one_batches_until_an_ack():
     assert one(first, AppendEntry).payload == b"a"  # nothing in flight: out at once
     assert story.write(b"b") == () and story.write(b"c") == ()  # one entry in flight: they wait
     effects = story.machine.on_entry_acked(11, 0, story.now_ms)
-    assert effects[0] == CompleteChunks(0, 1, 11, 0)
+    assert effects[0] == CompleteChunks(11, 0, (b"a",), (1,))
     assert one(effects, AppendEntry) == AppendEntry(11, 1, b"b|c")  # the two batched
+    assert one(story.machine.on_entry_acked(11, 1, story.now_ms), CompleteChunks).waiters == (b"b", b"c")
+
+
+def test_a_flush_ends_once_everything_written_before_it_ended():
+    story = Story()
+    story.opened()
+    assert story.machine.flush(story.now_ms, "idle") == [CompleteFlushes(("idle",))]  # nothing pending
+    story.write(b"a")
+    story.write(b"b")
+    assert not of(story.machine.flush(story.now_ms, "flush"), CompleteFlushes)
+    assert not of(story.machine.on_entry_acked(11, 0, story.now_ms), CompleteFlushes)  # b is still out
+    effects = story.machine.on_entry_acked(11, 1, story.now_ms)
+    assert one(effects, CompleteFlushes).waiters == ("flush",)
 
 
 def test_a_full_entry_goes_out_even_while_one_is_in_flight():
@@ -188,13 +204,14 @@ def test_no_entry_is_larger_than_the_roll_size_and_an_oversized_record_is_refuse
     story = Story(roll_bytes=4096)
     story.opened()
     budget = entry_budget_bytes(4096)
-    assert story.machine.budget_bytes == budget and story.machine.check_record(budget + 1) is not None
+    batcher = story.machine.batcher
+    assert batcher.budget_bytes == budget and batcher.check_record(budget + 1) is not None
     value = b"x" * 500
     appended = []
     for _ in range(30):
         appended += of(story.write(value), AppendEntry)
-        while story.machine.in_flight and not story.machine.rolling:
-            entry = story.machine.in_flight[0]
+        while batcher.in_flight and not story.machine.rolling:
+            entry = batcher.in_flight[0]
             appended += of(story.machine.on_entry_acked(entry.ledger_id, entry.entry_id, story.now_ms), AppendEntry)
     assert appended and all(len(effect.payload) <= 4096 for effect in appended)
     assert story.machine.rolling  # the segment reached its roll size
@@ -264,16 +281,17 @@ def test_a_segment_sealed_by_someone_else_is_a_takeover_and_the_new_ledger_is_no
     story.listing = SegmentList((sealed, Segment(2, 50)), story.listing.version + 2, 2)
     effects = story.machine.on_commit_conflict(story.listing, story.now_ms)
     failed = one(effects, FailChunks)
-    assert isinstance(failed.error, WriterFencedError) and failed.first_chunk_id == 2
+    assert isinstance(failed.error, WriterFencedError) and failed.waiters == (b"c",)
     assert DeleteLedger(12) in effects and WakeWriters() in effects
 
 
 def test_a_batch_lands_in_one_segment_even_when_the_roll_falls_due_inside_it():
     story = Story(roll_records=2)
     story.opened()
-    _, effects = story.machine.write_group([((b"p%d" % i, 1), 1, 10) for i in range(4)], story.now_ms)
+    effects = story.machine.write_group([((b"p%d" % i, 1), 1, 10) for i in range(4)], "batch", story.now_ms)
     assert [e.entry_id for e in of(effects, AppendEntry)] == [0, 1, 2, 3]  # all four, then the roll
     assert one(effects, CreateLedger)
+    assert one(story.machine.on_entry_acked(11, 0, story.now_ms), CompleteChunks).waiters == ("batch",)
 
 
 # ---------------------------------------------------------------------------------- ending (L7)
@@ -287,7 +305,8 @@ def test_a_fenced_append_fails_every_pending_chunk_and_wakes_parked_writers():
     assert not story.machine.writable
     effects = story.machine.on_entry_failed(11, 0, LedgerFencedError("fenced"), story.now_ms)
     failed = one(effects, FailChunks)
-    assert failed.first_chunk_id == 0 and isinstance(failed.error, WriterFencedError)  # in flight and buffered
+    assert failed.waiters == (b"a" * 60, b"b" * 60)  # in flight and buffered
+    assert isinstance(failed.error, WriterFencedError)
     assert WakeWriters() in effects and story.machine.state is WriterState.FAILED  # bug 3
     assert story.machine.close(story.now_ms) == [ReleaseLock(), WriterClosed()]
 
@@ -306,7 +325,7 @@ def test_a_failed_roll_fails_the_records_buffered_behind_it():
     story = roll_story()
     effects = story.machine.on_operation_failed(NotEnoughBookiesError("no bookies"), story.now_ms)
     failed = one(effects, FailChunks)
-    assert failed.first_chunk_id == 1 and isinstance(failed.error, NotEnoughBookiesError)  # bug 4
+    assert failed.waiters == (b"b", b"c") and isinstance(failed.error, NotEnoughBookiesError)  # bug 4
 
 
 def test_close_sends_what_is_buffered_completes_the_segment_closes_and_unlocks():
@@ -366,7 +385,7 @@ def test_records_buffered_at_close_still_roll_at_the_roll_size():
     effects = story.machine.close(story.now_ms)
     assert [len(e.payload) for e in of(effects, AppendEntry)] == [1801, 1801]  # b|c, d|e: the budget
     assert one(effects, CreateLedger)  # past the roll size with "f" still to go: a roll, then the seal
-    assert [chunk[1][0][:1] for chunk in story.machine.buffer] == [b"f"]
+    assert [chunk[1][0][:1] for chunk in story.machine.batcher.buffer] == [b"f"]
 
 
 def test_a_ledger_created_while_the_old_one_still_has_entries_in_flight_may_move_the_timer():
@@ -399,10 +418,11 @@ def test_the_in_progress_ledger_deleted_under_the_writer_fails_it_naming_the_led
     effects = story.machine.on_ledger_gone(11, story.now_ms)  # its metadata watch fired
     assert effects == [ConfirmLedgerDeleted(11)]
     assert story.machine.on_entry_acked(11, 1, story.now_ms) == ()  # bookies still acknowledge: not durable
-    assert story.machine.flush(story.now_ms) == [] and story.machine.buffer  # nothing more goes to it
+    assert story.machine.flush(story.now_ms, "flush") == [] and story.machine.batcher.buffer  # nothing more goes to it
     effects = story.machine.on_ledger_deleted(11, story.listing, story.now_ms)  # the list still names it
     failed = one(effects, FailChunks)
-    assert failed.first_chunk_id == 1 and isinstance(failed.error, LedgerDeletedError)
+    assert failed.waiters == (b"b", b"c") and isinstance(failed.error, LedgerDeletedError)
+    assert one(effects, CompleteFlushes).waiters == ("flush",)  # the flush ends too (and raises the error)
     assert failed.error.ledger_id == 11 and failed.error.pending_lost  # b and c are in no ledger that exists
     assert "ledger 11" in str(failed.error) and story.machine.state is WriterState.FAILED
     assert story.machine.close(story.now_ms) == [ReleaseLock(), WriterClosed()]  # never completes the segment
@@ -470,7 +490,7 @@ def test_abort_fails_what_is_not_acknowledged_and_leaves_the_segment_in_progress
     story.machine.close(story.now_ms)  # the first Ctrl-C: closing, "b" and "c" in flight
     effects = story.machine.abort(WriterAbortedError("stopped"), story.now_ms)  # the second
     failed = one(effects, FailChunks)
-    assert failed.first_chunk_id == 1 and isinstance(failed.error, WriterAbortedError)
+    assert failed.waiters == (b"b", b"c") and isinstance(failed.error, WriterAbortedError)
     assert ReleaseLock() in effects and isinstance(one(effects, WriterClosed).error, WriterAbortedError)
     assert not of(effects, CommitSegments) and story.listing.segments[0].is_in_progress  # for a recovery
     assert story.machine.on_entry_acked(11, 1, story.now_ms) == ()  # a late answer changes nothing

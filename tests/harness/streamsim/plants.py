@@ -17,6 +17,7 @@ from typing import Any
 from bookkeeper.bookie import gc
 from dlog import writer as writer_driver
 from dlog.core import changes, reader, snapshot
+from dlog.core import settings as settings_core
 from dlog.core import writer as writer_core
 from dlog.core.effects import DeleteLedger, FailChunks, SetTimer, WakeWriters
 from dlog.segments import port
@@ -58,13 +59,13 @@ def _fail_without_waking(self: Any, error: Any, now_ms: int) -> list[Any]:
 
 def _fail_in_flight_only(self: Any, error: Any, now_ms: int) -> list[Any]:
     """Issue 11 item 4: records still buffered when the writer failed stayed pending."""
-    last = self.in_flight[-1].first_chunk_id + self.in_flight[-1].chunk_count - 1 if self.in_flight else -1
+    in_flight = sum(len(entry.waiters) for entry in self.batcher.in_flight)  # failed first, oldest first
     effects = []
     for effect in _fail(self, error, now_ms):
         if isinstance(effect, FailChunks):
-            if last < effect.first_chunk_id:
+            if not in_flight:
                 continue
-            effect = FailChunks(effect.first_chunk_id, effect.error, last)
+            effect = FailChunks(effect.error, effect.waiters[:in_flight])
         effects.append(effect)
     return effects
 
@@ -86,7 +87,7 @@ def _closed_ledger_not_noticed(self: Any, ledger_id: int, entry: Any, lac: int, 
 
 def _linger_always(name: str, **settings: Any) -> Any:
     """Issue 11 item 9: every record waited for the linger timer, even with nothing in flight."""
-    return writer_core.WriterSettings(name, **{**settings, "linger_ms": 50.0})
+    return settings_core.WriterSettings(name, **{**settings, "linger_ms": 50.0})
 
 
 async def _single_attempt(self: Any, what: str, operation: Any) -> Any:
@@ -156,7 +157,7 @@ PLANTS: dict[str, Plant] = {
         ((changes, "retention_plan", _old_retention_plan),),
         "retention removes the last completed segment while one is in progress (item 6)", "retention"),
     "entries-ignore-roll-size": Plant(
-        ((writer_core.WriterSettings, "entry_bytes_limit", property(lambda settings: settings.entry_bytes_max)),),
+        ((settings_core.WriterSettings, "entry_bytes_limit", property(lambda settings: settings.entry_bytes_max)),),
         "entries are bounded by the entry maximum only, not by the roll size (item 7)", "entry_size"),
     "batch-columns-not-filled": Plant(
         ((writer_driver, "fill_missing_columns", lambda batch, schema, now_ms: batch),),
