@@ -61,6 +61,7 @@ from dlog.core.writer import WriterMachine
 from dlog.offsets import Offset
 from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
+    EncodedEntry,
     Headers,
     RecordSetCodec,
     check_batch,
@@ -344,23 +345,19 @@ class StreamWriter:
         if self.machine.error is not None:
             raise self.machine.error
 
-    def _encode(self, items: Sequence[Any], first_record_index: int) -> tuple[bytes, int, int]:
+    def _encode(self, items: Sequence[Any], first_record_index: int) -> EncodedEntry:
         """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
-            batch = items[0]
-        else:
-            values, keys, timestamps, headers = zip(*items)
-            if not any(headers):
-                # built here from checked bytes and integer timestamps: no schema check and no
-                # Arrow compute call for the timestamp range (the per-record path's cost)
-                batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
-                low, high = min(timestamps), max(timestamps)
-                payload = self.codec.encode(batch, first_record_index, timestamp_range_ms=(low, high), checked=True)
-                return payload, low, high
-            batch = records_to_batch(values, keys, timestamps, self.codec.schema, headers)
-        payload = self.codec.encode(batch, first_record_index)
-        header = self.codec.peek_header(payload)
-        return payload, header.min_timestamp_ms, header.max_timestamp_ms
+            return self.codec.encode_entry(items[0], first_record_index)
+        values, keys, timestamps, headers = zip(*items)
+        if any(headers):
+            return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
+                                           first_record_index)
+        # built here from checked bytes and integer timestamps: no schema check and no Arrow
+        # compute call for the timestamp range (the per-record path's cost)
+        batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
+        return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(timestamps), max(timestamps)),
+                                       checked=True)
 
     # ------------------------------------------------------------------ effects
 

@@ -34,8 +34,8 @@ from dlog.core.effects import AppendEntry, CompleteChunks, CompleteFlushes, Fail
 from dlog.core.settings import WriterSettings, entry_budget_bytes
 
 # encode(items, first_record_index) -> (payload, min timestamp ms, max timestamp ms), the range of
-# the records' timestamps it wrote into the entry's header: a pure function (the record-set codec
-# in the driver)
+# the records' timestamps it wrote into the entry's header: a pure function (the record-set
+# codec's `encode_entry` in the driver)
 Encoder = Callable[[Sequence[Any], int], tuple[bytes, int, int]]
 
 # a buffered chunk: (chunk id, item, records, size bytes, alone, waiter); `alone` chunks (batch

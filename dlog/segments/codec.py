@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -107,6 +107,14 @@ class RecordSetHeader:
     def next_record_index(self) -> int:
         """Index (within the segment) of the record after this entry's last one."""
         return self.first_record_index + self.record_count
+
+
+class EncodedEntry(NamedTuple):
+    """An encoded entry and the range of its records' timestamps, as its header says."""
+
+    payload: bytes
+    min_timestamp_ms: int
+    max_timestamp_ms: int
 
 
 def default_schema() -> pa.Schema:
@@ -191,12 +199,18 @@ class RecordSetCodec:
         settings = (self.schema, self.compression_level, self.compress, self.uncompressed_bytes_max, self.headers)
         return (_rebuild_codec, settings)
 
-    def encode(self, batch: pa.RecordBatch, first_record_index: int, *,
-               timestamp_range_ms: tuple[int, int] | None = None, checked: bool = False) -> bytes:
+    def encode(self, batch: pa.RecordBatch, first_record_index: int) -> bytes:
         """One entry holding ``batch``; ``first_record_index`` is its first record's index in the
-        segment. A batch of an untyped stream may carry the `headers` column (HEADERS flag). A
-        caller that built the batch itself may pass its timestamps' (min, max) in milliseconds and
-        ``checked=True`` (the batch fits the schema): small entries then cost no Arrow compute call."""
+        segment (`encode_entry` says more, and also returns the timestamps it wrote)."""
+        return self.encode_entry(batch, first_record_index).payload
+
+    def encode_entry(self, batch: pa.RecordBatch, first_record_index: int, *,
+                     timestamp_range_ms: tuple[int, int] | None = None, checked: bool = False) -> EncodedEntry:
+        """One entry holding ``batch``, and the range of its records' timestamps as written into
+        its header; ``first_record_index`` is its first record's index in the segment. A batch of
+        an untyped stream may carry the `headers` column (HEADERS flag). A caller that built the
+        batch itself may pass its timestamps' (min, max) in milliseconds and ``checked=True`` (the
+        batch fits the schema): small entries then cost no Arrow compute call."""
         flags = 0
         if self._headers_schema is not None and batch.schema.get_field_index("headers") >= 0:
             batch = without_empty_headers(batch)
@@ -228,7 +242,7 @@ class RecordSetCodec:
             MAGIC, FORMAT_VERSION, codec, flags, batch.num_rows, first_record_index,
             min_timestamp_ms, max_timestamp_ms, message.size,
         )  # fmt: skip
-        return b"".join((header, payload))
+        return EncodedEntry(b"".join((header, payload)), min_timestamp_ms, max_timestamp_ms)
 
     def peek_header(self, data: bytes | bytearray | memoryview) -> RecordSetHeader:
         """The header alone, checked but without decompressing anything."""

@@ -96,6 +96,8 @@ def test_default_schema_round_trip_keeps_records_and_fills_the_header(compress: 
     assert header.uncompressed_bytes == batch.serialize().size
     assert entry[:4] == MAGIC and (len(entry) < header.uncompressed_bytes) == compress
     assert codec.peek_header(entry) == header
+    # the writer takes the timestamps from the encoder instead of reading its header back
+    assert tuple(codec.encode_entry(batch, 42)) == (entry, header.min_timestamp_ms, header.max_timestamp_ms)
 
 
 @pytest.mark.parametrize("compress", [True, False])
