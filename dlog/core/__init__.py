@@ -4,8 +4,10 @@
 acknowledgements and failures, segment-store results including a lost compare-and-set and the list
 as it now is, list-change notifications, the time), effects out (`effects`: create a ledger,
 append an entry, commit a segment-list change, close or delete a ledger, complete or fail records,
-wake waiters, read entries, long-poll). `changes` holds the pure planners they and the namespace
-share: sealing a segment, merging a change with concurrent ones, truncation, retention.
+wake waiters, read entries, long-poll). The writer machine batches records into entries with a
+part of its own (`batching.EntryBatcher`) and commits the segments around them; its settings are
+in `settings`. `changes` holds the pure planners the machines and the namespace share: sealing a
+segment, merging a change with concurrent ones, truncation, retention.
 
 Nothing here does I/O, reads a clock or touches asyncio or ZooKeeper: time comes in with events
 (`now_ms`), and encoding or decoding entries is a pure function handed in. `dlog.writer` and
