@@ -129,7 +129,7 @@ class EntryBatcher:
         self.buffered_records += 1
         if self.buffer_since_ms is None:
             self.buffer_since_ms = now_ms
-        if self.buffered_bytes + self.in_flight_bytes >= self.settings.buffer_bytes_max:
+        if not self.writable:
             self.full = True
         settings = self.settings
         return (len(self.in_flight) < settings.partial_entries_in_flight_max
