@@ -47,6 +47,7 @@ from dlog.core.effects import (
     SetTimer,
     WakeWriters,
     WriterClosed,
+    WriterEffect,
     WriterOpened,
 )
 from dlog.core.errors import (
@@ -361,7 +362,7 @@ class StreamWriter:
 
     # ------------------------------------------------------------------ effects
 
-    def run(self, effects: Sequence[Any]) -> None:
+    def run(self, effects: Sequence[WriterEffect]) -> None:
         for effect in effects:
             kind = type(effect)
             if kind is AppendEntry:
@@ -381,7 +382,7 @@ class StreamWriter:
             else:
                 self._run_other(effect)
 
-    def _run_other(self, effect: Any) -> None:
+    def _run_other(self, effect: WriterEffect) -> None:
         machine, stream = self.machine, self.name
         context, store = self.context, self.context.store
         if isinstance(effect, LockStream):
@@ -417,7 +418,7 @@ class StreamWriter:
         else:
             raise TypeError(f"the writer machine asked for {effect!r}, which this driver cannot do")
 
-    def _feed(self, event: Callable[..., Sequence[Any]], *args: Any) -> None:
+    def _feed(self, event: Callable[..., Sequence[WriterEffect]], *args: Any) -> None:
         """Hand an answer to the machine and carry out what it says."""
         if self._crash is None:
             self.run(event(*args, self.now_ms()))
@@ -437,7 +438,7 @@ class StreamWriter:
             log.exception("stream %s: the writer driver failed", self.name)
             self._crashed(exc)
 
-    def _answer(self, operation: Callable[[], Awaitable[Any]], event: Callable[..., Sequence[Any]]) -> None:
+    def _answer(self, operation: Callable[[], Awaitable[Any]], event: Callable[..., Sequence[WriterEffect]]) -> None:
         async def call() -> None:
             self._feed(event, await operation())
 
