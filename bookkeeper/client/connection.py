@@ -89,8 +89,9 @@ class BookieConnection(asyncio.Protocol):
         self.timeout_s = timeout_s
         self.in_flight_max = in_flight_max
         self._decoder = ResponseDecoder(frame_bytes_max)
-        # request id -> (future or callback, deadline); callbacks skip a future and a loop hop
-        self._pending: dict[int, tuple[Any, float]] = {}
+        # request id -> (callback of its outcome, deadline): one kind, whether a caller awaits a
+        # future (`send` settles it from its callback) or takes the outcome directly
+        self._pending: dict[int, tuple[Callable[[Any], None], float]] = {}
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -215,11 +216,8 @@ class BookieConnection(asyncio.Protocol):
         if self._closed_error is not None:
             future.set_exception(BookieUnavailableError(f"connection to {self.address} is closed"))
             return future
-        self._pending[request.request_id] = (future, self._loop.time() + self.timeout_s + wait_s)
-        self._out.append(request.frame if type(request) is EncodedRequest else encode_request(request))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        frame = request.frame if type(request) is EncodedRequest else encode_request(request)
+        self.send_callback(request.request_id, frame, lambda outcome: _settle(future, outcome), wait_s=wait_s)
         return future
 
     def send_callback(self, request_id: int, frame: bytes, callback: Callable[[Any], None], *,
@@ -246,14 +244,7 @@ class BookieConnection(asyncio.Protocol):
         pending = self._pending.pop(request_id, None)
         if pending is None:
             return  # already timed out, or an answer to a request we never sent
-        target = pending[0]
-        if not isinstance(target, asyncio.Future):
-            target(outcome)
-        elif not target.done():
-            if isinstance(outcome, BaseException):
-                target.set_exception(outcome)
-            else:
-                target.set_result(outcome)
+        pending[0](outcome)
         if not self._room.is_set() and len(self._pending) < self.in_flight_max:
             self._room.set()
 
@@ -272,16 +263,13 @@ class BookieConnection(asyncio.Protocol):
         if self._closed_error is None:
             self._closed_error = cause
         pending, self._pending = self._pending, {}
-        for target, _ in pending.values():
+        for callback, _ in pending.values():
             if isinstance(cause, DlogError) and not isinstance(cause, ProtocolError):
                 error: BaseException = cause  # e.g. UNAUTHENTICATED: the bookie said why
             else:
                 error = BookieUnavailableError(f"connection to bookie {self.address} lost: {cause}")
                 error.__cause__ = cause
-            if not isinstance(target, asyncio.Future):
-                target(error)
-            elif not target.done():
-                target.set_exception(error)
+            callback(error)
         self._room.set()
         if self._sweeper is not None and self._sweeper is not asyncio.current_task():
             self._sweeper.cancel()
@@ -320,3 +308,13 @@ class BookieConnection(asyncio.Protocol):
 
     async def info(self) -> BookieInfoResponse:
         return await self.request(BookieInfoRequest(self.next_request_id()))
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    """A pending request's callback for a caller that awaits a future."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
