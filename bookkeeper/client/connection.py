@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import socket
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -66,6 +67,12 @@ class ConnectSecurity:
 NO_CONNECT_SECURITY = ConnectSecurity()
 
 
+# How a connection reaches a bookie: (protocol factory, host, port, TLS options) -> (transport,
+# protocol), as `loop.create_connection` does over TCP (the default); the ledger simulator dials
+# through its simulated network instead.
+Dial = Callable[..., Awaitable[tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]]
+
+
 def next_request_id() -> int:
     """The one source of request ids in a process: every pool and connection draws from it, so an
     id is never pending twice on any connection (they are 64-bit: no wrap in practice)."""
@@ -104,10 +111,11 @@ class BookieConnection(asyncio.Protocol):
 
     @classmethod
     async def open(cls, address: str, *, connect_timeout_s: float = 5.0,
-                   security: ConnectSecurity = NO_CONNECT_SECURITY, **options: Any) -> BookieConnection:
+                   security: ConnectSecurity = NO_CONNECT_SECURITY, dial: Dial | None = None,
+                   **options: Any) -> BookieConnection:
         """Connect (with TLS if configured) and authenticate (AUTH) before any request."""
         host, _, port = address.rpartition(":")
-        loop = asyncio.get_running_loop()
+        dial = dial or asyncio.get_running_loop().create_connection
         connection = cls(address, **options)
         tls: dict[str, Any] = {}
         if security.tls is not None:
@@ -115,7 +123,7 @@ class BookieConnection(asyncio.Protocol):
                    "ssl_handshake_timeout": connect_timeout_s}
         try:
             async with asyncio.timeout(connect_timeout_s):
-                await loop.create_connection(lambda: connection, host_of(address), int(port), **tls)
+                await dial(lambda: connection, host_of(address), int(port), **tls)
         except ssl.SSLCertVerificationError as exc:
             raise AuthenticationError(f"bookie {address} is not trusted: {exc.verify_message} (its "
                                       "certificate must be signed by the CA in ca_file and name its "
