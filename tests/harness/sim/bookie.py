@@ -5,7 +5,8 @@ and write-cache storage. Life cycle, as the faults drive it:
 - crash (power loss): the journal keeps what was fsynced and a random prefix of the group being
   fsynced; every connection resets; a restart builds a new core, server and storage and replays
   the durable records through the core's own `replay_record`;
-- hang: the process stops: what arrives waits, nothing is fsynced or written until it resumes;
+- hang: the process stops: what arrives waits, nothing is fsynced or written until it resumes (its
+  timers, of idle connections and long polls, run on: a hang lasts at most 1.2 s, well below them);
 - wipe: the disk is lost for good (the real cookie check refuses to start on an empty disk, so it
   never rejoins under its old id with fewer entries than metadata says; the plant
   `wiped-bookie-rejoins` lets it).

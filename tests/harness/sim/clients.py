@@ -71,6 +71,7 @@ class SimClient:
                 self.sim.bug(f"{self.name} raised {type(exc).__name__}: {exc}")
         finally:
             self.done = True
+            self.sim.changed.set()
 
     async def run(self) -> None:
         raise NotImplementedError
@@ -81,6 +82,7 @@ class SimClient:
         self.done = True
         self.store.alive = False
         self.dialer.kill()
+        self.sim.changed.set()
 
     def pause_ms(self, low: int, high: int) -> Any:
         return asyncio.sleep(self.world.rng.randint(low, high) / 1000)
@@ -143,6 +145,7 @@ class WriterClient(SimClient):
                                                                password=PASSWORD)
         self.world.log(self.name, "created ledger on", list(handle.metadata.last_ensemble[1]))
         self.created.set_result(handle.ledger_id)
+        self.sim.changed.set()
         for entry_id, payload in enumerate(self.payloads):
             while len(self._unanswered) >= self.depth and not self._failed:
                 self._room.clear()

@@ -49,7 +49,7 @@ FAULT_KINDS = ("crash", "hang", "partition", "wipe", "damage", "zk_stall", "zk_r
 HEAL_WAIT_MS = 5_000  # the writer's time to finish after the heal
 FINAL_WAIT_MS = 30_000  # the final recovery's and reader's time
 DOWN_BOOKIES_MAX = 2  # crashed or hung at the same time
-POLL_MS = 5  # how often the run looks whether a phase is over
+POLL_MS = 100  # how often the run looks at the clock and the loop's turns (a client's end wakes it at once)
 BOOKIE_PORT = 3181
 
 
@@ -136,6 +136,7 @@ class Simulation:
         self.lossy: set[str] = set()  # bookies that lost data: wiped, or an entry damaged
         self.bugs: list[str] = []
         self.turns = 0
+        self.changed = asyncio.Event()  # set when a client ends (or the writer created the ledger)
 
     def registered(self) -> list[str]:
         return [bookie_id for bookie_id, bookie in sorted(self.bookies.items()) if bookie.registered]
@@ -208,9 +209,17 @@ class Simulation:
         while not finished():
             if turns_max is not None and selector.turns >= turns_max:
                 return
-            if deadline_ms is not None and world.now_ms >= deadline_ms:
-                return
-            await asyncio.sleep(POLL_MS / 1000)
+            wait_ms: float = POLL_MS
+            if deadline_ms is not None:
+                if world.now_ms >= deadline_ms:
+                    return
+                wait_ms = min(wait_ms, deadline_ms - world.now_ms)
+            self.changed.clear()
+            try:
+                async with asyncio.timeout(wait_ms / 1000):
+                    await self.changed.wait()
+            except TimeoutError:
+                pass
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What asyncio would log: an exception out of a callback or a task nobody awaited."""
