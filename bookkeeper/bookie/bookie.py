@@ -12,6 +12,10 @@ DELETED_LEDGERS_REMEMBERED_MAX of them, until a restart: a later ADD or fencing 
 refused with NO_LEDGER instead of creating it afresh, so the writer of a ledger deleted under it
 learns at its next add, not never.
 
+The rules of ADD and ADD_BATCH are adds.py's, those of READ_RANGE batching.py's (mixed in). The
+journal and ledger storage are ports (`JournalPort`, `StoragePort`): journal.py and storage.py on
+a bookie, in-memory ones with the same fsync and loss rules in the ledger simulator.
+
 All methods run on the event-loop thread. Answers are delivered through a `Reply` (the
 connection): `send(bytes)` queues a frame, and the connection writes everything queued in one
 loop iteration with one system call, so one group commit becomes one write per connection.
@@ -25,23 +29,19 @@ import hmac
 import logging
 import struct
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Protocol
 
 import crc32c
 
-from bookkeeper.bookie.batching import (
-    RECORD_ADD_GROUP,
-    BatchHandlers,
-    replay_group_record,
-)
-from bookkeeper.bookie.journal import Journal
-from bookkeeper.bookie.storage import LedgerData, LedgerStorage
+from bookkeeper.bookie.adds import AddHandlers, journaled_entries
+from bookkeeper.bookie.batching import BatchHandlers
+from bookkeeper.bookie.storage import LedgerData
 from bookkeeper.errors import BookieIOError, invariant
 from bookkeeper.protocol import wire
 from bookkeeper.protocol.batch import ReadRangeRequest
 from bookkeeper.protocol.entry import DIGEST_BYTES, ENTRY_HEADER, ENTRY_HEADER_BYTES, DigestType
 from bookkeeper.protocol.wire import (
-    AddRequest,
     CheckEntriesRequest,
     CheckEntriesResponse,
     EntryCheck,
@@ -54,28 +54,46 @@ from bookkeeper.protocol.wire import (
     Status,
     WriteLacRequest,
     WriteLacResponse,
-    encode_add_response,
     encode_response,
 )
 
-# journal record types (first byte of every record)
-RECORD_ADD = 1  # ledger_id, entry_id, packed entry
+# journal record types (first byte of every record); those of adds are in adds.py (1, 5)
 RECORD_KEY = 2  # ledger_id, master key: the ledger's first appearance on this bookie
 RECORD_FENCE = 3  # ledger_id
 RECORD_LAC = 4  # ledger_id, explicit lac
-_ADD_RECORD = struct.Struct(">Bqq")
 _KEY_RECORD = struct.Struct(f">Bq{wire.MASTER_KEY_BYTES}s")
 _FENCE_RECORD = struct.Struct(">Bq")
 _LAC_RECORD = struct.Struct(">Bqq")
 log = logging.getLogger(__name__)
 DELETED_LEDGERS_REMEMBERED_MAX = 10_000  # ledgers garbage collection dropped, refused afterwards
-_VALID_DIGEST_TYPES = frozenset(int(kind) for kind in DIGEST_BYTES)
 
 
 class Reply(Protocol):
     def send(self, frame: bytes) -> None: ...
 
     def request_done(self) -> None: ...
+
+
+class JournalPort(Protocol):
+    """What the core needs of the journal (journal.py; the simulator's in-memory one): `callback`
+    runs with `argument` once the record is durable, callbacks in append order."""
+
+    def append(self, record: bytes, callback: Callable[[object], None], argument: object) -> None: ...
+
+
+class StoragePort(Protocol):
+    """What the core needs of ledger storage (storage.py; the simulator's in-memory one)."""
+
+    def add_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None: ...
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """None when absent; BookieIOError when stored but unreadable (damaged)."""
+
+    def last_entry_id(self, ledger_id: int) -> int: ...
+
+    def get_state(self, ledger_id: int) -> LedgerData | None: ...
+
+    def put_state(self, ledger_id: int, state: LedgerData) -> None: ...
 
 
 @dataclass(slots=True)
@@ -101,8 +119,8 @@ class _Waiter:
     timer: asyncio.TimerHandle | None = None
 
 
-class BookieCore(BatchHandlers):
-    def __init__(self, journal: Journal, storage: LedgerStorage, *, long_poll_waiters_max: int = 10000,
+class BookieCore(AddHandlers, BatchHandlers):
+    def __init__(self, journal: JournalPort, storage: StoragePort, *, long_poll_waiters_max: int = 10000,
                  long_poll_timeout_ms_max: int = 60_000) -> None:
         self.journal = journal
         self.storage = storage
@@ -130,12 +148,9 @@ class BookieCore(BatchHandlers):
     def replay_record(self, record: bytes) -> None:
         """Apply one journal record during replay (before any request is served)."""
         kind = record[0]
-        if kind == RECORD_ADD:
-            _, ledger_id, entry_id = _ADD_RECORD.unpack_from(record)
-            self.storage.add_entry(ledger_id, entry_id, record[_ADD_RECORD.size:])
-        elif kind == RECORD_ADD_GROUP:
-            ledger_id, entries = replay_group_record(record)
-            self.storage.add_entries(ledger_id, entries)
+        added = journaled_entries(record)
+        if added is not None:
+            self.storage.add_entries(*added)
         elif kind == RECORD_KEY:
             _, ledger_id, master_key = _KEY_RECORD.unpack(record)
             if self.storage.get_state(ledger_id) is None:
@@ -217,78 +232,6 @@ class BookieCore(BatchHandlers):
             return None
         return {"ledger_id": ledger_id, "fenced": ledger.fenced, "lac": ledger.lac,
                 "last_entry_id": self.storage.last_entry_id(ledger_id)}
-
-    # ------------------------------------------------------------------ ADD
-
-    def on_add(self, request: AddRequest, reply: Reply) -> None:
-        problem = self._check_add(request)
-        if problem is not None:
-            status, message = problem
-            self._fail(reply, request.request_id, OpCode.ADD, status, message)
-            return
-        ledger_id, entry_id, entry = request.ledger_id, request.entry_id, request.packed_entry
-        ledger = self._ledger(ledger_id)
-        if ledger is None:
-            refused = self.deleted_refusal(ledger_id)
-            if refused is not None:
-                self._fail(reply, request.request_id, OpCode.ADD, *refused)
-                return
-            ledger = self._create_ledger(ledger_id, request.master_key)
-        elif ledger.master_key != request.master_key:
-            self._fail(reply, request.request_id, OpCode.ADD, Status.UNAUTHORIZED,
-                       f"wrong master key for ledger {ledger_id}")
-            return
-        elif ledger.fenced and not request.recovery:
-            self._fail(reply, request.request_id, OpCode.ADD, Status.FENCED,
-                       f"ledger {ledger_id} is fenced; the outcome of adds to it is unknown")
-            return
-        if entry_id <= self.storage.last_entry_id(ledger_id):
-            try:
-                stored = self.storage.get_entry(ledger_id, entry_id)
-            except BookieIOError as exc:
-                if not request.recovery:
-                    self._fail(reply, request.request_id, OpCode.ADD, Status.IO_ERROR, str(exc))
-                    return
-                # a recovery add rewrites a damaged replica (auto-recovery's repair, R2): the new
-                # copy supersedes the unreadable one from the write cache on
-                stored = None
-                log.warning("entry %d:%d was unreadable here; rewritten by a recovery add",
-                            ledger_id, entry_id)
-            if stored is not None and stored != entry:
-                self._fail(reply, request.request_id, OpCode.ADD, Status.ENTRY_EXISTS,
-                           f"entry {ledger_id}:{entry_id} is stored with different bytes")
-                return
-        self.storage.add_entry(ledger_id, entry_id, entry)
-        self.journal.append(_ADD_RECORD.pack(RECORD_ADD, ledger_id, entry_id) + entry,
-                            _answer, (reply, encode_add_response(request.request_id, ledger_id,
-                                                                 entry_id)))
-        piggybacked_lac = ENTRY_HEADER.unpack_from(entry)[2]
-        if piggybacked_lac > ledger.lac:
-            self._advance_lac(ledger_id, ledger, piggybacked_lac)
-        self.add_count += 1
-        self.add_bytes += len(entry)
-
-    def _check_add(self, request: AddRequest) -> tuple[Status, str] | None:
-        if self.read_only:
-            return Status.READ_ONLY, f"bookie is read-only ({self.read_only_reason})"
-        if request.ledger_id < 0 or request.entry_id < 0:
-            return Status.BAD_REQUEST, (f"ledger and entry ids must be >= 0, got "
-                                        f"{request.ledger_id}:{request.entry_id}")
-        entry = request.packed_entry
-        if len(entry) < ENTRY_HEADER_BYTES:
-            return Status.BAD_REQUEST, (f"entry of {len(entry)} bytes is shorter than the "
-                                        f"{ENTRY_HEADER_BYTES}-byte entry header")
-        ledger_id, entry_id, lac, _, digest_type = ENTRY_HEADER.unpack_from(entry)
-        if (ledger_id, entry_id) != (request.ledger_id, request.entry_id):
-            return Status.BAD_REQUEST, (f"entry header says {ledger_id}:{entry_id}, the request "
-                                        f"says {request.ledger_id}:{request.entry_id}")
-        if digest_type not in _VALID_DIGEST_TYPES:
-            return Status.BAD_REQUEST, f"unknown digest type {digest_type}"
-        if len(entry) < ENTRY_HEADER_BYTES + DIGEST_BYTES[digest_type]:  # type: ignore[index]
-            return Status.BAD_REQUEST, "entry is shorter than its digest"
-        if lac >= entry_id:
-            return Status.BAD_REQUEST, f"entry {entry_id} carries LAC {lac}, which must be below it"
-        return None
 
     def _create_ledger(self, ledger_id: int, master_key: bytes) -> _Ledger:
         self.storage.put_state(ledger_id, LedgerData(master_key))
@@ -567,13 +510,6 @@ def _crc32c_digest_holds(packed: bytes) -> bool:
         return False
     expected = crc32c.crc32c(packed[start:], crc32c.crc32c(packed[:ENTRY_HEADER_BYTES]))
     return hmac.compare_digest(packed[ENTRY_HEADER_BYTES:start], expected.to_bytes(4, "big"))
-
-
-def _answer(argument: object) -> None:
-    """Journal callback of an add or explicit LAC: the record is durable, send the answer."""
-    reply, frame = argument  # type: ignore[misc]
-    reply.send(frame)
-    reply.request_done()
 
 
 def _ignore(_: object) -> None:

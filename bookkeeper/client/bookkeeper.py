@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from typing import Callable, Sequence
 
 from bookkeeper.client.ledger import LedgerHandle, ReadHandle, RecoveryDriver
 from bookkeeper.client.placement import choose_ensemble
-from bookkeeper.client.connection import ConnectSecurity
+from bookkeeper.client.connection import ConnectSecurity, Dial
 from bookkeeper.client.pool import BookiePool
 from bookkeeper.client.settings import ClientSettings, DriverContext
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import (
     AuthenticationError,
     ConfigError,
@@ -44,27 +44,34 @@ CREATE_RETRY = Backoff(attempts_max=10, delay_s_first=0.05, delay_s_max=1.0, dea
 
 
 class BookKeeper:
+    # what runs one recovery attempt of `open_ledger` (the ledger simulator sets one that records each)
+    recovery_driver: type[RecoveryDriver] = RecoveryDriver
+
     def __init__(self, zk: str | None = None, *, root: str = layout.DEFAULT_ROOT,
                  store: MetadataStore | None = None, rng: random.Random | None = None,
                  add_timeout_s: float = 5.0, read_timeout_s: float = 5.0,
                  speculative_read_ms: int = 500, explicit_lac_interval_ms: int = 50,
                  eager_lac: bool = True,
                  tick_interval_s: float = 0.05, pending_adds_max: int = 10_000,
-                 zk_timeout_s: float = 10.0, security: SecuritySettings | None = None) -> None:
+                 zk_timeout_s: float = 10.0, security: SecuritySettings | None = None,
+                 clock: Clock = SYSTEM_CLOCK, dial: Dial | None = None) -> None:
         """`security`: TLS, token and ZooKeeper credentials; default: read from $DLOG_CONFIG
-        (client.toml) and $DLOG_TOKEN when set, else none (an open cluster on loopback)."""
+        (client.toml) and $DLOG_TOKEN when set, else none (an open cluster on loopback).
+        `rng`, `clock` and `dial` (how bookies are connected to, TCP by default) are the seams a
+        simulation replaces: every random draw, time reading and connection goes through them."""
         if zk is None and store is None:
             raise ConfigError("BookKeeper needs zk='host:port' or a metadata store")
         self._zk = zk
         self._root = root
         self.store: MetadataStore = store  # type: ignore[assignment]  # set in start() if None
         self.rng = rng or random.Random()
+        self.clock = clock
         self.settings = ClientSettings(add_timeout_s, read_timeout_s, speculative_read_ms,
                                        explicit_lac_interval_ms, eager_lac, tick_interval_s,
                                        pending_adds_max, zk_timeout_s)
         self.security = security if security is not None else load_client_settings()
         self.pool = BookiePool(self._address_of, timeout_s=max(add_timeout_s, read_timeout_s) + 1,
-                               security=connect_security(self.security))
+                               security=connect_security(self.security), clock=clock, dial=dial)
         self.context: DriverContext = None  # type: ignore[assignment]  # set in start()
         self._bookies: dict[str, BookieInfo] = {}
         self._writable_watchers: list[Callable[[list[str]], None]] = []
@@ -79,7 +86,8 @@ class BookKeeper:
             self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,  # type: ignore[arg-type]
                                                               timeout_s=self.settings.zk_timeout_s,
                                                               **zk_options(self.security, self._root))
-        self.context = DriverContext(self.pool, self.store, self.settings, self.watch_writable)
+        self.context = DriverContext(self.pool, self.store, self.settings, self.watch_writable,
+                                     self.clock, self.rng.random)
         self._unwatch = self.store.watch_bookies(self._on_bookies)
         self._on_bookies(await self.store.bookies())
         if self.pool.security.authenticates and self._bookies:
@@ -148,7 +156,7 @@ class BookKeeper:
             bookies = choose_ensemble(self._bookies.values(), ensemble, self.rng)
         metadata = LedgerMetadata(ensemble, write_quorum, ack_quorum, ((0, bookies),),
                                   digest_type=digest, password_hash=password_hash(password),
-                                  ctime_ms=int(time.time() * 1000),
+                                  ctime_ms=self.clock.wall_ms(),
                                   custom=tuple(sorted((custom or {}).items())),
                                   master_key=master_key(password).hex())
         writers = self.store.ledger_writers(dict(metadata.custom).get("namespace"))
@@ -187,7 +195,8 @@ class BookKeeper:
                 return response.ledger_id, 0
             raise failure
 
-        return await retry(attempt, CREATE_RETRY, what="ledger creation through a bookie")
+        return await retry(attempt, CREATE_RETRY, what="ledger creation through a bookie",
+                           rng=self.rng.random, clock=self.clock)
 
     async def open_ledger(self, ledger_id: int, *, password: bytes = b"",
                           recovery: bool = True) -> ReadHandle:
@@ -220,12 +229,13 @@ class BookKeeper:
                             available_bookies=self.writable_bookies(), rng=self.rng,
                             read_timeout_ms=self.settings.read_timeout_ms,
                             add_timeout_ms=self.settings.add_timeout_ms)
-            finished = await RecoveryDriver(self.context, ledger_id, op, master_key(password)).recover()
+            finished = await self.recovery_driver(self.context, ledger_id, op, master_key(password)).recover()
             if finished.error is not None or finished.metadata is None:
                 raise finished.error or LedgerRecoveryError(f"recovery of ledger {ledger_id} failed")
             return finished.metadata, finished.version
 
-        return await retry(attempt, RECOVERY_RETRY, what=f"recovery of ledger {ledger_id}")
+        return await retry(attempt, RECOVERY_RETRY, what=f"recovery of ledger {ledger_id}",
+                           rng=self.rng.random, clock=self.clock)
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Remove the ledger's metadata; bookies reclaim its data by garbage collection."""

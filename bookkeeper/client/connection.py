@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import socket
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -66,6 +67,12 @@ class ConnectSecurity:
 NO_CONNECT_SECURITY = ConnectSecurity()
 
 
+# How a connection reaches a bookie: (protocol factory, host, port, TLS options) -> (transport,
+# protocol), as `loop.create_connection` does over TCP (the default); the ledger simulator dials
+# through its simulated network instead.
+Dial = Callable[..., Awaitable[tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]]
+
+
 def next_request_id() -> int:
     """The one source of request ids in a process: every pool and connection draws from it, so an
     id is never pending twice on any connection (they are 64-bit: no wrap in practice)."""
@@ -89,8 +96,9 @@ class BookieConnection(asyncio.Protocol):
         self.timeout_s = timeout_s
         self.in_flight_max = in_flight_max
         self._decoder = ResponseDecoder(frame_bytes_max)
-        # request id -> (future or callback, deadline); callbacks skip a future and a loop hop
-        self._pending: dict[int, tuple[Any, float]] = {}
+        # request id -> (callback of its outcome, deadline): one kind, whether a caller awaits a
+        # future (`send` settles it from its callback) or takes the outcome directly
+        self._pending: dict[int, tuple[Callable[[Any], None], float]] = {}
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -103,10 +111,11 @@ class BookieConnection(asyncio.Protocol):
 
     @classmethod
     async def open(cls, address: str, *, connect_timeout_s: float = 5.0,
-                   security: ConnectSecurity = NO_CONNECT_SECURITY, **options: Any) -> BookieConnection:
+                   security: ConnectSecurity = NO_CONNECT_SECURITY, dial: Dial | None = None,
+                   **options: Any) -> BookieConnection:
         """Connect (with TLS if configured) and authenticate (AUTH) before any request."""
         host, _, port = address.rpartition(":")
-        loop = asyncio.get_running_loop()
+        dial = dial or asyncio.get_running_loop().create_connection
         connection = cls(address, **options)
         tls: dict[str, Any] = {}
         if security.tls is not None:
@@ -114,7 +123,7 @@ class BookieConnection(asyncio.Protocol):
                    "ssl_handshake_timeout": connect_timeout_s}
         try:
             async with asyncio.timeout(connect_timeout_s):
-                await loop.create_connection(lambda: connection, host_of(address), int(port), **tls)
+                await dial(lambda: connection, host_of(address), int(port), **tls)
         except ssl.SSLCertVerificationError as exc:
             raise AuthenticationError(f"bookie {address} is not trusted: {exc.verify_message} (its "
                                       "certificate must be signed by the CA in ca_file and name its "
@@ -215,11 +224,8 @@ class BookieConnection(asyncio.Protocol):
         if self._closed_error is not None:
             future.set_exception(BookieUnavailableError(f"connection to {self.address} is closed"))
             return future
-        self._pending[request.request_id] = (future, self._loop.time() + self.timeout_s + wait_s)
-        self._out.append(request.frame if type(request) is EncodedRequest else encode_request(request))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        frame = request.frame if type(request) is EncodedRequest else encode_request(request)
+        self.send_callback(request.request_id, frame, lambda outcome: _settle(future, outcome), wait_s=wait_s)
         return future
 
     def send_callback(self, request_id: int, frame: bytes, callback: Callable[[Any], None], *,
@@ -246,14 +252,7 @@ class BookieConnection(asyncio.Protocol):
         pending = self._pending.pop(request_id, None)
         if pending is None:
             return  # already timed out, or an answer to a request we never sent
-        target = pending[0]
-        if not isinstance(target, asyncio.Future):
-            target(outcome)
-        elif not target.done():
-            if isinstance(outcome, BaseException):
-                target.set_exception(outcome)
-            else:
-                target.set_result(outcome)
+        pending[0](outcome)
         if not self._room.is_set() and len(self._pending) < self.in_flight_max:
             self._room.set()
 
@@ -272,16 +271,13 @@ class BookieConnection(asyncio.Protocol):
         if self._closed_error is None:
             self._closed_error = cause
         pending, self._pending = self._pending, {}
-        for target, _ in pending.values():
+        for callback, _ in pending.values():
             if isinstance(cause, DlogError) and not isinstance(cause, ProtocolError):
                 error: BaseException = cause  # e.g. UNAUTHENTICATED: the bookie said why
             else:
                 error = BookieUnavailableError(f"connection to bookie {self.address} lost: {cause}")
                 error.__cause__ = cause
-            if not isinstance(target, asyncio.Future):
-                target(error)
-            elif not target.done():
-                target.set_exception(error)
+            callback(error)
         self._room.set()
         if self._sweeper is not None and self._sweeper is not asyncio.current_task():
             self._sweeper.cancel()
@@ -320,3 +316,13 @@ class BookieConnection(asyncio.Protocol):
 
     async def info(self) -> BookieInfoResponse:
         return await self.request(BookieInfoRequest(self.next_request_id()))
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    """A pending request's callback for a caller that awaits a future."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

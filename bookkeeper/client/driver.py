@@ -209,7 +209,8 @@ class EffectDriver:
 
         try:
             current, version = await retry(attempt, METADATA_WRITE_RETRY,
-                                           what=f"ledger {self.ledger_id} metadata write")
+                                           what=f"ledger {self.ledger_id} metadata write",
+                                           rng=self.context.jitter, clock=self.context.clock)
         except NoSuchLedgerError as exc:  # deleted under the writer: nothing to retry
             self.run(self.machine.on_metadata_failed(exc))
             return

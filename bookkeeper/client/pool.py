@@ -6,12 +6,15 @@ failed connect the bookie is refused at once for `reconnect_backoff_s`, so a dea
 connect attempt per back-off period instead of one per request. At most `queued_requests_max`
 requests wait for one bookie's connection; beyond that a request fails at once with
 TooManyRequestsError (retryable) instead of growing the queue without bound.
+
+The back-off is measured on the injected clock (`bookkeeper.clock`) and connections are opened
+through the injected `dial` (TCP by default): the ledger simulator runs the pool on simulated time
+over its simulated network.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Callable
 
 from bookkeeper.client.batcher import AddBatcher, AddSink
@@ -19,9 +22,11 @@ from bookkeeper.client.connection import (
     NO_CONNECT_SECURITY,
     BookieConnection,
     ConnectSecurity,
+    Dial,
     EncodedRequest,
     next_request_id,
 )
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import BookieUnavailableError, DlogError, TooManyRequestsError
 from bookkeeper.protocol.wire import Request
 
@@ -30,8 +35,11 @@ class BookiePool:
     def __init__(self, resolve: Callable[[str], str] | None = None, *, timeout_s: float = 5.0,
                  connect_timeout_s: float = 3.0, reconnect_backoff_s: float = 0.2,
                  in_flight_max: int = 10_000, queued_requests_max: int = 10_000,
-                 security: ConnectSecurity = NO_CONNECT_SECURITY) -> None:
+                 security: ConnectSecurity = NO_CONNECT_SECURITY, clock: Clock = SYSTEM_CLOCK,
+                 dial: Dial | None = None) -> None:
         self.security = security
+        self.clock = clock
+        self.dial = dial
         self._resolve = resolve or (lambda bookie_id: bookie_id)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -59,7 +67,7 @@ class BookiePool:
             future.set_exception(BookieUnavailableError("the client is closed"))
             return future
         failed_at = self._failed_at.get(bookie_id)
-        if failed_at is not None and time.monotonic() - failed_at < self.reconnect_backoff_s:
+        if failed_at is not None and self.clock.monotonic_s() - failed_at < self.reconnect_backoff_s:
             future.set_exception(BookieUnavailableError(f"bookie {bookie_id} is unreachable "
                                                         "(connect failed moments ago)"))
             return future
@@ -108,9 +116,10 @@ class BookiePool:
         try:
             connection = await BookieConnection.open(
                 self._resolve(bookie_id), connect_timeout_s=self.connect_timeout_s,
-                timeout_s=self.timeout_s, in_flight_max=self.in_flight_max, security=self.security)
+                timeout_s=self.timeout_s, in_flight_max=self.in_flight_max, security=self.security,
+                dial=self.dial)
         except DlogError as exc:  # unreachable, or refused our TLS or credentials
-            self._failed_at[bookie_id] = time.monotonic()
+            self._failed_at[bookie_id] = self.clock.monotonic_s()
             for _, _, future in self._queued.pop(bookie_id, []):
                 if not future.done():
                     future.set_exception(exc)

@@ -1,16 +1,19 @@
 """The ledger client's settings, and the context its drivers run in.
 
 Drivers (ledger handles, range reads, recovery) get a `DriverContext`: the bookie pool, the
-metadata store, these settings and the writable-bookie watch. They never reach back into the
+metadata store, these settings, the writable-bookie watch, and the clock and random numbers their
+retries wait by (the ledger simulator's, on simulated time). They never reach back into the
 `BookKeeper` object that made them.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -52,3 +55,5 @@ class DriverContext:
     store: MetadataStore
     settings: ClientSettings
     watch_writable: Callable[[Callable[[list[str]], None]], Callable[[], None]]
+    clock: Clock = SYSTEM_CLOCK
+    jitter: Callable[[], float] = random.random  # draws of the retries' back-off spread

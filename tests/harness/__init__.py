@@ -1,5 +1,5 @@
-"""The test harness, not shipped in the wheel: seeded simulators of the ledger protocol
-(`tests.harness.sim`), the history recorder and its checker (`tests.harness.history`), fault
+"""The test harness, not shipped in the wheel: seeded simulators of the ledger layer
+(`tests.harness.sim`) and the stream layer (`tests.harness.streamsim`), the history recorder and its checker (`tests.harness.history`), fault
 injection on real processes (`tests.harness.faults`) and the chaos soak (`tests.harness.chaos`).
 
 It may import every shipped package; nothing shipped (bookkeeper, dlog, spark, tools) imports it.

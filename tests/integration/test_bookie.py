@@ -1,11 +1,13 @@
 """A real bookie process keeps acknowledged entries and fences across kill -9, survives a torn
-journal, refuses adds when read-only, returns disk space by GC and refuses a mismatched cookie."""
+journal, lets a recovery write-back repair a damaged entry (single ADD or ADD_BATCH alike), refuses
+adds when read-only, returns disk space by GC and refuses a mismatched cookie."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +15,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bookkeeper.client.connection import BookieConnection
-from bookkeeper.errors import (BookieReadOnlyError, LedgerFencedError, NoSuchEntryError,
+from bookkeeper.client.connection import BookieConnection, EncodedRequest
+from bookkeeper.errors import (BookieIOError, BookieReadOnlyError, LedgerFencedError, NoSuchEntryError,
                                NoSuchLedgerError, UnauthorizedError)
 from bookkeeper.meta import layout
 from bookkeeper.meta.zk import AsyncZooKeeper
+from bookkeeper.protocol.batch import AddBatchResponse, encode_add_batch
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry, unpack_entry
+from bookkeeper.protocol.wire import Status
+from tests.harness.faults.faults import entry_log_records, flip_entry_log_bytes
 from tests.helpers import eventually
 
 PASSWORD = b"secret"
@@ -111,6 +116,55 @@ async def test_torn_or_junk_journal_tail_replays_its_valid_prefix(cluster_factor
         await connection.read(11, 500)
     await append_all(connection, 11, 10, start=500)  # and it keeps accepting adds
     await connection.close()
+
+
+def _in_an_entry_log(data_dir: Path, ledger_id: int, entry_id: int) -> bool:
+    logs = data_dir / "ledgers" / "entrylogs"
+    return any(record[2:] == (ledger_id, entry_id) for path in logs.glob("*.log")
+               for record in entry_log_records(path))
+
+
+async def test_a_recovery_write_back_repairs_a_damaged_entry_whether_single_or_batched(cluster_factory):
+    """The one ADD route: on a stored entry that cannot be read, a plain add gets IO_ERROR and a
+    recovery add rewrites it, in an ADD_BATCH as in a single ADD, and the connection goes on."""
+    cluster = cluster_factory(bookies=1, bookie_args=["--checkpoint-interval", "0.2"])
+    bookie = cluster.bookies[0]
+    connection = await BookieConnection.open(bookie.address)
+    await append_all(connection, 21, 4)
+    await eventually(lambda: _in_an_entry_log(bookie.data_dir, 21, 3), timeout_s=20)
+    # a later checkpoint must move the journal's mark past those adds too, or the restart would
+    # replay the undamaged entries from the journal into the write cache
+    await append_all(connection, 22, 1)
+    await eventually(lambda: _in_an_entry_log(bookie.data_dir, 22, 0), timeout_s=20)
+    await connection.close()
+    cluster.kill_bookie(0)
+    damaged = {(21, entry_id) for entry_id in range(4)}
+    assert flip_entry_log_bytes(bookie.data_dir, random.Random(2), entries=damaged) == 4
+    cluster.start_bookie(0)
+    connection = await BookieConnection.open(bookie.address)
+
+    def entry(entry_id: int) -> bytes:
+        return pack_entry(DIGEST, 21, entry_id, entry_id - 1, 0, payload(21, entry_id))
+
+    async def add_batch(entry_ids: list[int], recovery: bool) -> AddBatchResponse:
+        request_id = connection.next_request_id()
+        frame = encode_add_batch(request_id, [(21, KEY, recovery, [entry(e) for e in entry_ids])])
+        return await connection.request(EncodedRequest(request_id, frame))  # type: ignore[arg-type]
+
+    plain = await add_batch([0, 1], recovery=False)
+    assert [(failure.index, failure.status) for failure in plain.failures] == [
+        (0, Status.IO_ERROR), (1, Status.IO_ERROR)]
+    with pytest.raises(BookieIOError):
+        await connection.add(21, 2, KEY, entry(2))
+    assert (await add_batch([0, 1], recovery=True)).failures == ()
+    await connection.add(21, 2, KEY, entry(2), recovery=True)
+    for entry_id in range(3):
+        assert (await connection.read(21, entry_id)).packed_entry == entry(entry_id)
+    with pytest.raises(BookieIOError):  # the one nobody wrote back is still damaged
+        await connection.read(21, 3)
+    await connection.close()
+    log_text = (bookie.data_dir / "bookie.log").read_text()
+    assert "Traceback" not in log_text and "rewritten by a recovery add" in log_text
 
 
 async def test_read_only_bookie_refuses_adds_and_says_so(cluster_factory, zk_server):

@@ -1,18 +1,18 @@
 """A bookie answers an ADD_BATCH once, after the fsync covering every accepted entry, refuses entries
-one by one with the rules of a single add (a ledger garbage collection dropped among them), replays
-its journal record entry by entry, and reads ranges by stride, byte limit and fence as
-docs/protocol.md says."""
+one by one with the rules of a single add (a ledger garbage collection dropped, an id repeated in a
+group), replays its journal record entry by entry, and reads ranges by stride, byte limit and fence
+as docs/protocol.md says."""
 
 from __future__ import annotations
 
 import pytest
 
-from bookkeeper.bookie.batching import group_record, replay_group_record
+from bookkeeper.bookie.adds import group_record, replay_group_record
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.protocol.batch import AddBatchRequest, AddBatchResponse, AddGroup, ReadRangeRequest
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import ErrorResponse, ReadRequest, RequestDecoder, Status, encode_request
+from bookkeeper.protocol.wire import AddRequest, ErrorResponse, ReadRequest, RequestDecoder, Status, encode_request
 from tests.unit.test_bookie_core import Collector
 
 KEY = master_key(b"pw")
@@ -152,3 +152,19 @@ def test_a_batch_for_a_ledger_garbage_collection_dropped_is_refused_and_recreate
     answer = reply.answers[-1]
     assert isinstance(answer, AddBatchResponse) and [f.status for f in answer.failures] == [Status.NO_LEDGER]
     assert not core.has_ledger(1) and core.has_ledger(2)
+
+
+def test_a_group_follows_the_rules_of_single_adds_entry_by_entry(core):
+    """One ADD route: an id repeated in one group with other bytes is ENTRY_EXISTS, as a second
+    single ADD is; a group (or single ADD) with nothing accepted creates no ledger."""
+    reply = Collector()
+    core.on_add_batch(wire_batch(AddGroup(1, KEY, (entry(1, 0), entry(1, 0, b"other"), entry(1, 1)))), reply)
+    core.journal.fsync()
+    answer = reply.answers[-1]
+    assert [(failure.index, failure.status) for failure in answer.failures] == [(1, Status.ENTRY_EXISTS)]
+    assert core.storage.get_entry(1, 0) == entry(1, 0)
+    core.on_add_batch(wire_batch(AddGroup(2, KEY, (entry(9, 0),))), reply)
+    core.on_add(AddRequest(8, 3, 0, KEY, entry(3, 1)), reply)
+    assert reply.answers[-2].failures[0].status == Status.BAD_REQUEST
+    assert reply.answers[-1].status == Status.BAD_REQUEST
+    assert not core.has_ledger(2) and not core.has_ledger(3)

@@ -1,1 +1,3 @@
-"""A deterministic simulation of bookies, the metadata store and clients running the real protocol core."""
+"""A deterministic simulation of the ledger layer as it ships: the real client (driver, pool, batcher,
+connection, protocol machines) and real bookies (server, connection, core over in-memory journal and
+storage ports), on one simulated-time loop over a simulated network and metadata store."""

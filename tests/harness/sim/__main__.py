@@ -1,11 +1,12 @@
 """Run the seeded protocol simulator: replay one seed, or explore many.
 
-    python -m tests.harness.sim --seed 42 --steps 30000      # replay one run (add --trace for its events)
+    python -m tests.harness.sim --seed 42                    # replay one run (add --trace for its events)
     python -m tests.harness.sim --seeds 1000 --start 0       # explore seeds 0..999 and print a summary
-    python -m tests.harness.sim --seeds 2000 --plant ack-quorum-minus-one   # show the checker catching a bug
+    python -m tests.harness.sim --seeds 300 --plant ack-before-fsync   # show the checker catching a bug
 
 Exit status 1 when any run broke a promise; every failing seed is printed with the command that
-replays it. The simulator itself lives in tests/sim (see tests/harness/sim/simulation.py).
+replays it. The simulator runs the shipped client and bookie code (see tests/harness/sim/simulation.py);
+its fixed seeds and plants are tests/sim/test_simulation.py.
 """
 
 from __future__ import annotations
@@ -26,12 +27,10 @@ FAILING_SEEDS_SHOWN_MAX = 20
 def _parser() -> argparse.ArgumentParser:
     parser = seed_parser("python -m tests.harness.sim", __doc__.split("\n")[0])
     parser.add_argument("--steps", type=whole_number, default=DEFAULT_STEPS,
-                        help=f"events before every fault heals (default {DEFAULT_STEPS})")
+                        help=f"event-loop turns before every fault heals (default {DEFAULT_STEPS})")
     parser.add_argument("--trace", action="store_true", help="with --seed: print the last 200 events")
     parser.add_argument("--plant", choices=plants.NAMES,
                         help="run with a planted bug, to see the checker catch it")
-    parser.add_argument("--real-bookie-fence", action="store_true",
-                        help="answer a repeated fence before it is durable, as bookie.py does")
     return parser
 
 
@@ -44,8 +43,8 @@ def replay(seed: int, steps: int, options: dict[str, bool], trace: bool) -> int:
     simulation, result = _simulate(seed, steps, options)
     print(f"seed {seed}, steps {steps}: {result.scenario.describe()}")
     print(f"  {result.entries_appended} entries appended, {result.entries_acked} acknowledged, ledger "
-          f"closed at entry {result.last_entry_id}; {result.events} events over "
-          f"{result.simulated_ms} simulated ms; fingerprint {result.fingerprint}")
+          f"closed at entry {result.last_entry_id}; {result.events} loop turns over "
+          f"{result.simulated_ms:.0f} simulated ms; fingerprint {result.fingerprint}")
     print(f"  faults: {dict(sorted(result.faults.items())) or 'none'}")
     print(f"  exercised: {dict(sorted(simulation.world.stats.items()))}")
     if trace:
@@ -92,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     with plants.planted(arguments.plant) as options:
         if arguments.plant:
             print(f"planted bug: {arguments.plant}: {plants.describe(arguments.plant)}")
-        if arguments.real_bookie_fence:
-            options["fence_answer_waits_for_journal"] = False
         if arguments.seed is not None:
             return replay(arguments.seed, arguments.steps, options, arguments.trace)
         return explore(arguments.start, arguments.seeds, arguments.steps, options)

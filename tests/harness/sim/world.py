@@ -1,60 +1,57 @@
-"""The simulated world: an integer-millisecond clock, one event queue, a trace, and the network.
+"""The simulated world: one seeded generator, a simulated-time event loop, a trace, and the network.
 
-Everything random comes from the one `random.Random` the world is built with, and every
-collection that is iterated is ordered (lists, dicts, sorted sets), so one seed gives one run
-whatever PYTHONHASHSEED is.
+Everything random comes from the one `random.Random` the world is built with, everything runs as
+callbacks and tasks of one `SimulatedTimeLoop` (FIFO ready queue, timers in (time, scheduling
+order)), and every collection that is iterated is ordered, so one seed gives one run whatever
+PYTHONHASHSEED is. The fingerprint hashes every trace line and every message the network carries
+(its time, ends and size), so two runs of one seed agree exactly or differ visibly.
 
-The network carries a message after a random latency (so messages reorder), may drop it or deliver
-it twice, and drops everything between a client and a bookie while the two are partitioned, also
-messages already in flight when the partition starts.
+The network carries the bytes one end of a connection wrote after a random latency (so writes
+reorder), may drop them or deliver them twice, and drops everything between a client and a bookie
+while the two are partitioned, also what is already in flight when the partition starts. A write
+always holds whole frames (both ends frame before they write), so faults lose or repeat requests
+and answers, never half of one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 import random
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tests.harness.streamsim.loop import SimulatedTimeLoop
+
 TRACE_EVENTS_MAX = 200  # kept for the failure report; the report prints the last 40
 
 
 class World:
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, loop: SimulatedTimeLoop) -> None:
         self.rng = rng
-        self.now_ms = 0
-        self.events_processed = 0
+        self.loop = loop
         self.faults: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()  # what the run exercised (ensemble changes, ...)
-        self.trace: deque[tuple[int, tuple[Any, ...]]] = deque(maxlen=TRACE_EVENTS_MAX)
-        self._queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
-        self._sequence = 0
-        self._fingerprint = hashlib.sha256()  # of every event and log line: equal runs, equal hash
+        self.trace: deque[tuple[float, tuple[Any, ...]]] = deque(maxlen=TRACE_EVENTS_MAX)
+        self._fingerprint = hashlib.sha256()
 
-    def at(self, time_ms: int, action: Callable[..., None], *args: Any) -> None:
-        self._sequence += 1
-        heapq.heappush(self._queue, (max(time_ms, self.now_ms), self._sequence, action, args))
+    @property
+    def now_ms(self) -> float:
+        """Simulated milliseconds, to the microsecond (every delay is whole milliseconds: what
+        is below is float noise, which must not order two events)."""
+        return round(self.loop.time() * 1000, 3)
 
-    def after(self, delay_ms: int, action: Callable[..., None], *args: Any) -> None:
-        self.at(self.now_ms + delay_ms, action, *args)
-
-    def step(self) -> bool:
-        """Run the next event; False when nothing is left."""
-        if not self._queue:
-            return False
-        time_ms, _, action, args = heapq.heappop(self._queue)
-        self.now_ms = time_ms
-        self.events_processed += 1
-        self._fingerprint.update(b"%d %s;" % (time_ms, action.__qualname__.encode()))
-        action(*args)
-        return True
+    def after(self, delay_ms: float, action: Callable[..., None], *args: Any) -> None:
+        self.loop.call_later(delay_ms / 1000, action, *args)
 
     def log(self, *parts: Any) -> None:
-        self.trace.append((self.now_ms, parts))
-        self._fingerprint.update(repr(parts).encode())
+        now_ms = self.now_ms
+        self.trace.append((now_ms, parts))
+        self._fingerprint.update(b"%.3f %s;" % (now_ms, repr(parts).encode()))
+
+    def fingerprint_message(self, source: str, target: str, size: int) -> None:
+        self._fingerprint.update(b"%.3f %s>%s %d;" % (self.now_ms, source.encode(), target.encode(), size))
 
     @property
     def fingerprint(self) -> str:
@@ -65,7 +62,7 @@ class World:
         self.log("FAULT", kind, *parts)
 
     def format_trace(self, last: int = 40) -> str:
-        lines = [f"  t={time_ms:>6} ms  " + " ".join(str(part) for part in parts)
+        lines = [f"  t={time_ms:>9.3f} ms  " + " ".join(str(part) for part in parts)
                  for time_ms, parts in list(self.trace)[-last:]]
         return "\n".join(lines)
 
@@ -110,25 +107,29 @@ class Network:
     def heal_all(self) -> None:
         self._partitions.clear()
 
-    def send(self, source: str, target: str, deliver: Callable[..., None], *args: Any) -> None:
-        rng = self.world.rng
+    def send(self, source: str, target: str, deliver: Callable[..., None], *args: Any,
+             faulty: bool = True) -> None:
+        """Deliver `deliver(*args)` after a latency; `faulty`: may be dropped or duplicated (data,
+        not connection set-up or resets)."""
+        rng, world = self.world.rng, self.world
         if self.partitioned(source, target):
             return
-        if self.faulty and self.config.drop_probability and rng.random() < self.config.drop_probability:
-            self.world.fault("drop", source, "->", target, _label(args))
+        faulty = faulty and self.faulty
+        if faulty and self.config.drop_probability and rng.random() < self.config.drop_probability:
+            world.fault("drop", source, "->", target, _label(args))
             return
-        self.world.after(self.latency_ms(), self._arrive, source, target, deliver, args)
-        if (self.faulty and self.config.duplicate_probability
-                and rng.random() < self.config.duplicate_probability):
-            self.world.fault("duplicate", source, "->", target, _label(args))
-            self.world.after(self.latency_ms(), self._arrive, source, target, deliver, args)
+        world.after(self.latency_ms(), self._arrive, source, target, deliver, args)
+        if faulty and self.config.duplicate_probability and rng.random() < self.config.duplicate_probability:
+            world.fault("duplicate", source, "->", target, _label(args))
+            world.after(self.latency_ms(), self._arrive, source, target, deliver, args)
 
     def _arrive(self, source: str, target: str, deliver: Callable[..., None], args: tuple[Any, ...]) -> None:
         if not self.partitioned(source, target):
+            if args and isinstance(args[0], bytes):
+                self.world.fingerprint_message(source, target, len(args[0]))
             deliver(*args)
 
 
 def _label(args: tuple[Any, ...]) -> str:
     message = args[0] if args else ""
-    label = getattr(message, "label", None)
-    return label() if label is not None else str(message)
+    return f"{len(message)} bytes" if isinstance(message, bytes) else str(message)

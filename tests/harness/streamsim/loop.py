@@ -22,6 +22,7 @@ SPIN_TURNS_MAX = 200_000
 class SimulatedTimeSelector(selectors.BaseSelector):
     def __init__(self) -> None:
         self.now_s = 0.0
+        self.turns = 0  # loop iterations so far (the ledger simulator bounds its fault phase by them)
         self._keys: dict[Any, selectors.SelectorKey] = {}
         self._turns_at_now = 0  # loop turns since the clock last moved: a spin never lets it move
 
@@ -35,6 +36,7 @@ class SimulatedTimeSelector(selectors.BaseSelector):
         return self._keys.pop(fileobj)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.turns += 1
         if timeout is None:
             raise RuntimeError("the simulation is deadlocked: nothing is ready and nothing is scheduled")
         if timeout > 0:
