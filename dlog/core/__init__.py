@@ -6,6 +6,8 @@ as it now is, list-change notifications, the time), effects out (`effects`: crea
 append an entry, commit a segment-list change, close or delete a ledger, complete or fail records,
 wake waiters, read entries, long-poll). `changes` holds the pure planners they and the namespace
 share: sealing a segment, merging a change with concurrent ones, truncation, retention.
+`dedup` is the one producer-deduplication table (idempotent Kafka producers and named native
+writers alike): batches in, verdicts out, snapshot and replay to rebuild it on a new owner.
 
 Nothing here does I/O, reads a clock or touches asyncio or ZooKeeper: time comes in with events
 (`now_ms`), and encoding or decoding entries is a pure function handed in. `dlog.writer` and
