@@ -4,11 +4,21 @@ who has joined, the group's next deadline). Mutable, owned by the coordinator al
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from bookkeeper.errors import invariant
 from dlog.serve.group_messages import GroupState, GroupView, MemberView, Protocol
+
+
+class Due(enum.Enum):
+    """What a group's deadline is for; at one time, in this order."""
+
+    JOINS = 0  # the rebalance timeout (or a step of the initial delay) while joins are collected
+    SYNCS = 1  # the rebalance timeout while the leader's assignment is awaited
+    PENDING_ID = 2  # a member id handed out with MEMBER_ID_REQUIRED was not used in time
+    SESSION = 3  # a member's session (or a new member's parked join) ran out
 
 
 @dataclass(slots=True, eq=False)
@@ -85,14 +95,24 @@ class Group:
     def all_joined(self) -> bool:
         return not self.pending and all(member.join_request is not None for member in self.members.values())
 
-    def next_deadline_ms(self) -> int | None:
-        deadlines = [*self.pending.values()]
+    def deadlines(self) -> list[tuple[int, Due, str]]:
+        """Everything that happens to the group at a time: (when, what, member id or "")."""
+        due = [(at_ms, Due.PENDING_ID, member_id) for member_id, at_ms in self.pending.items()]
         if self.state is GroupState.PREPARING_REBALANCE and self.join_deadline_ms is not None:
-            deadlines.append(self.join_deadline_ms)
+            due.append((self.join_deadline_ms, Due.JOINS, ""))
         if self.state is GroupState.COMPLETING_REBALANCE and self.sync_deadline_ms is not None:
-            deadlines.append(self.sync_deadline_ms)
-        deadlines += [member.deadline_ms for member in self.members.values() if not member.kept_alive]
-        return min(deadlines, default=None)
+            due.append((self.sync_deadline_ms, Due.SYNCS, ""))
+        due += [(m.deadline_ms, Due.SESSION, m.member_id) for m in self.members.values() if not m.kept_alive]
+        return due
+
+    def next_deadline_ms(self) -> int | None:
+        return min((at_ms for at_ms, _, _ in self.deadlines()), default=None)
+
+    def next_due(self, now_ms: int) -> tuple[int, Due, str] | None:
+        """The earliest thing due at `now_ms`, so that a late wake handles them in their order
+        (a rebalance that completed in time keeps its new members from timing out)."""
+        earliest = min(self.deadlines(), key=lambda due: (due[0], due[1].value, due[2]), default=None)
+        return earliest if earliest is not None and earliest[0] <= now_ms else None
 
     def view(self) -> GroupView:
         members = tuple(MemberView(m.member_id, m.client_id, m.assignment) for m in self.members.values())

@@ -40,6 +40,10 @@ commit with no generation to a group without members) and says which offsets to 
 and fetching them is the caller's (they become dlog subscriptions). Membership itself is not
 durable: a new coordinator starts with no groups, and members rejoin when told UNKNOWN_MEMBER_ID.
 
+Time. Each group keeps its deadlines (joins, syncs, sessions, pending ids); `on_time` handles the
+due ones earliest first, so a wake that comes late acts as if it had come in time. A heartbeat
+only moves a deadline later and leaves the wake as it was (an early wake finds nothing due).
+
 Bounds: `groups_max` groups (a new one is refused COORDINATOR_NOT_AVAILABLE, retriable, as groups
 empty out), `members_per_group_max` members and pending ids per group (GROUP_MAX_SIZE_REACHED),
 `member_bytes_max` per member's metadata and assignment and `state_bytes_max` for all of them
@@ -51,8 +55,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable
 
-from bookkeeper.errors import invariant
-from dlog.serve.group_members import Group, Member
+from bookkeeper.errors import InvariantError, invariant
+from dlog.serve.group_members import Due, Group, Member
 from dlog.serve.group_messages import (NO_MEMBER, CommitResult, GroupLimits, GroupState, GroupView, Heartbeat,
                                        HeartbeatResult, JoinGroup, JoinResult, LeaveGroup, LeaveResult, OffsetCommit,
                                        Outcome, Reply, Result, SyncGroup, SyncResult)
@@ -428,29 +432,36 @@ class GroupCoordinator:
         return self._outcome()
 
     def _expire(self, group: Group, now_ms: int) -> None:
-        for member_id, deadline_ms in list(group.pending.items()):
-            if deadline_ms <= now_ms:
+        """Handle what is due, earliest first; each step ends something or moves a deadline on."""
+        for _ in range(2 * (len(group.members) + len(group.pending)) + 64):
+            due = group.next_due(now_ms)
+            if due is None:
+                return
+            at_ms, what, member_id = due
+            if what is Due.JOINS:
+                self._joins_due(group, at_ms, now_ms)
+            elif what is Due.SYNCS:
+                unsynced = [m for m in group.members.values() if m.sync_request is None]
+                for member in unsynced:  # the leader among them, or it would have assigned
+                    self._drop_member(group, member)
+                self.members_expired += len(unsynced)
+                self._prepare_rebalance(group, now_ms)
+            elif what is Due.PENDING_ID:
                 del group.pending[member_id]
-        expired = [m for m in group.members.values() if not m.kept_alive and m.deadline_ms <= now_ms]
-        for member in expired:
-            self._drop_member(group, member)
-        self.members_expired += len(expired)
-        if expired:
-            self._member_gone(group, now_ms)
-        if group.state is GroupState.PREPARING_REBALANCE and (group.join_deadline_ms or 0) <= now_ms:
-            if group.delaying and group.member_added and group.delay_left_ms > 0:
-                step = min(self.limits.initial_rebalance_delay_ms, group.delay_left_ms)
-                group.delay_left_ms -= step
-                group.member_added = False
-                group.join_deadline_ms = now_ms + step
             else:
-                self._complete_join(group, now_ms)
-        if group.state is GroupState.COMPLETING_REBALANCE and (group.sync_deadline_ms or 0) <= now_ms:
-            unsynced = [m for m in group.members.values() if m.sync_request is None]
-            for member in unsynced:  # the leader among them, or the leader would have assigned
-                self._drop_member(group, member)
-            self.members_expired += len(unsynced)
-            self._prepare_rebalance(group, now_ms)
+                self._drop_member(group, group.members[member_id])
+                self.members_expired += 1
+                self._member_gone(group, now_ms)
+        raise InvariantError(f"group {group.group_id}: deadlines at {now_ms} kept coming")
+
+    def _joins_due(self, group: Group, at_ms: int, now_ms: int) -> None:
+        if group.delaying and group.member_added and group.delay_left_ms > 0:
+            step = min(self.limits.initial_rebalance_delay_ms, group.delay_left_ms)
+            group.delay_left_ms -= step
+            group.member_added = False
+            group.join_deadline_ms = at_ms + step  # from when it was due, as if woken in time
+        else:
+            self._complete_join(group, now_ms)
 
     def unload(self) -> Outcome:
         """This server stops coordinating: every parked request is answered NOT_COORDINATOR

@@ -230,6 +230,17 @@ def test_a_new_members_parked_join_gives_up_after_the_new_member_timeout():
     assert story.answer(join_d).error is ErrorCode.UNKNOWN_MEMBER_ID
 
 
+def test_a_late_wake_handles_deadlines_in_their_order():
+    """The driver's timer fired long after the rebalance was due: the rebalance completes first,
+    so the new members' parked joins, which would have timed out by now, are answered."""
+    story = Story(new_member_join_timeout_ms=60_000)
+    joins = [story.join(client, known=False) for client in ("a", "b", "c")]
+    story.now = 600_000
+    story.take(story.coordinator.on_time(story.now))
+    assert {story.answer(join).generation_id for join in joins} == {1}
+    assert story.state is GroupState.COMPLETING_REBALANCE
+
+
 @pytest.mark.parametrize("join, error", [
     ({"group": ""}, ErrorCode.INVALID_GROUP_ID),
     ({"group": "g" * 256}, ErrorCode.INVALID_GROUP_ID),
