@@ -8,6 +8,8 @@ wake waiters, read entries, long-poll). The writer machine batches records into 
 part of its own (`batching.EntryBatcher`) and commits the segments around them; its settings are
 in `settings`. `changes` holds the pure planners the machines and the namespace share: sealing a
 segment, merging a change with concurrent ones, truncation, retention.
+`dedup` is the one producer-deduplication table (idempotent Kafka producers and named native
+writers alike): batches in, verdicts out, snapshot and replay to rebuild it on a new owner.
 
 Nothing here does I/O, reads a clock or touches asyncio or ZooKeeper: time comes in with events
 (`now_ms`), and encoding or decoding entries is a pure function handed in. `dlog.writer` and

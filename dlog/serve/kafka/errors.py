@@ -95,8 +95,8 @@ MEANING: dict[ErrorCode, str] = {
     ErrorCode.LEADER_NOT_AVAILABLE: "the stream has no owner right now; retry after a metadata refresh",
     ErrorCode.NOT_LEADER_OR_FOLLOWER: "this server does not own the stream; refresh metadata",
     ErrorCode.REQUEST_TIMED_OUT: "the request did not complete within its timeout",
-    ErrorCode.MESSAGE_TOO_LARGE: "the record batch (or its decompressed records) is over the "
-                                 "server's limit",
+    ErrorCode.MESSAGE_TOO_LARGE: "the record batch (or its decompressed records), or a group "
+                                 "member's metadata or assignment, is over the server's limit",
     ErrorCode.OFFSET_METADATA_TOO_LARGE: "a committed offset's metadata string is too long",
     ErrorCode.NETWORK_EXCEPTION: "the server lost a connection it needed while answering",
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: "the group coordinator is still loading; retry",
