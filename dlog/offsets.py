@@ -3,6 +3,14 @@
 An `Offset` is (ledger id, entry id, slot); the slot is the record's index inside its entry's
 batch. Text form ``L:E`` or ``L:E:S`` (the slot defaults to 0).
 
+A record also has a stream *position* (V4): a 64-bit integer counted from the stream's first
+record, dense (0, 1, 2...), never reused and unchanged by truncation, as Kafka's offsets. An
+`Offset` carries it as `position` when the one who made it knew it (a writer's acknowledgement, a
+reader's record; None otherwise: a parsed text, a stream written before positions existed until
+its next writer opens it). `position` takes no part in equality or hashing (the same record is
+the same offset, known position or not) nor in the text and JSON forms, which stay as they were
+(subscriptions and Spark checkpoints store them).
+
 Offsets are deliberately NOT orderable. Stream order is segment order, then entry, then slot,
 and segment order need not follow ledger-id order: the Spark sink appends ledgers written by its
 tasks as segments in commit order, whatever ids they got. A ``(ledger, entry, slot)`` comparison
@@ -16,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bookkeeper.errors import ConfigError
@@ -24,6 +32,7 @@ from bookkeeper.errors import ConfigError
 LEDGER_ID_MAX = 2**63 - 1
 ENTRY_ID_MAX = 2**63 - 1
 SLOT_MAX = 2**31 - 1  # Spark's read schema has `slot int`
+POSITION_MAX = 2**63 - 1  # a signed 64-bit integer, as Kafka's offsets
 
 # ASCII digits only (str.isdigit and \d would accept "١"), at most 19 of them per number, which
 # also keeps int() away from huge strings.
@@ -37,17 +46,20 @@ class Offset:
     ledger_id: int
     entry_id: int
     slot: int = 0
+    position: int | None = field(default=None, compare=False)  # the record's stream position, if known
 
     def __post_init__(self) -> None:
         # One flat condition: readers build an Offset per record, so the happy path stays cheap.
-        ledger_id, entry_id, slot = self.ledger_id, self.entry_id, self.slot
+        ledger_id, entry_id, slot, position = self.ledger_id, self.entry_id, self.slot, self.position
         if not (
             type(ledger_id) is int and type(entry_id) is int and type(slot) is int
             and 0 <= ledger_id <= LEDGER_ID_MAX and 0 <= entry_id <= ENTRY_ID_MAX and 0 <= slot <= SLOT_MAX
+            and (position is None or (type(position) is int and 0 <= position <= POSITION_MAX))
         ):  # fmt: skip
             for (what, largest), value in zip(_FIELD_LIMITS, (ledger_id, entry_id, slot)):
                 if type(value) is not int or not 0 <= value <= largest:
                     raise ConfigError(f"bad offset {what} {value!r}: use an integer in 0..{largest}")
+            check_position(position, "offset position")
 
     @classmethod
     def parse(cls, text: str) -> Offset:
@@ -81,6 +93,14 @@ class Offset:
         if unknown or "ledger" not in data or "entry" not in data:
             raise ConfigError(f"bad offset {data!r}: {expected}")
         return cls(data["ledger"], data["entry"], data.get("slot", 0))
+
+
+def check_position(position: Any, what: str = "position") -> int:
+    """A stream position as given (an int in 0..POSITION_MAX), or one clear ConfigError."""
+    if type(position) is not int or not 0 <= position <= POSITION_MAX:
+        raise ConfigError(f"bad {what} {shown_input(position)}: use an integer in 0..{POSITION_MAX} (a record's "
+                          "position in its stream, counted from the stream's first record)")
+    return position
 
 
 def shown_input(text: Any) -> str:

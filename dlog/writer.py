@@ -86,43 +86,51 @@ ABORT_SETTLE_S_MAX = 1.0  # the same after abort(), which promised not to wait
 @dataclass(frozen=True, slots=True)
 class WrittenBatch:
     """Where a batch went, all in one ledger: per entry, its id and how many records it holds
-    (the batch's records fill each entry from slot 0)."""
+    (the batch's records fill each entry from slot 0). Its records have the consecutive stream
+    positions from `first_position` on (None: the segment has no position)."""
 
     ledger_id: int
     entries: tuple[tuple[int, int], ...]  # (entry id, records)
+    first_position: int | None = None
 
     def __len__(self) -> int:
         return sum(count for _, count in self.entries)
 
     def __iter__(self) -> Iterator[Offset]:
+        position = self.first_position
         for entry_id, count in self.entries:
             for slot in range(count):
-                yield Offset(self.ledger_id, entry_id, slot)
+                yield Offset(self.ledger_id, entry_id, slot, position)
+                position = None if position is None else position + 1
 
     @property
     def first(self) -> Offset:
-        return Offset(self.ledger_id, self.entries[0][0], 0)
+        return Offset(self.ledger_id, self.entries[0][0], 0, self.first_position)
 
     @property
     def last(self) -> Offset:
         entry_id, count = self.entries[-1]
-        return Offset(self.ledger_id, entry_id, count - 1)
+        last_position = None if self.first_position is None else self.first_position + len(self) - 1
+        return Offset(self.ledger_id, entry_id, count - 1, last_position)
 
 
 class _BatchWaiter:
     """Collects where the pieces of one write_batch went (the waiter of each of its pieces)."""
 
-    __slots__ = ("future", "entries", "left", "ledger_id")
+    __slots__ = ("future", "entries", "left", "ledger_id", "first_position")
 
     def __init__(self, future: asyncio.Future[WrittenBatch], pieces: int) -> None:
         self.future, self.entries, self.left, self.ledger_id = future, [], pieces, -1
+        self.first_position: int | None = None
 
-    def piece_done(self, ledger_id: int, entry_id: int, records: int) -> None:
+    def piece_done(self, ledger_id: int, entry_id: int, records: int, position: int | None) -> None:
         self.ledger_id = ledger_id
+        if not self.entries:
+            self.first_position = position
         self.entries.append((entry_id, records))
         self.left -= 1
         if self.left == 0 and not self.future.done():
-            self.future.set_result(WrittenBatch(ledger_id, tuple(self.entries)))
+            self.future.set_result(WrittenBatch(ledger_id, tuple(self.entries), self.first_position))
 
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
@@ -548,12 +556,15 @@ class StreamWriter:
         appended.add_done_callback(done)
 
     def _complete(self, effect: CompleteChunks) -> None:
-        ledger_id, entry_id, slot = effect.ledger_id, effect.entry_id, 0
+        ledger_id, entry_id, slot, first_position = effect.ledger_id, effect.entry_id, 0, effect.first_position
         for waiter, records in zip(effect.waiters, effect.records):
-            if type(waiter) is _BatchWaiter:
-                waiter.piece_done(ledger_id, entry_id, records)
-            elif waiter is not None and not waiter.done():  # None: an offered record
-                waiter.set_result(Offset(ledger_id, entry_id, slot))
+            if waiter is None:  # an offered record
+                pass
+            elif type(waiter) is _BatchWaiter:
+                waiter.piece_done(ledger_id, entry_id, records, None if first_position is None else first_position + slot)
+            elif not waiter.done():
+                waiter.set_result(Offset(ledger_id, entry_id, slot,
+                                         None if first_position is None else first_position + slot))
             slot += records
 
     @staticmethod

@@ -6,7 +6,9 @@ several streams at once, for rows routed by their `stream` column): under the st
 a dead writer's in-progress segment first (fences it: the one recipe of `dlog.seal`, L1/L4),
 then creates one COMPLETED segment per ledger after `max_sequence` and records the batch id for
 the sink, in ONE compare-and-set change of the segment store (a `SegmentChange` with a
-`SinkCommit`). A lost compare-and-set (truncation or retention changed the list) plans again. A batch id at or below the one
+`SinkCommit`). The new segments get their stream positions one after the other, in partition
+order, after the last segment (`changes.append_change`, which also assigns positions to a stream
+written before they existed, as a writer's open does; V4). A lost compare-and-set (truncation or retention changed the list) plans again. A batch id at or below the one
 recorded is a replay: nothing is appended and the replay's ledgers are deleted, unless the list
 already holds them (a retried commit whose first try went through).
 """
@@ -108,7 +110,7 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
             sink = SinkCommit(sink_id, batch_id, ledgers, recorded)
         segments = tuple(_segment(listing.max_sequence + 1 + index, message, namespace.clock.wall_ms())
                          for index, message in enumerate(batches[stream]))
-        commits.append((stream, listing, SegmentChange(create=segments, sink=sink)))
+        commits.append((stream, listing, changes.append_change(listing, segments, sink)))
     try:
         await store.commit_many(commits)
     except MetadataVersionError as exc:

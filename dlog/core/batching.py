@@ -51,6 +51,7 @@ class InFlightEntry:
     size_bytes: int  # as counted for the buffer bound
     waiters: tuple[Any, ...]
     records: tuple[int, ...]  # of each waiter's chunk
+    first_position: int | None  # the stream position of its first record (None: not assigned)
 
 
 @dataclass(slots=True)
@@ -59,6 +60,7 @@ class SegmentProgress:
 
     ledger_id: int | None = None
     started_ms: int = 0
+    first_position: int | None = None  # the segment's
     next_entry_id: int = 0
     records: int = 0
     bytes: int = 0
@@ -203,7 +205,8 @@ class EntryBatcher:
         self.buffered_bytes -= size_bytes
         self.buffered_records -= records
         self.buffer_since_ms = now_ms if self.buffer else None
-        payload, min_timestamp_ms, max_timestamp_ms = self.encode(items, progress.records)
+        first_record_index = progress.records  # within the segment: the entry header's
+        payload, min_timestamp_ms, max_timestamp_ms = self.encode(items, first_record_index)
         invariant(len(payload) <= self.settings.entry_bytes_limit,
                   f"an entry of {len(payload)} bytes is over the limit {self.settings.entry_bytes_limit}")
         if progress.records == 0:
@@ -213,7 +216,10 @@ class EntryBatcher:
         progress.bytes += len(payload)
         entry_id = progress.next_entry_id
         progress.next_entry_id += 1
-        self.in_flight.append(InFlightEntry(ledger_id, entry_id, chunk_ids[-1] + 1, size_bytes, waiters, counts))
+        segment_position = progress.first_position
+        first_position = None if segment_position is None else segment_position + first_record_index
+        self.in_flight.append(InFlightEntry(ledger_id, entry_id, chunk_ids[-1] + 1, size_bytes, waiters, counts,
+                                            first_position))
         self.in_flight_bytes += size_bytes
         return AppendEntry(ledger_id, entry_id, payload)
 
@@ -226,9 +232,10 @@ class EntryBatcher:
             end = chunk[0]
         return end
 
-    def start_segment(self, ledger_id: int, now_ms: int) -> None:
-        """Entries go to `ledger_id` from entry 0 on, counted afresh."""
-        self.progress = SegmentProgress(ledger_id, now_ms)
+    def start_segment(self, ledger_id: int, now_ms: int, first_position: int | None = None) -> None:
+        """Entries go to `ledger_id` from entry 0 on, counted afresh; its first record is at stream
+        position `first_position`."""
+        self.progress = SegmentProgress(ledger_id, now_ms, first_position)
 
     # ------------------------------------------------------------------ endings
 
@@ -241,7 +248,7 @@ class EntryBatcher:
         self.in_flight.popleft()
         self.in_flight_bytes -= entry.size_bytes
         self.first_unresolved_chunk_id = entry.end_chunk_id
-        effects: list[Any] = [CompleteChunks(ledger_id, entry_id, entry.waiters, entry.records)]
+        effects: list[Any] = [CompleteChunks(ledger_id, entry_id, entry.waiters, entry.records, entry.first_position)]
         if self.flushes and self.flushes[0][0] <= entry.end_chunk_id:
             done = []
             while self.flushes and self.flushes[0][0] <= entry.end_chunk_id:

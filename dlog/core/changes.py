@@ -13,14 +13,29 @@ another segment means a takeover. Truncation and retention simply plan again fro
 The record count of a sealed segment has one formula: the header of its last entry says the
 index of its first record within the segment and how many it holds
 (`RecordSetHeader.next_record_index`); `sealed_segment` takes that number.
+
+Positions (V4). Whoever creates a segment gives it its `first_position`: the position after the
+segment before it (that one's `first_position + records`), so a stream's records are numbered
+densely across segments whatever wrote them. A writer's open and a Spark sink's commit create
+segments after a list whose last segment is completed (they seal an in-progress one first):
+`append_change`, cumulatively for several. A roll creates the next segment once every entry of
+the current one is acknowledged: `roll_change`, from the records the writer sent into it. Once
+assigned, a segment's position never changes; truncation and retention keep it (a truncated
+segment stays listed as a tombstone with its counts), so positions are never reused.
+
+Streams written before positions existed have segments without one. The first writer open (or
+sink commit) assigns them in the same compare-and-set that creates its segment
+(`positioned`): each unknown position is derived from the nearest segment whose position is
+known, forward (`previous.first_position + previous.records`) or backward
+(`next.first_position - records`); when none is known the earliest listed segment gets 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from bookkeeper.errors import invariant
+from bookkeeper.errors import CorruptMetadataError, invariant
 from dlog.core.errors import OffsetOutOfRangeError
 from dlog.offsets import Offset
 from dlog.segments.metadata import (
@@ -28,10 +43,76 @@ from dlog.segments.metadata import (
     SegmentChange,
     SegmentList,
     SegmentState,
+    SinkCommit,
     StreamConfig,
 )
 
 TOMBSTONES_MAX = 1000  # truncated segments remembered, so old offsets read as truncated
+
+
+# ---------------------------------------------------------------------------------- positions
+
+
+def positioned(segments: Sequence[Segment]) -> list[Segment]:
+    """The segments (in list order) each with its first position: those known are kept, the others
+    derived from the nearest known neighbour (see the module doc). Every segment but the last must
+    be completed (or truncated): its record count is final."""
+    filled = list(segments)
+    known = [index for index, segment in enumerate(filled) if segment.first_position is not None]
+    if not filled or len(known) == len(filled):
+        return filled
+    anchor = known[0] if known else 0
+    if not known:
+        filled[0] = replace(filled[0], first_position=0)
+    for index in range(anchor + 1, len(filled)):  # forward from the first known
+        if filled[index].first_position is None:
+            filled[index] = replace(filled[index], first_position=_end_of(filled[index - 1]))
+    for index in range(anchor - 1, -1, -1):  # backward, before it
+        start = filled[index + 1].first_position
+        assert start is not None
+        invariant(not filled[index].is_in_progress, f"segment {filled[index].sequence} is in progress but not last")
+        if start < filled[index].records:
+            raise CorruptMetadataError(
+                f"segment {filled[index + 1].sequence} starts at position {start}, but the {filled[index].records} "
+                f"records of segment {filled[index].sequence} before it would then start below 0")
+        filled[index] = replace(filled[index], first_position=start - filled[index].records)
+    return filled
+
+
+def next_position(segments: Sequence[Segment]) -> int:
+    """The position of the first record of a segment created after these (all positioned, the last
+    one completed): 0 for a stream with no segment listed."""
+    return _end_of(segments[-1]) if segments else 0
+
+
+def _end_of(segment: Segment) -> int:
+    invariant(not segment.is_in_progress and segment.first_position is not None,
+              f"segment {segment.sequence} has no final end position ({segment.state.value}, first position "
+              f"{segment.first_position})")
+    assert segment.first_position is not None
+    return segment.first_position + segment.records
+
+
+def append_change(listing: SegmentList, created: Sequence[Segment], sink: SinkCommit | None = None) -> SegmentChange:
+    """Create `created` after every segment of `listing` (none of which is in progress), positioned
+    one after the other, and assign positions to listed segments that have none, all in ONE change
+    (a writer's open, a sink's commit)."""
+    invariant(listing.in_progress is None, "segments are appended only after the in-progress one is sealed")
+    filled = positioned(listing.segments)
+    migrated = tuple(new for new, old in zip(filled, listing.segments) if new.first_position != old.first_position)
+    position = next_position(filled)
+    placed = []
+    for segment in created:
+        invariant(segment.first_position is None and not segment.is_truncated,
+                  f"segment {segment.sequence} to create is already positioned or truncated")
+        placed.append(replace(segment, first_position=position))
+        position += segment.records  # completed ones (a sink's) hold records; a writer's new one none yet
+    return SegmentChange(create=tuple(placed), update=migrated, sink=sink)
+
+
+def roll_change(completed: Segment, created: Segment) -> SegmentChange:
+    """Complete the writer's segment and create the next one, positioned right after it."""
+    return SegmentChange(update=(completed,), create=(replace(created, first_position=_end_of(completed)),))
 
 
 # ---------------------------------------------------------------------------------- sealing

@@ -113,12 +113,14 @@ class ApplyRetention:
 @dataclass(frozen=True, slots=True)
 class CompleteChunks:
     """The chunks of entry `entry_id` of `ledger_id` are durable: `waiters[i]` gets its chunk's
-    `records[i]` records, which follow on in the entry from slot 0 in this order."""
+    `records[i]` records, which follow on in the entry from slot 0 in this order; the record in
+    slot s is at stream position `first_position + s` (None: the segment has no position)."""
 
     ledger_id: int
     entry_id: int
     waiters: tuple[Any, ...]
     records: tuple[int, ...]
+    first_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

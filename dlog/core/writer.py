@@ -21,6 +21,12 @@ entry is sent; a new ledger is created meanwhile; once every entry in flight is 
 compare-and-set completes the segment and creates the next, and only then is the old ledger
 closed. The chunks of one `write_group` (one write_batch) always land in one segment.
 
+Positions (V4). Each segment the writer creates is positioned right after the one before it
+(`changes.append_change` at open, which also assigns positions to the segments of a stream
+written before positions existed; `changes.roll_change` on a roll), so every record it
+acknowledges has its position: the segment's first position plus the records sent into the
+segment before it (`batching`).
+
 Sharing the list. Truncation, retention, subscriptions and sink commits change the list beside a
 live writer. A lost compare-and-set is answered with the list as it now is: if the writer's change
 is already there (an earlier answer was lost), it is done; if its in-progress segment is still in
@@ -191,7 +197,8 @@ class WriterMachine:
             self.step = Step.CREATING
             return [CreateLedger()]
         created = Segment(listing.max_sequence + 1, self.new_ledger_id, created_ms=now_ms)
-        return self._start_commit(Step.COMMITTING_OPEN, SegmentChange(create=(created,)))
+        # positioned after the last segment; a stream from before positions gets them here (V4)
+        return self._start_commit(Step.COMMITTING_OPEN, changes.append_change(listing, (created,)))
 
     def on_sealed(self, segment: Segment, sealed: Segment | None, ledger_exists: bool,
                   now_ms: int) -> list[WriterEffect]:
@@ -311,7 +318,7 @@ class WriterMachine:
 
     def _enter_segment(self, segment: Segment, now_ms: int) -> None:
         self.segment, self.new_ledger_id = segment, None
-        self.batcher.start_segment(segment.ledger_id, now_ms)
+        self.batcher.start_segment(segment.ledger_id, now_ms, segment.first_position)
 
     def _completed(self, now_ms: int) -> Segment:
         """Our in-progress segment, completed where this writer's entries end."""
@@ -504,8 +511,7 @@ class WriterMachine:
             return NO_EFFECTS
         assert self.new_ledger_id is not None
         created = Segment(self._listing().max_sequence + 1, self.new_ledger_id, created_ms=now_ms)
-        return self._start_commit(Step.COMMITTING_ROLL, SegmentChange(update=(self._completed(now_ms),),
-                                                                      create=(created,)))
+        return self._start_commit(Step.COMMITTING_ROLL, changes.roll_change(self._completed(now_ms), created))
 
     # ------------------------------------------------------------------ closing
 

@@ -6,6 +6,12 @@ marked for removal (its ledger is then deleted and its node removed). A segment 
 partly truncated: records below (`min_active_entry`, `min_active_slot`) are gone for readers.
 JSON with a format version; anything unknown fails closed.
 
+Positions (V4). `first_position` is the stream position of the segment's first record: records
+are numbered 0, 1, 2... from the stream's first record, and a record's position is its segment's
+`first_position` plus its index within the segment (its entry header's `first_record_index` plus
+its slot). Whoever creates a segment assigns it (`dlog.core.changes`); it never changes after.
+A node written before positions existed has none (None: unknown) until the next writer assigns it.
+
 A `SegmentList` is the list as read, with the version a change must be based on; a
 `SegmentChange` is one compare-and-set change of it (segments created, updated, deleted, and
 maybe a Spark sink's batch id recorded with them). Both are pure values: the segment store port
@@ -24,6 +30,7 @@ from bookkeeper.errors import ConfigError, CorruptMetadataError
 from bookkeeper.protocol.metadata import check_quorum
 
 FORMAT_VERSION = 1
+POSITION_MAX = 2**63 - 1  # positions are signed 64-bit, as Kafka's offsets
 ROLL_BYTES_DEFAULT = 256 * 2**20
 ROLL_AGE_MS_DEFAULT = 2 * 3600 * 1000
 
@@ -49,6 +56,7 @@ class Segment:
     completed_ms: int = 0
     min_active_entry: int = 0  # partial truncation point
     min_active_slot: int = 0
+    first_position: int | None = None  # stream position of its first record; None: not assigned yet
 
     @property
     def is_in_progress(self) -> bool:
@@ -81,9 +89,17 @@ class Segment:
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
+    @property
+    def end_position(self) -> int | None:
+        """The position after its last record (None: not assigned, or still in progress)."""
+        if self.first_position is None or self.is_in_progress:
+            return None
+        return self.first_position + self.records
+
     @classmethod
     def from_bytes(cls, data: bytes) -> Segment:
         document = _load(data, "segment")
+        document.setdefault("first_position", None)  # a node written before positions existed
         try:
             document["state"] = SegmentState(document["state"])
             fields = {name: document[name] for name in cls.__dataclass_fields__}
@@ -93,6 +109,10 @@ class Segment:
         if segment.sequence < 1 or segment.ledger_id < 0:
             raise CorruptMetadataError(f"segment metadata has sequence {segment.sequence}, "
                                        f"ledger {segment.ledger_id}")
+        position = segment.first_position
+        if position is not None and (type(position) is not int or not 0 <= position <= POSITION_MAX):
+            raise CorruptMetadataError(f"segment {segment.sequence} has first position {position!r}; "
+                                       f"expected an integer in 0..{POSITION_MAX}")
         return segment
 
 
@@ -261,7 +281,7 @@ class SegmentChange:
 
 
 PROGRESS_FIELDS = ("state", "ledger_id", "first_entry", "last_entry", "records", "bytes",
-                   "first_timestamp_ms", "last_timestamp_ms", "completed_ms")
+                   "first_timestamp_ms", "last_timestamp_ms", "completed_ms", "first_position")
 TRUNCATION_FIELDS = ("min_active_entry", "min_active_slot")
 
 

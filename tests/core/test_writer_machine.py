@@ -99,7 +99,7 @@ def test_open_creates_a_ledger_and_commits_it_as_the_one_in_progress_segment():
     story = Story()
     effects = story.opened()
     opened = one(effects, WriterOpened)
-    assert opened.error is None and opened.segment == Segment(1, 11, created_ms=1_000)
+    assert opened.error is None and opened.segment == Segment(1, 11, created_ms=1_000, first_position=0)
     assert story.listing.in_progress == opened.segment and story.machine.state is WriterState.OPEN
 
 
@@ -164,7 +164,7 @@ def test_an_idle_writer_sends_at_once_and_a_busy_one_batches_until_an_ack():
     assert one(first, AppendEntry).payload == b"a"  # nothing in flight: out at once
     assert story.write(b"b") == () and story.write(b"c") == ()  # one entry in flight: they wait
     effects = story.machine.on_entry_acked(11, 0, story.now_ms)
-    assert effects[0] == CompleteChunks(11, 0, (b"a",), (1,))
+    assert effects[0] == CompleteChunks(11, 0, (b"a",), (1,), first_position=0)
     assert one(effects, AppendEntry) == AppendEntry(11, 1, b"b|c")  # the two batched
     assert one(story.machine.on_entry_acked(11, 1, story.now_ms), CompleteChunks).waiters == (b"b", b"c")
 
