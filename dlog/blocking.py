@@ -16,6 +16,7 @@ cannot block a caller forever.
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -51,7 +52,7 @@ class BlockingNamespace:
     def open_writer(self, name: str, **options: Any) -> BlockingWriter:
         return BlockingWriter(self._loop, self._loop.call(self.namespace.open_writer(name, **options)))
 
-    def open_reader(self, name: str, start: str | Offset | int = "earliest", **options: Any) -> BlockingReader:
+    def open_reader(self, name: str, start: str | Offset | int | datetime.datetime = "earliest", **options: Any) -> BlockingReader:
         return BlockingReader(self._loop, self._loop.call(self.namespace.open_reader(name, start, **options)))
 
     def close(self) -> None:

@@ -74,7 +74,7 @@ async def _summary(context: StreamContext, segment: Segment, ledger_missing: boo
         "last_timestamp_ms": segment.last_timestamp_ms, "min_active_entry": segment.min_active_entry,
         "min_active_slot": segment.min_active_slot,
         "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}",
-        "damaged": None, "note": None}
+        "first_position": segment.first_position, "damaged": None, "note": None}
     if ledger_missing:
         item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
     elif segment.is_in_progress:

@@ -15,6 +15,7 @@ stream get what they need of it in a `StreamContext` (`context_of`), and never t
 
 from __future__ import annotations
 
+import datetime
 import logging
 import random
 from functools import partial
@@ -23,8 +24,8 @@ from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
 import pyarrow as pa
 
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
-from bookkeeper.errors import (ConfigError, MetadataContentionError, MetadataPermissionError, MetadataVersionError,
-                               NoSuchLedgerError, QuotaExceededError)
+from bookkeeper.errors import (ConfigError, DlogError, MetadataContentionError, MetadataPermissionError,
+                               MetadataVersionError, NoSuchLedgerError, QuotaExceededError)
 from bookkeeper.meta import layout
 from bookkeeper.retry import Backoff, retry
 from bookkeeper.security.quota import Quota
@@ -238,12 +239,27 @@ class Namespace:
         offsets = await self.subscriptions(name)
         subscriptions = [{"name": subscription, **await describe.lag_of(context, listing.segments, segments, offset)}
                          for subscription, offset in sorted(offsets.items())]
+        first_position, next_position = await self._position_bounds(context)
         return {"name": name, "config": context.config.public_json(), "segments": segments,
                 "records": sum(s["records"] or 0 for s in alive), "bytes": sum(s["bytes"] or 0 for s in alive),
                 "first_offset": describe.first_offset(segments),
                 "last_offset": await describe.last_offset(context, listing.segments, segments),
+                "first_position": first_position, "next_position": next_position,
                 "damaged_segments": [s["sequence"] for s in segments if s["damaged"]],
                 "subscriptions": subscriptions}
+
+    async def position_bounds(self, name: str) -> tuple[int | None, int | None]:
+        """(the stream position of the first readable record, the position the next record written
+        gets): Kafka's log start and log end offsets, equal when nothing is readable; (None, None)
+        for a stream written before positions existed, until a writer opens it (V4)."""
+        return await self._position_bounds(self.context_of(await self.store.config(name)))
+
+    async def _position_bounds(self, context: StreamContext) -> tuple[int | None, int | None]:
+        try:
+            view = await context.reads.view(context.store, context.config.name, context.password)
+            return await context.reads.position_bounds(view, context.password)
+        except DlogError:  # a damaged segment, unreachable bookies: `segments` says which; bounds unknown
+            return None, None
 
     async def subscription_lag(self, name: str, subscription: str | None = None) -> dict[str, dict[str, Any]]:
         """Per subscription (or just `subscription`): its committed offset, and the records and bytes
@@ -270,7 +286,7 @@ class Namespace:
 
         return _Opening(open_it)
 
-    def open_reader(self, name: str, start: str | Offset | int = "earliest",
+    def open_reader(self, name: str, start: str | Offset | int | datetime.datetime = "earliest",
                     **options: Any) -> _Opening[StreamReader]:
         """`async with ns.open_reader(name, start) as reader:` (or `await ns.open_reader(...)`)."""
 

@@ -5,6 +5,12 @@
         batch = await reader.read_batch(10_000, timeout_ms=500)  # or Arrow batches
         entry = await reader.next_entry(timeout_s=1.0)       # or entry by entry
 
+A reader starts at "earliest", "latest", an `Offset` (or its text "L:E[:S]"), a stream position
+(an int: the record numbered so from the stream's first record, V4) or a time (a
+`datetime.datetime`: the first record stamped at or after it; a naive one is local time). Each
+record carries its position (`Record.position`, `EntryBatch.first_position`), or None in a stream
+written before positions existed, until a writer opens it again.
+
 The rules (where to start, how far to read ahead, when to long-poll, how to follow a roll, what
 truncation means for a reader) are the machine's. This module carries out its effects: segment
 lists from the store, ledger handles from the namespace's cache (both in its `StreamContext`),
@@ -13,12 +19,15 @@ notifications. It decodes entries for the machine (the record-set codec) and han
 what the machine queued.
 
 Positions below a truncation point raise TruncatedError unless the reader was opened with
-`skip_truncated=True`, in which case it moves to the earliest available record (L5).
+`skip_truncated=True`, in which case it moves to the earliest available record (L5). A stream
+position is resolved before the machine starts (`dlog.snapshot.SegmentReads.locate`: binary
+searches over the list and entry headers); the machine starts at the cursor found.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -39,13 +48,15 @@ from dlog.core.effects import (
     WaitForEntry,
     WakeReaders,
 )
-from dlog.core.errors import OffsetOutOfRangeError, TruncatedError
-from dlog.core.reader import END, ReaderMachine, ReaderSettings, Start
-from dlog.offsets import Offset
+from dlog.core.errors import OffsetOutOfRangeError, PositionsUnknownError, TruncatedError
+from dlog.core.reader import END, AtTimestamp, ReaderMachine, ReaderSettings, Start
+from dlog.core.snapshot import Cursor, Located, PositionAt
+from dlog.offsets import Offset, check_position
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment
 
-__all__ = ["EntryBatch", "OffsetOutOfRangeError", "Record", "StreamReader", "TruncatedError"]
+__all__ = ["EntryBatch", "OffsetOutOfRangeError", "PositionsUnknownError", "Record", "StreamReader",
+           "TruncatedError"]
 
 log = logging.getLogger(__name__)
 READ_AHEAD_BYTES = 64 * 2**20  # decoded Arrow bytes a reader holds ahead of its consumer
@@ -53,25 +64,32 @@ READ_AHEAD_BYTES = 64 * 2**20  # decoded Arrow bytes a reader holds ahead of its
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    offset: Offset
+    offset: Offset  # with its `position` when known
     key: bytes | None
     value: bytes
     timestamp_ms: int
     headers: list[tuple[str, bytes | None]] | None = None  # only from a reader opened with headers=True
 
+    @property
+    def position(self) -> int | None:
+        """The record's stream position (None: the stream has no positions yet)."""
+        return self.offset.position
+
 
 @dataclass(frozen=True, slots=True)
 class EntryBatch:
-    """One entry's records; `first_slot` > 0 when the entry was partly truncated or skipped."""
+    """One entry's records; `first_slot` > 0 when the entry was partly truncated or skipped. The
+    batch's row i is at stream position `first_position + i` (None: not known yet)."""
 
     ledger_id: int
     entry_id: int
     first_slot: int
     batch: pa.RecordBatch
+    first_position: int | None = None
 
 
 class StreamReader:
-    def __init__(self, context: StreamContext, start: str | Offset | int = "earliest",
+    def __init__(self, context: StreamContext, start: str | Offset | int | datetime.datetime = "earliest",
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, poll_timeout_ms: int = 1000,
                  follow: bool = True, headers: bool = False) -> None:
@@ -91,7 +109,7 @@ class StreamReader:
                            read_ahead_entries=read_ahead_entries, read_ahead_bytes=read_ahead_bytes,
                            poll_timeout_ms=poll_timeout_ms), self._decode)
         self.loop = asyncio.get_running_loop()
-        self._skip_before_ms: int | None = start if isinstance(self.start, int) else None
+        self._skip_before_ms: int | None = self.start.timestamp_ms if isinstance(self.start, AtTimestamp) else None
         self._queued = asyncio.Event()
         self._opened: asyncio.Future[None] = self.loop.create_future()
         self._handles: dict[int, Any] = {}
@@ -118,13 +136,43 @@ class StreamReader:
 
     async def open(self) -> StreamReader:
         self._unwatch = self.context.store.watch_segments(self.name, self._on_change)
-        self.run(self.machine.start(self.start, self.now_ms()))
         try:
+            start = self.start
+            if isinstance(start, int):
+                start = await self._start_at_position(start)
+            self.run(self.machine.start(start, self.now_ms()))
             await self._opened
         except BaseException:
             await self.close()
             raise
         return self
+
+    async def _start_at_position(self, position: int) -> Cursor | Start:
+        """Where the record at stream `position` is (binary searches through the one header cache),
+        or one clear error: removed (unless skip_truncated: the earliest record), past the end,
+        or a stream without positions yet."""
+        context = self.context
+        view = await context.reads.view(context.store, self.name, context.password)
+        found = await context.reads.locate(view, position, context.password)
+        if found.cursor is not None:
+            return found.cursor
+        if found.at is PositionAt.REMOVED and self.machine.settings.skip_truncated:
+            return Start.EARLIEST
+        raise await self._position_error(view, position, found)
+
+    async def _position_error(self, view: Any, position: int, found: Located) -> DlogError:
+        stream = self.name
+        if found.at is PositionAt.UNKNOWN:
+            return PositionsUnknownError(
+                f"stream {stream!r} has no record positions yet: it was written before positions existed, and "
+                "they are assigned when a writer next opens it; start at an offset L:E[:S] meanwhile")
+        if found.at is PositionAt.FUTURE:
+            return OffsetOutOfRangeError(f"position {position} of stream {stream!r} is in the future: the next "
+                                         f"record written gets position {found.end_position}")
+        earliest, _ = await self.context.reads.position_bounds(view, self.context.password)
+        return TruncatedError(f"position {position} of stream {stream!r} was removed by truncation or retention "
+                              f"(its records now start at position {earliest}); open with skip_truncated=True "
+                              "to start at the earliest record")
 
     async def close(self) -> None:
         self._closed = True
@@ -276,9 +324,15 @@ class StreamReader:
             self._opened.set_exception(exc)
         self._queued.set()
 
-    def _decode(self, ledger_id: int, entry_id: int, first_slot: int, payload: bytes) -> tuple[Any, int, int]:
-        batch = self.codec.records_from(payload, first_slot)
-        return EntryBatch(ledger_id, entry_id, first_slot, batch), batch.nbytes, batch.num_rows
+    def _decode(self, ledger_id: int, entry_id: int, first_slot: int, payload: bytes,
+                segment_first_position: int | None) -> tuple[Any, int, int]:
+        header, batch = self.codec.decode(payload)
+        if first_slot:
+            batch = batch.slice(first_slot)
+        first_position = None
+        if segment_first_position is not None:  # V4: the segment's first, plus the records before this one
+            first_position = segment_first_position + header.first_record_index + first_slot
+        return EntryBatch(ledger_id, entry_id, first_slot, batch, first_position), batch.nbytes, batch.num_rows
 
     # ------------------------------------------------------------------ consumer
 
@@ -319,10 +373,11 @@ class StreamReader:
         keep = pc.greater_equal(pc.cast(item.batch.column("timestamp"), pa.int64()), self._skip_before_ms)
         indices = pc.indices_nonzero(keep)
         if len(indices) == 0:
-            return EntryBatch(item.ledger_id, item.entry_id, item.first_slot, item.batch.slice(0, 0))
+            return EntryBatch(item.ledger_id, item.entry_id, item.first_slot, item.batch.slice(0, 0), item.first_position)
         first = indices[0].as_py()
         self._skip_before_ms = None
-        return EntryBatch(item.ledger_id, item.entry_id, item.first_slot + first, item.batch.slice(first))
+        position = None if item.first_position is None else item.first_position + first
+        return EntryBatch(item.ledger_id, item.entry_id, item.first_slot + first, item.batch.slice(first), position)
 
     def __aiter__(self) -> StreamReader:
         return self
@@ -338,8 +393,11 @@ class StreamReader:
             self._current_rows = entry.batch.to_pydict()
         rows = self._current_rows
         self._current_index += 1
-        offset = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index)
-        self.position = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index + 1)
+        first_position = entry.first_position
+        offset = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index,
+                        None if first_position is None else first_position + index)
+        self.position = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index + 1,
+                               None if first_position is None else first_position + index + 1)
         keys, values, timestamps = rows.get("key"), rows.get("value"), rows.get("timestamp")
         headers = rows.get("headers")
         pairs = headers[index] if headers is not None else None
@@ -375,23 +433,36 @@ class StreamReader:
             last = pieces[-1]
             tail = self._current
             if tail is not None:
-                self.position = Offset(tail.ledger_id, tail.entry_id, tail.first_slot + self._current_index)
+                position = None if tail.first_position is None else tail.first_position + self._current_index
+                self.position = Offset(tail.ledger_id, tail.entry_id, tail.first_slot + self._current_index, position)
             return last if len(pieces) == 1 else pa.concat_batches(pieces)
         if self._done:
             return None
         return pa.RecordBatch.from_pylist([], schema=self.codec.schema)
 
 
-def _parse_start(start: str | Offset | int) -> Start | Offset | int:
+def _parse_start(start: str | Offset | int | datetime.datetime) -> Start | Offset | int | AtTimestamp:
     if isinstance(start, str):
         if start in ("earliest", "latest"):
             return Start(start)
         return Offset.parse(start)
     if isinstance(start, Offset):
         return start
-    if isinstance(start, int) and not isinstance(start, bool):  # a timestamp in ms
-        return start
-    raise ConfigError(f"bad start {start!r}: use 'earliest', 'latest', an offset 'L:E[:S]' or a timestamp in ms")
+    if isinstance(start, datetime.datetime):
+        return AtTimestamp(_first_ms_at_or_after(start))
+    if isinstance(start, int) and not isinstance(start, bool):
+        return check_position(start, "start position")
+    raise ConfigError(f"bad start {start!r}: use 'earliest', 'latest', an offset 'L:E[:S]', a stream position "
+                      "(an int) or a time (a datetime.datetime)")
+
+
+def _first_ms_at_or_after(moment: datetime.datetime) -> int:
+    """The first whole millisecond since the epoch at or after `moment` (exact: no float on the
+    way); a naive datetime is local time, as on the command line."""
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    elapsed = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return -(-elapsed // datetime.timedelta(milliseconds=1))
 
 
 def _to_ms(value: Any) -> int:

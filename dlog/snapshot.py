@@ -14,6 +14,12 @@ committed list vouches for even before the ledger's close lands; a caller readin
 saw confirmed passes that bound (`confirmed_through`) instead of asking the bookies again. Entry
 headers never change once their entry is confirmed, so they are cached by (ledger, entry).
 
+Positions. `locate` finds a record by its stream position (V4) with the pure rules of
+`dlog.core.snapshot`: the segment by binary search on the list's first positions, the entry by
+binary search on entry headers (each read once through this cache), so O(log entries) header
+reads, none for entries already cached; `position_bounds` gives the first readable position and
+the next one to be written (Kafka's log start and end offsets).
+
 Bounds. At most `handles_max` handles (default READ_HANDLES_MAX) and `headers_max` headers
 (default ENTRY_HEADERS_MAX) are kept; the least recently used goes first. A ledger id names one
 ledger for the life of a cluster (its id counter never goes back), so nothing cached can be
@@ -29,7 +35,20 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from bookkeeper.errors import ConfigError
-from dlog.core.snapshot import StreamView, TailCount, tail_count
+from dlog.core.snapshot import (
+    Located,
+    PositionAt,
+    RecordSearch,
+    SegmentView,
+    StreamView,
+    TailCount,
+    end_position,
+    located,
+    located_end,
+    lookup_position,
+    readable_position,
+    tail_count,
+)
 from dlog.segments.codec import RecordSetCodec, RecordSetHeader, default_schema
 from dlog.segments.metadata import Segment
 
@@ -137,6 +156,53 @@ class SegmentReads:
         found = EntryInfo(self._codec.peek_header(entry.payload), entry.length, len(entry.payload))
         _remember(self._headers, key, found, self.headers_max)
         return found
+
+    # ------------------------------------------------------------------ positions
+
+    async def tail_records(self, view: StreamView, password: bytes) -> int | None:
+        """The records of the view's in-progress segment through its LAC (one header read, cached;
+        None when no segment is in progress)."""
+        last = view.segments[-1] if view.segments else None
+        if last is None or not last.is_in_progress:
+            return None
+        if last.end_entry <= last.first_entry:
+            return 0
+        lac = last.end_entry - 1
+        return (await self.entry_info(last.ledger_id, lac, password, lac)).header.next_record_index
+
+    async def locate(self, view: StreamView, position: int, password: bytes) -> Located:
+        """Where the record at stream `position` is in the view: the segment by binary search on
+        first positions, then the entry by binary search on entry headers."""
+        lookup = lookup_position(view, position, await self.tail_records(view, password))
+        if lookup.at is PositionAt.END:
+            return located_end(view, lookup)
+        if lookup.at is not PositionAt.RECORD:
+            return Located(lookup.at, end_position=lookup.end_position)
+        segment = view.segments[lookup.index]
+        last_entry = segment.end_entry - 1
+        search = RecordSearch(segment.first_entry, segment.end_entry, lookup.record_index)
+        while (probe := search.probe) is not None:
+            search.answer((await self.entry_info(segment.ledger_id, probe, password, last_entry)).header.first_record_index)
+        info = await self.entry_info(segment.ledger_id, search.entry_id, password, last_entry)
+        return located(view, lookup, search.entry_id, info.header)
+
+    async def position_bounds(self, view: StreamView, password: bytes) -> tuple[int | None, int | None]:
+        """(the position of the first readable record, the position the next record gets): Kafka's
+        log start and log end offsets; (None, None) for a stream without positions yet. The first
+        equals the second when nothing is readable."""
+        if any(segment.first_position is None for segment in view.segments):
+            return None, None
+        end = end_position(view, await self.tail_records(view, password))
+        for segment in view.segments:
+            if segment.live and segment.end_entry > segment.start_entry:
+                return await self._readable_position(segment, password), end
+        return end, end
+
+    async def _readable_position(self, segment: SegmentView, password: bytes) -> int | None:
+        if (segment.start_entry, segment.start_slot) == (segment.first_entry, 0):
+            return readable_position(segment, None)
+        info = await self.entry_info(segment.ledger_id, segment.start_entry, password, segment.end_entry - 1)
+        return readable_position(segment, info.header)
 
     async def _step(self, awaitable: Awaitable[T]) -> T:
         if self.step_timeout_s is None:

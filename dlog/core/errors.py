@@ -1,5 +1,6 @@
 """Errors of the stream layer that its rules raise: a writer taken over, locked out or closed, a
-position truncated away or out of range, a stream whose segment list kept changing."""
+position truncated away, out of range or not assigned yet, a stream whose segment list kept
+changing."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ class OffsetOutOfRangeError(DlogError):
     """An offset that is in no segment of the stream, or past its end."""
 
     code = 331
+
+
+class PositionsUnknownError(DlogError):
+    """The stream's segments have no record positions yet: it was written before positions
+    existed, and the next writer to open it assigns them (V4)."""
+
+    code = 333
 
 
 class StreamBusyError(DlogError):

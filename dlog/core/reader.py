@@ -69,14 +69,23 @@ class ReaderSettings:
     read_batch_entries: int = READ_BATCH_ENTRIES
 
 
-# decode(ledger_id, entry_id, first_slot, payload) -> (item, decoded bytes, records); items with
-# no record are not queued
-Decoder = Callable[[int, int, int, bytes], tuple[Any, int, int]]
+# decode(ledger_id, entry_id, first_slot, payload, segment_first_position) -> (item, decoded
+# bytes, records); items with no record are not queued. `segment_first_position` is the stream
+# position of the segment's first record (None: not assigned yet), from the list the machine holds
+Decoder = Callable[[int, int, int, bytes, "int | None"], tuple[Any, int, int]]
 
 
 class Start(enum.Enum):
     EARLIEST = "earliest"
     LATEST = "latest"
+
+
+@dataclass(frozen=True, slots=True)
+class AtTimestamp:
+    """Start at the first segment that may hold records stamped at or after `timestamp_ms` (the
+    driver drops the earlier records of it)."""
+
+    timestamp_ms: int
 
 
 class ReaderMachine:
@@ -126,9 +135,10 @@ class ReaderMachine:
 
     # ------------------------------------------------------------------ start
 
-    def start(self, start: Start | Offset | int, now_ms: int) -> list[Any]:
-        """`start`: EARLIEST, LATEST, an Offset, or a timestamp in ms (the first segment that may
-        hold records at or after it; the driver drops earlier records of it)."""
+    def start(self, start: Start | Offset | AtTimestamp | Cursor, now_ms: int) -> list[Any]:
+        """`start`: EARLIEST, LATEST, an Offset, a time (AtTimestamp), or a cursor the driver
+        resolved from a stream position (`dlog.core.snapshot.located`; a later truncation is
+        judged as for any position the reader holds)."""
         self._start, self._now_ms = start, now_ms
         return self._read_list()
 
@@ -136,8 +146,10 @@ class ReaderMachine:
         start = self._start
         if start is Start.EARLIEST:
             return self._started(self._earliest(listing))
-        if isinstance(start, int):
-            segment = next((s for s in listing.live if snapshot.may_hold_at_or_after(s, start)), None)
+        if isinstance(start, Cursor):
+            return self._started(start)
+        if isinstance(start, AtTimestamp):
+            segment = next((s for s in listing.live if snapshot.may_hold_at_or_after(s, start.timestamp_ms)), None)
             return self._started(snapshot.start_cursor(segment) if segment is not None
                                  else Cursor(listing.max_sequence + 1, 0, 0))
         in_progress = listing.in_progress
@@ -345,13 +357,16 @@ class ReaderMachine:
                 if not self.fetched:
                     break
                 ledger_id, entry_id, slot, payload = self.fetched.popleft()
-                first_slot = snapshot.readable_slot(listing.by_ledger(ledger_id), entry_id, slot)
+                segment = listing.by_ledger(ledger_id)
+                first_slot = snapshot.readable_slot(segment, entry_id, slot)
                 if first_slot is None:
                     error = self._truncated_error(ledger_id, entry_id)  # truncated since it was read
                     if error is not None:
                         return self.end(error)
                     continue
-                item, size_bytes, records = self.decode(ledger_id, entry_id, first_slot, payload)
+                assert segment is not None
+                item, size_bytes, records = self.decode(ledger_id, entry_id, first_slot, payload,
+                                                        segment.first_position)
                 if not records:
                     continue
                 self.held = (item, size_bytes, ledger_id, entry_id, first_slot, records)

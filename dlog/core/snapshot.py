@@ -25,10 +25,22 @@ unless `skip_truncated`; Spark fails the query unless failOnDataLoss=false).
 In-progress counts. A completed segment's metadata holds its records; an in-progress one's do not,
 so they come from the header of the entry at its LAC (`tail_count`: `first_record_index +
 record_count`, and bytes estimated from that entry's size per record).
+
+Stream positions (V4). A record's position is its segment's `first_position` plus its index in the
+segment (`first_record_index` of its entry's header plus its slot). To find a position:
+`lookup_position` picks the segment by binary search on the segments' first positions (from the
+list alone), then `RecordSearch` finds the entry by binary search on its entries'
+`first_record_index`, asking for one entry header at a time (sans-IO: the driver reads them
+through the one header cache), O(log entries) headers; `located` turns the entry found into a
+cursor, or says the position was removed (truncation, retention), is the stream's end (the next
+record's position), past it, or unknown (a stream written before positions existed, until its
+next writer opens it).
 """
 
 from __future__ import annotations
 
+import bisect
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -122,6 +134,7 @@ class SegmentView:
     min_active_slot: int = 0
     records: int | None = None  # known for completed segments
     last_timestamp_ms: int | None = None  # the latest record timestamp, known for completed segments
+    first_position: int | None = None  # the stream position of its first record (None: not assigned)
 
     @classmethod
     def of(cls, segment: Segment, lac: int | None) -> SegmentView:
@@ -130,7 +143,8 @@ class SegmentView:
                    first_entry=segment.first_entry, end_entry=end_entry(segment, lac),
                    min_active_entry=segment.min_active_entry, min_active_slot=segment.min_active_slot,
                    records=segment.records if completed else None,
-                   last_timestamp_ms=segment.last_timestamp_ms if completed else None)
+                   last_timestamp_ms=segment.last_timestamp_ms if completed else None,
+                   first_position=segment.first_position)
 
     @property
     def is_truncated(self) -> bool:
@@ -330,3 +344,142 @@ def tail_count(first_entry: int, lac: int, header: RecordSetHeader | None, entry
 def records_before_slot(header: RecordSetHeader, slot: int) -> int:
     """Records of a segment before slot `slot` of the entry whose header this is."""
     return header.first_record_index + slot
+
+
+# ------------------------------------------------------------------------------ stream positions (V4)
+
+
+class PositionAt(enum.Enum):
+    """What a stream position is, in one snapshot."""
+
+    RECORD = "record"  # a readable record
+    END = "end"  # the stream's end: the position the next record written gets
+    REMOVED = "removed"  # a record removed by truncation or retention
+    FUTURE = "future"  # past the end
+    UNKNOWN = "unknown"  # the stream's segments have no positions yet
+
+
+@dataclass(frozen=True, slots=True)
+class PositionLookup:
+    """Where a position falls by the segment list: segment `index` of the view and the index of the
+    record within it (RECORD); the stream's next position (`end_position`, when known)."""
+
+    at: PositionAt
+    index: int = -1
+    record_index: int = 0
+    end_position: int | None = None
+
+
+def end_position(view: StreamView, tail_records: int | None) -> int | None:
+    """The position the next record written gets: past the last segment (its records, or for an
+    in-progress one `tail_records`, counted at its LAC); None when the stream has no positions."""
+    if not view.segments:
+        return 0
+    last = view.segments[-1]
+    if last.first_position is None:
+        return None
+    if last.completed:
+        return last.first_position + (last.records or 0)
+    invariant(tail_records is not None, f"the in-progress segment {last.sequence} of {view.name!r} was not counted")
+    assert tail_records is not None
+    return last.first_position + tail_records
+
+
+def lookup_position(view: StreamView, position: int, tail_records: int | None) -> PositionLookup:
+    """The segment holding `position`, by binary search on first positions (segments are dense:
+    each starts where the one before it ends, so the last one starting at or before `position`
+    holds it; an empty one shares its first position with the next and is passed over).
+    `tail_records`: the in-progress segment's records at its LAC (`tail_count`), if there is one."""
+    segments = view.segments
+    if any(segment.first_position is None for segment in segments):
+        return PositionLookup(PositionAt.UNKNOWN)
+    end = end_position(view, tail_records)
+    assert end is not None
+    if position >= end:
+        return PositionLookup(PositionAt.END if position == end else PositionAt.FUTURE, end_position=end)
+    index = bisect.bisect_right(segments, position, key=lambda segment: segment.first_position or 0) - 1
+    if index < 0 or not segments[index].live:
+        return PositionLookup(PositionAt.REMOVED, index, end_position=end)
+    first_position = segments[index].first_position
+    assert first_position is not None
+    return PositionLookup(PositionAt.RECORD, index, position - first_position, end)
+
+
+class RecordSearch:
+    """Binary search of a segment's entries [first_entry, end_entry) for the one holding the
+    segment's record number `record_index`: the last entry whose header's `first_record_index` is
+    at or below it. Sans-IO: `probe` is the entry whose header it needs next (None once found),
+    `answer` gives that header's `first_record_index`; `entry_id` is the entry found."""
+
+    __slots__ = ("low", "high", "record_index", "probes")
+
+    def __init__(self, first_entry: int, end_entry: int, record_index: int) -> None:
+        invariant(first_entry < end_entry, f"no entry to search in {first_entry}..{end_entry - 1}")
+        self.low, self.high, self.record_index = first_entry, end_entry - 1, record_index
+        self.probes = 0
+
+    @property
+    def probe(self) -> int | None:
+        return None if self.low >= self.high else (self.low + self.high + 1) // 2
+
+    def answer(self, first_record_index: int) -> None:
+        middle = self.probe
+        invariant(middle is not None, "an entry header answered a search that had ended")
+        assert middle is not None
+        self.probes += 1
+        if first_record_index <= self.record_index:
+            self.low = middle
+        else:
+            self.high = middle - 1
+
+    @property
+    def entry_id(self) -> int:
+        invariant(self.probe is None, "the search has not ended")
+        return self.low
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A position resolved in one snapshot: where reading it starts (`cursor`: RECORD and END),
+    its record's offset (RECORD), and the stream's next position (when known)."""
+
+    at: PositionAt
+    cursor: Cursor | None = None
+    offset: Offset | None = None
+    end_position: int | None = None
+
+
+def located(view: StreamView, lookup: PositionLookup, entry_id: int, header: RecordSetHeader) -> Located:
+    """The record found by a RecordSearch for `lookup` (its entry and that entry's header): its
+    cursor, or REMOVED when it lies below the segment's truncation point."""
+    segment = view.segments[lookup.index]
+    slot = lookup.record_index - header.first_record_index
+    invariant(0 <= slot < header.record_count,
+              f"record {lookup.record_index} of segment {segment.sequence} is not in entry {entry_id} "
+              f"(records {header.first_record_index}..{header.next_record_index - 1})")
+    if below_truncation(segment, entry_id, slot):
+        return Located(PositionAt.REMOVED, end_position=lookup.end_position)
+    position = lookup.record_index + (segment.first_position or 0)
+    return Located(PositionAt.RECORD, Cursor(segment.sequence, entry_id, slot),
+                   Offset(segment.ledger_id, entry_id, slot, position), lookup.end_position)
+
+
+def located_end(view: StreamView, lookup: PositionLookup) -> Located:
+    """Where a reader of the stream's end starts: the in-progress segment's next entry, or the
+    start of the segment after the last completed one."""
+    last = view.segments[-1] if view.segments else None
+    if last is not None and last.is_in_progress:
+        cursor = Cursor(last.sequence, max(last.end_entry, last.start_entry), 0)
+    else:
+        cursor = view.end
+    return Located(PositionAt.END, cursor, end_position=lookup.end_position)
+
+
+def readable_position(segment: SegmentView, start_header: RecordSetHeader | None) -> int | None:
+    """The position of a live segment's first readable record (after its truncation point), given
+    the header of its readable start entry (None when that is its first entry, slot 0)."""
+    if segment.first_position is None:
+        return None
+    if start_header is None:
+        return segment.first_position
+    return segment.first_position + records_before_slot(start_header, segment.start_slot)

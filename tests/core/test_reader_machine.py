@@ -24,7 +24,7 @@ from dlog.segments.metadata import Segment, SegmentList, SegmentState
 NOW = 5_000
 
 
-def decode(ledger_id, entry_id, first_slot, payload):
+def decode(ledger_id, entry_id, first_slot, payload, segment_first_position=None):
     """Payloads are records joined by b"|"; an item is (ledger, entry, first slot, records)."""
     records = payload.split(b"|")[first_slot:]
     return (ledger_id, entry_id, first_slot, records), 100 * len(records), len(records)
