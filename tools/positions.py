@@ -1,5 +1,5 @@
-"""Positions in a stream as people write them: `--from` texts (offsets, times, times before now),
-the end of a stream, and the first offset a reader opened somewhere would read."""
+"""Positions in a stream as people write them: `--from` texts (offsets, stream positions, times,
+times before now), the end of a stream, and the first offset a reader opened somewhere would read."""
 
 from __future__ import annotations
 
@@ -12,34 +12,39 @@ from bookkeeper.errors import ConfigError
 from tools.units import parse_duration_ms
 
 _RELATIVE = re.compile(r"^-\s*(.+)$")
-_FROM_RULE = ("use earliest, latest, an offset L:E[:S], a time like 2026-11-20T10:00 (local time unless "
-              "it names its zone), or a time before now like -15m")
+_FROM_RULE = ("use earliest, latest, an offset L:E[:S], a stream position (a whole number), a time like "
+              "2026-11-20T10:00 (local time unless it names its zone), or a time before now like -15m")
 
 
-def parse_start(text: str, now_ms: int | None = None, flag: str = "--from") -> str | int:
-    """'earliest', 'latest', an offset text, or a time in ms since the epoch (the reader starts at
-    the first record at or after it); `flag` names the option in a message."""
+def parse_start(text: str, now_ms: int | None = None, flag: str = "--from") -> str | int | datetime.datetime:
+    """'earliest', 'latest', an offset text, a stream position (an int), or a time (an aware
+    datetime: the reader starts at the first record at or after it); `flag` names the option in a
+    message. What `open_reader` takes as its start."""
     from dlog import Offset
+    from dlog.offsets import check_position
 
     if text in ("earliest", "latest"):
         return text
     if re.match(r"[0-9]+:", text):  # an offset, or a bad one: its own message says what is wrong
         Offset.parse(text)
         return text
+    if re.fullmatch(r"[0-9]{1,19}", text, re.ASCII):
+        return check_position(int(text), f"{flag} position")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     relative = _RELATIVE.match(text)
     if relative:
         try:
-            return max(0, now_ms - parse_duration_ms(relative.group(1)))
+            moment_ms = max(0, now_ms - parse_duration_ms(relative.group(1)))
         except ConfigError:
             raise ConfigError(f"bad {flag} {text!r}: {_FROM_RULE}") from None
+        return datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(milliseconds=moment_ms)
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
         raise ConfigError(f"bad {flag} {text!r}: {_FROM_RULE}") from None
     if moment.tzinfo is None:
         moment = moment.astimezone()  # a time without a zone is local time
-    return int(moment.timestamp() * 1000)
+    return moment
 
 
 async def end_of_stream(ns: Any, name: str) -> Any:
@@ -54,7 +59,7 @@ async def end_of_stream(ns: Any, name: str) -> Any:
     return None
 
 
-async def first_offset_from(ns: Any, stream: str, start: str | int) -> Any:
+async def first_offset_from(ns: Any, stream: str, start: str | int | datetime.datetime) -> Any:
     """The offset a reader opened at `start` would read first (for latest: the end of the stream)."""
     from dlog import Offset
 

@@ -1,5 +1,6 @@
 """`dlog read` is a console consumer and `dlog subscription` manages consumer positions: --from a
-time, --print-key/--print-timestamp, --to checked against the stream, Ctrl-C ends a follow quietly,
+time, --print-key/--print-timestamp, --to checked against the stream, stream positions in --json and
+as --from/--to, Ctrl-C ends a follow quietly,
 --subscription commits as it goes, and list/describe/reset/delete show exact lag in records and
 bytes."""
 
@@ -77,6 +78,20 @@ def test_to_is_checked_against_the_stream_and_stops_in_stream_order(consumer):
         run("read", "bounded", "--to", "999:0", ok=False))
     assert f"--to {ledger}:7:0 is past the end of its segment" in one_error_line(
         run("read", "bounded", "--to", f"{ledger}:7", ok=False))
+
+
+def test_json_shows_each_records_stream_position_and_from_and_to_take_positions(consumer):
+    run, _, _ = consumer
+    create(run, "positioned")
+    write_minutes(run, "positioned", 3)
+    write_minutes(run, "positioned", 3, base_ms=BASE_MS + 10 * 60_000)  # a second segment
+    lines = [json.loads(line) for line in run("read", "positioned", "--json").stdout.splitlines()]
+    assert [(line["value"], line["position"]) for line in lines] == [(f"v{i % 3}", i) for i in range(6)]
+    assert run("read", "positioned", "--from", "2", "--to", "4").stdout.splitlines() == ["v2", "v0", "v1"]
+    assert one_error_line(run("read", "positioned", "--from", "7", ok=False)) == (
+        "dlog: position 7 of stream 'positioned' is in the future: the next record written gets position 6")
+    assert one_error_line(run("read", "positioned", "--from", "4", "--to", "2", ok=False)) == (
+        "dlog: --to 2 is before --from 4: nothing would be read")
 
 
 def test_a_subscription_commits_as_it_reads_and_ctrl_c_ends_a_follow_quietly(consumer):

@@ -118,11 +118,13 @@ def test_options_that_do_not_fit_the_format_are_refused():
 def test_from_texts():
     now_ms = 1_800_000_000_000
     assert parse_start("earliest") == "earliest" and parse_start("12:3") == "12:3"
-    assert parse_start("-15m", now_ms=now_ms) == now_ms - 15 * 60_000
+    assert parse_start("1234") == 1234  # a stream position
+    assert parse_start("-15m", now_ms=now_ms).timestamp() * 1000 == now_ms - 15 * 60_000
     local = datetime.datetime(2026, 11, 20, 10, 0).astimezone()
-    assert parse_start("2026-11-20T10:00") == int(local.timestamp() * 1000)
-    assert parse_start("2026-11-20T10:00+00:00") == int(datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.timezone.utc)
-                                                      .timestamp() * 1000)
+    assert parse_start("2026-11-20T10:00") == local
+    assert parse_start("2026-11-20T10:00+00:00") == datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.timezone.utc)
+    with pytest.raises(ConfigError, match="bad --from position 9999999999999999999: use an integer in 0.."):
+        parse_start("9999999999999999999")  # over 2**63 - 1
     with pytest.raises(ConfigError, match="bad --to 'soon'"):
         parse_start("soon", flag="--to")
 

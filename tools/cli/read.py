@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -23,7 +24,9 @@ COMMIT_EVERY_RECORDS_DEFAULT = 1000
 COMMIT_INTERVAL_S_DEFAULT = 5.0
 
 def record_json(record: Any, with_headers: bool = False) -> dict[str, Any]:
-    item: dict[str, Any] = {"offset": str(record.offset)}
+    # position: the record's stream position, null in a stream written before positions existed
+    # until a writer opens it again
+    item: dict[str, Any] = {"offset": str(record.offset), "position": record.position}
     item["key"] = None if record.key is None else record.key.decode(errors="replace")
     try:
         item["value"] = record.value.decode()
@@ -47,16 +50,29 @@ def record_line(record: Any, print_key: bool, print_timestamp: bool) -> str:
 
 
 class StopAt:
-    """`--to`: checked against the stream's segment list (the offset must be a live record of the
-    stream, not before --from), then compared in stream order: segment, entry, slot."""
+    """`--to`: an offset, checked against the stream's segment list (it must be a live record of
+    the stream, not before --from), then compared in stream order: segment, entry, slot; or a
+    stream position, compared with each record's."""
 
     def __init__(self, text: str | None) -> None:
         from dlog import Offset
+        from dlog.offsets import check_position
 
-        self.offset = Offset.parse(text) if text else None
+        self.position: int | None = None
+        self.offset = None
+        if text is not None and re.fullmatch(r"[0-9]{1,19}", text, re.ASCII):
+            self.position = check_position(int(text), "--to position")
+        elif text:
+            self.offset = Offset.parse(text)
         self._sequences: dict[int, int] = {}
 
-    async def check(self, ns: Any, name: str, start: str | int) -> None:
+    async def check(self, ns: Any, name: str, start: Any) -> None:
+        if self.position is not None:
+            if isinstance(start, int) and start > self.position:
+                raise ConfigError(f"--to {self.position} is before --from {start}: nothing would be read")
+            if any(s.first_position is None for s in (await ns.store.segments(name)).segments):
+                raise ConfigError(f"--to {self.position}: stream {name!r} has no record positions yet (a writer "
+                                  "assigns them when it next opens the stream); use an offset L:E[:S]")
         if self.offset is None:
             return
         listing = await ns.store.segments(name)
@@ -81,9 +97,13 @@ class StopAt:
         return (self._sequences.get(offset.ledger_id, float("inf")), offset.entry_id, offset.slot)
 
     def passed(self, offset: Any) -> bool:
+        if self.position is not None:
+            return offset.position is not None and offset.position > self.position
         return self.offset is not None and self._key(offset) > self._key(self.offset)
 
     def reached(self, offset: Any) -> bool:
+        if self.position is not None:
+            return offset.position is not None and offset.position >= self.position
         return self.offset is not None and self._key(offset) >= self._key(self.offset)
 
 
@@ -112,9 +132,11 @@ class Committer:
 @click.command("read")
 @click.argument("name")
 @click.option("--from", "start", default=None,
-              help="earliest (default), latest, an offset L:E[:S], a time (2026-11-20T10:00, local unless "
-                   "zoned) or a time before now (-15m); with --subscription, default: its committed offset")
-@click.option("--to", "end", default=None, help="stop after this offset L:E[:S] (a record of the stream)")
+              help="earliest (default), latest, an offset L:E[:S], a stream position N, a time (2026-11-20T10:00, "
+                   "local unless zoned) or a time before now (-15m); with --subscription, default: its committed "
+                   "offset")
+@click.option("--to", "end", default=None,
+              help="stop after this offset L:E[:S] (a record of the stream) or this stream position N")
 @click.option("--max", "max_records", default=None, type=click.IntRange(1), help="stop after N records")
 @click.option("--follow", is_flag=True, help="keep reading new records until Ctrl-C")
 @click.option("--skip-truncated", is_flag=True, help="start at the earliest record if --from was truncated")

@@ -117,6 +117,8 @@ def _print_contents(info: dict[str, Any]) -> None:
     click.echo(f"  size          {format_size(info['bytes'])}"
                + (" (the in-progress segment's is estimated)" if estimated else ""))
     click.echo(f"  offsets       first {info['first_offset'] or '-'}, last {info['last_offset'] or '-'}")
+    if info["next_position"] is not None:
+        click.echo(f"  positions     first {info['first_position']}, next {info['next_position']}")
     for segment in segments:
         if segment["damaged"]:
             click.echo(f"  DAMAGED       segment {segment['sequence']}: {segment['damaged']}")

@@ -79,8 +79,8 @@ def subscription_describe(stream: str, name: str, cluster: tuple[str, str, str],
 @click.argument("stream")
 @click.argument("name")
 @click.option("--to", "target", required=True,
-              help="earliest, latest, an offset L:E[:S] of the stream, or a time (2026-11-20T10:00, -15m): "
-                   "the first record at or after it")
+              help="earliest, latest, an offset L:E[:S] of the stream, a stream position N, or a time "
+                   "(2026-11-20T10:00, -15m): the first record at or after it")
 @cluster_options
 @json_option
 @fails_cleanly
