@@ -1,6 +1,7 @@
-"""Seeded runs of the real stream layer on simulated time keep L1-L7 and liveness under every fault
-(a ledger deleted under a live writer among them), replay exactly, and catch each of issue 11's eleven
-bugs, and those found since, when it is planted back."""
+"""Seeded runs of the real stream layer on simulated time keep L1-L7, V4 (dense, stable stream
+positions) and liveness under every fault (a ledger deleted under a live writer among them), replay
+exactly, and catch each of issue 11's eleven bugs, and those found or feared since, when it is
+planted back."""
 
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ PLANTED = [
     ("roll-timer-crash", 48),
     ("created-after-close-committed", 19),
     ("deleted-ledger-acknowledged", 3),
+    ("roll-positions-from-entries", 0),
 ]
 
 

@@ -65,8 +65,9 @@ class History:
             raise ValueError(f"completion type must be ok, fail or unknown, got {type!r}")
         return self.record(process, f, type, op=op, **fields)
 
-    def read(self, process: str, offset: Any, value: str) -> None:
-        self.record(process, "read", "ok", offset=offset_list(offset), value=value)
+    def read(self, process: str, offset: Any, value: str, **fields: Any) -> None:
+        """A record a reader handed out (`position=`: its stream position, when the client knows it)."""
+        self.record(process, "read", "ok", offset=offset_list(offset), value=value, **fields)
 
 
 def offset_list(offset: Any) -> list[int]:

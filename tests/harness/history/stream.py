@@ -34,7 +34,8 @@ straight from ZooKeeper (``metadata``) join the history, and `check` looks for:
                      completed segment missing from, or different on, a live member of its write set
 
 and the L5/L7 promises of promises.py: writer_death, reader_behind, truncation_ignored,
-retention, segment_size, refused, slow_write.
+retention, segment_size, refused, slow_write; and V4 (positions.py): `position`, stream positions
+that are not dense, not unique or that change, where the clients recorded them.
 
 Offsets are stored as ``[ledger_id, entry_id, slot]``. Ledger-id order is NOT stream order: the
 checker orders offsets by the sequence of the ledger's segment, taken from the metadata snapshots.
@@ -51,7 +52,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from . import promises
+from . import positions, promises
 from .recorder import Anomaly, Report
 
 LOST = "lost"
@@ -66,7 +67,8 @@ METADATA = "metadata"
 LIVENESS = "liveness"
 UNDER_REPLICATED = "under_replicated"
 ANOMALY_KINDS = (LOST, NEVER_WRITTEN, DUPLICATE, OFFSET_CONFLICT, READER_DIVERGED, NON_MONOTONIC,
-                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, UNDER_REPLICATED, *promises.PROMISE_KINDS)
+                 UNKNOWN_SEGMENT, STALE_WRITE, METADATA, LIVENESS, UNDER_REPLICATED, *promises.PROMISE_KINDS,
+                 positions.POSITION)
 
 METADATA_SNAPSHOT_TRIES_MAX = 20
 DELETION_NOTICE_S = 1.0  # a writer learns of its ledger's deletion (a ZooKeeper watch) within this
@@ -163,6 +165,9 @@ class _Checker:
         self.renewed: Counter[str] = Counter()  # readers that reopened their namespace (reported)
         self.sequence_of: dict[int, int] = {}
         self._truncated: set[int] | None = None
+        # stream positions (V4), where the clients recorded them: (reader, offset, value, position)
+        self.read_positions: list[tuple[str, OffsetKey, str, int | None]] = []
+        self.final_positions: list[int | None] | None = None  # aligned with `final`
         self._parse()
 
     def add(self, kind: str, message: str) -> None:
@@ -190,6 +195,9 @@ class _Checker:
                 op.fields = {**op.fields, **event}
             elif kind == "read":
                 self.reads[event["process"]].append((tuple(event["offset"]), event["value"], event["t"]))
+                if "position" in event:
+                    self.read_positions.append((event["process"], tuple(event["offset"]), event["value"],
+                                                event["position"]))
             elif kind == "open_reader":
                 self.reader_starts.setdefault(event["process"], str(event.get("start", "earliest")))
                 if event.get("lagging"):
@@ -198,7 +206,9 @@ class _Checker:
                 self.snapshots.append(event)
             elif kind == "final":
                 if type_ == "ok":
-                    self.final = [(tuple(offset), value) for offset, value in event["records"]]  # type: ignore[misc]
+                    self.final = [(tuple(record[0]), record[1]) for record in event["records"]]  # type: ignore[misc]
+                    if all(len(record) > 2 for record in event["records"]):
+                        self.final_positions = [record[2] for record in event["records"]]
                 else:
                     self.final, self.final_error = None, event.get("error", "failed")
             elif kind == "removed":
@@ -271,6 +281,7 @@ class _Checker:
         self._check_metadata(writes)
         self._check_liveness(writes)
         promises.check_all(self, self.resume_bound_s)
+        positions.check_positions(self, writes)
         return Report(self.anomalies, self._stats(writes))
 
     def _check_final_read(self, writes: list[_Op]) -> None:

@@ -200,7 +200,8 @@ class WriterFamily:
         except Exception as exc:
             self.history.complete(op, name, "write", "unknown", value=value, error=error_text(exc))
             raise self._bug(exc) from exc
-        self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(offset), probe=self.probing)
+        self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(offset), probe=self.probing,
+                              position=offset.position)
         self.acked.append((value, invoked, offset))
 
     async def _burst(self, writer: Any, count: int | None = None) -> int:
@@ -232,7 +233,8 @@ class WriterFamily:
                 self._bug(future.exception())
             self.history.complete(op, name, "write", "unknown", value=value, error=error)
             return
-        self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(future.result()))
+        self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(future.result()),
+                              position=future.result().position)
         self.acked.append((value, invoked, future.result()))
 
     async def _batch(self, writer: Any) -> None:
@@ -258,7 +260,8 @@ class WriterFamily:
                 raise self._bug(exc) from exc
             raise
         for op, value, offset in zip(ops, values, written):
-            self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(offset))
+            self.history.complete(op, name, "write", "ok", value=value, offset=offset_list(offset),
+                                  position=offset.position)
             self.acked.append((value, self.history.clock(), offset))
 
     async def _close(self, writer: Any, died: bool) -> None:
@@ -341,7 +344,9 @@ class ReaderFamily:
                 continue
             for slot, value in enumerate(entry.batch.column("value").to_pylist()):
                 text = value.decode()
-                self.history.read(name, (entry.ledger_id, entry.entry_id, entry.first_slot + slot), text)
+                position = None if entry.first_position is None else entry.first_position + slot
+                self.history.read(name, (entry.ledger_id, entry.entry_id, entry.first_slot + slot), text,
+                                  position=position)
                 self.values.add(text)
                 if self.lag_s:
                     await asyncio.sleep(self.lag_s)
@@ -385,12 +390,16 @@ class Sink:
                 history.complete(op, name, "write", "fail", value=value, error="a replayed batch")
             return "replay"
         index = 0
+        listing = self.sim.metadata.stream(self.sim.stream).listing  # read as is: no await, no draw
         for message in messages:
+            segment = listing.by_ledger(message.ledger_id)
+            position = None if segment is None else segment.first_position  # its records follow on from it
             for entry_id, count in message.entries:
                 for slot in range(count):
                     op, value = ops[index]
                     history.complete(op, name, "write", "ok", value=value,
-                                     offset=[message.ledger_id, entry_id, slot])
+                                     offset=[message.ledger_id, entry_id, slot], position=position)
+                    position = None if position is None else position + 1
                     index += 1
         history.record(name, "sink_ledgers", ledgers=written)
         return f"appended {written}"

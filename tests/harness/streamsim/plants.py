@@ -1,6 +1,6 @@
 """The eleven stream-layer bugs of issue 11, and the stream-layer bugs found since (issue 20's
-writer that kept acknowledging into a deleted ledger among them), planted on purpose: the checker
-must catch each one.
+writer that kept acknowledging into a deleted ledger among them) or feared (issue 22's positions),
+planted on purpose: the checker must catch each one.
 
 Each plant puts one old behaviour back at the seam where the bug lived (a planner, a machine
 method, a driver's helper, the GC rule, the store's retries) for the duration of a `with
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bookkeeper.bookie import gc
@@ -21,7 +21,7 @@ from dlog.core import settings as settings_core
 from dlog.core import writer as writer_core
 from dlog.core.effects import DeleteLedger, FailChunks, SetTimer, WakeWriters
 from dlog.segments import port
-from dlog.segments.metadata import SegmentState
+from dlog.segments.metadata import SegmentChange, SegmentState
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +133,13 @@ def _close_error_ignored(self: Any, ledger_id: int, error: Any, now_ms: int) -> 
     return [*effects, *self._maybe_closed(now_ms)]  # noqa: SLF001
 
 
+def _roll_positioned_by_entries(completed: Any, created: Any) -> Any:
+    """Issue 22 item 3, planted: a roll that counts the old segment's entries, not its records,
+    when it positions the next segment (the count that is right only with one record per entry)."""
+    entries = completed.last_entry - completed.first_entry + 1
+    return SegmentChange(update=(completed,), create=(replace(created, first_position=completed.first_position + entries),))
+
+
 PLANTS: dict[str, Plant] = {
     "lost-cas-is-takeover": Plant(
         ((changes, "still_owned", lambda segment, current: None),),
@@ -182,6 +189,9 @@ PLANTS: dict[str, Plant] = {
         ((writer_driver.StreamWriter, "_watch", lambda self, ledger_id: None),
          (writer_core.WriterMachine, "on_ledger_closed", _close_error_ignored)),
         "a writer keeps acknowledging after its ledger is deleted, and closes without a word (issue 20)", "lost"),
+    "roll-positions-from-entries": Plant(
+        ((changes, "roll_change", _roll_positioned_by_entries),),
+        "a roll positions the next segment by the old one's entry count, not its records (issue 22)", "position"),
 }
 NAMES = tuple(PLANTS)
 

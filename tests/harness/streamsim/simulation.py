@@ -474,7 +474,7 @@ class StreamSimulation:
             async with await process.namespace.open_reader(self.stream, "earliest", follow=False,
                                                            skip_truncated=skip) as reader:
                 async for record in reader:
-                    records.append([offset_list(record.offset), record.value.decode()])
+                    records.append([offset_list(record.offset), record.value.decode(), record.position])
             self.history.record("final", "final", "ok", records=records)
         except DlogError as exc:
             self.history.record("final", "final", "fail", error=error_text(exc))
