@@ -7,7 +7,6 @@ read without them and gets them at its next writer open."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pytest
@@ -17,6 +16,7 @@ from dlog.core.errors import PositionsUnknownError
 from dlog.segments.codec import RecordSetCodec, default_schema, records_to_batch
 from dlog.segments.store import StreamStore
 from spark.segments import commit_batch
+from tests.harness.streamsim.actors import SinkMessage
 from tools.cli.read import record_json
 
 PROBE_EVERY = 1000
@@ -41,26 +41,12 @@ async def read_all(ns: Namespace, name: str, start="earliest", **options) -> lis
         return [record async for record in reader]
 
 
-@dataclass
-class SinkMessage:
-    """What the Spark sink's commit message carries for one task ledger."""
-
-    ledger_id: int
-    last_entry: int = -1
-    records: int = 0
-    bytes: int = 0
-    first_timestamp_ms: int = 0
-    last_timestamp_ms: int = 0
-    created_ms: int = 0
-    values: list[bytes] = field(default_factory=list)
-
-
 async def sink_task(ns: Namespace, name: str, items: list[bytes], per_entry: int) -> SinkMessage:
     """A Spark sink write task: its rows in a new ledger of its own, outside the stream until the commit."""
     config = await ns.config(name)
     handle = await ns.client.create_ledger(config.ensemble, config.write_quorum, config.ack_quorum,
                                            password=ns.password_of(config), custom={"stream": name})
-    codec, message = RecordSetCodec(default_schema()), SinkMessage(handle.ledger_id, values=items)
+    codec, message = RecordSetCodec(default_schema()), SinkMessage(handle.ledger_id)
     for start in range(0, len(items), per_entry):
         piece = records_to_batch(items[start:start + per_entry], timestamps_ms=[1] * len(items[start:start + per_entry]))
         payload = codec.encode(piece, message.records)
