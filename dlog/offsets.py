@@ -95,6 +95,24 @@ class Offset:
         return cls(data["ledger"], data["entry"], data.get("slot", 0))
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def record_offset(ledger_id: int, entry_id: int, slot: int, position: int | None) -> Offset:
+    """The Offset of a record the stream layer itself acknowledged or read, from parts it already
+    holds as checked integers (ids from the ledger client and the segment list, a slot and a
+    position it counted): built without the checks of `Offset(...)`, which a writer's
+    acknowledgements and a reader's records would otherwise pay once per record (about 350 ns
+    instead of 640 here)."""
+    offset = _new(Offset)
+    _set(offset, "ledger_id", ledger_id)
+    _set(offset, "entry_id", entry_id)
+    _set(offset, "slot", slot)
+    _set(offset, "position", position)
+    return offset
+
+
 def check_position(position: Any, what: str = "position") -> int:
     """A stream position as given (an int in 0..POSITION_MAX), or one clear ConfigError."""
     if type(position) is not int or not 0 <= position <= POSITION_MAX:

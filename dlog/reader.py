@@ -51,7 +51,7 @@ from dlog.core.effects import (
 from dlog.core.errors import OffsetOutOfRangeError, PositionsUnknownError, TruncatedError
 from dlog.core.reader import END, AtTimestamp, ReaderMachine, ReaderSettings, Start
 from dlog.core.snapshot import Cursor, Located, PositionAt
-from dlog.offsets import Offset, check_position
+from dlog.offsets import Offset, check_position, record_offset
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment
 
@@ -393,11 +393,11 @@ class StreamReader:
             self._current_rows = entry.batch.to_pydict()
         rows = self._current_rows
         self._current_index += 1
-        first_position = entry.first_position
-        offset = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index,
-                        None if first_position is None else first_position + index)
-        self.position = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + index + 1,
-                               None if first_position is None else first_position + index + 1)
+        first_position, slot = entry.first_position, entry.first_slot + index
+        position = None if first_position is None else first_position + index
+        offset = record_offset(entry.ledger_id, entry.entry_id, slot, position)
+        self.position = record_offset(entry.ledger_id, entry.entry_id, slot + 1,
+                                      None if position is None else position + 1)
         keys, values, timestamps = rows.get("key"), rows.get("value"), rows.get("timestamp")
         headers = rows.get("headers")
         pairs = headers[index] if headers is not None else None

@@ -59,7 +59,7 @@ from dlog.core.errors import (
 )
 from dlog.core.settings import RECORD_OVERHEAD_BYTES, WriterSettings
 from dlog.core.writer import WriterMachine
-from dlog.offsets import Offset
+from dlog.offsets import Offset, record_offset
 from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
     EncodedEntry,
@@ -100,7 +100,7 @@ class WrittenBatch:
         position = self.first_position
         for entry_id, count in self.entries:
             for slot in range(count):
-                yield Offset(self.ledger_id, entry_id, slot, position)
+                yield record_offset(self.ledger_id, entry_id, slot, position)
                 position = None if position is None else position + 1
 
     @property
@@ -563,8 +563,8 @@ class StreamWriter:
             elif type(waiter) is _BatchWaiter:
                 waiter.piece_done(ledger_id, entry_id, records, None if first_position is None else first_position + slot)
             elif not waiter.done():
-                waiter.set_result(Offset(ledger_id, entry_id, slot,
-                                         None if first_position is None else first_position + slot))
+                waiter.set_result(record_offset(ledger_id, entry_id, slot,
+                                                None if first_position is None else first_position + slot))
             slot += records
 
     @staticmethod
