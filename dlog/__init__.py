@@ -3,7 +3,7 @@
 from dlog.blocking import connect
 from dlog.namespace import Namespace
 from dlog.offsets import Offset
-from dlog.reader import OffsetOutOfRangeError, Record, StreamReader, TruncatedError
+from dlog.reader import OffsetOutOfRangeError, PositionsUnknownError, Record, StreamReader, TruncatedError
 from dlog.writer import (
     LedgerDeletedError,
     StreamWriter,
@@ -14,5 +14,5 @@ from dlog.writer import (
 )
 
 __all__ = ["Namespace", "Offset", "Record", "StreamReader", "StreamWriter", "WrittenBatch",
-           "TruncatedError", "OffsetOutOfRangeError", "WriterFencedError", "WriterLockedError",
-           "LedgerDeletedError", "WriterAbortedError", "connect"]
+           "TruncatedError", "OffsetOutOfRangeError", "PositionsUnknownError", "WriterFencedError",
+           "WriterLockedError", "LedgerDeletedError", "WriterAbortedError", "connect"]

@@ -50,7 +50,7 @@ from dlog.core.effects import (
 )
 from dlog.core.errors import OffsetOutOfRangeError, PositionsUnknownError, TruncatedError
 from dlog.core.reader import END, AtTimestamp, ReaderMachine, ReaderSettings, Start
-from dlog.core.snapshot import Cursor, Located, PositionAt
+from dlog.core.snapshot import Cursor, Located, PositionAt, StreamView
 from dlog.offsets import Offset, check_position, record_offset
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment
@@ -160,7 +160,7 @@ class StreamReader:
             return Start.EARLIEST
         raise await self._position_error(view, position, found)
 
-    async def _position_error(self, view: Any, position: int, found: Located) -> DlogError:
+    async def _position_error(self, view: StreamView, position: int, found: Located) -> DlogError:
         stream = self.name
         if found.at is PositionAt.UNKNOWN:
             return PositionsUnknownError(

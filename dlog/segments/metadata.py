@@ -89,13 +89,6 @@ class Segment:
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
-    @property
-    def end_position(self) -> int | None:
-        """The position after its last record (None: not assigned, or still in progress)."""
-        if self.first_position is None or self.is_in_progress:
-            return None
-        return self.first_position + self.records
-
     @classmethod
     def from_bytes(cls, data: bytes) -> Segment:
         document = _load(data, "segment")

@@ -11,8 +11,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from dlog import Namespace, OffsetOutOfRangeError, TruncatedError, WriterFencedError
-from dlog.core.errors import PositionsUnknownError
+from dlog import Namespace, OffsetOutOfRangeError, PositionsUnknownError, TruncatedError, WriterFencedError
 from dlog.segments.codec import RecordSetCodec, default_schema, records_to_batch
 from dlog.segments.store import StreamStore
 from spark.segments import commit_batch
