@@ -1,7 +1,7 @@
 """The dlog sink on real local Spark and real bookies: a stream-to-stream pipeline is exactly once
 when Spark replays a batch after a restart (L6), batch writes append typed rows, a dead writer's
-in-progress segment is sealed before the sink appends after it (L1, L3), and bad sink options
-are refused by name."""
+in-progress segment is sealed before the sink appends after it (L1, L3) and its segments are
+positioned right after it (V4), and bad sink options are refused by name."""
 
 from __future__ import annotations
 
@@ -108,6 +108,11 @@ def test_the_sink_seals_a_dead_writers_in_progress_segment_before_appending(spar
     assert [s["state"] for s in segments] == ["completed"] * len(segments)
     assert segments[0]["records"] == 50
     assert read_values(spark, dlog_ns, "shared") == values(50, prefix="writer") + values(100, prefix="spark")
+    # V4: the task segments are positioned one after the other, after the sealed one
+    assert [s["first_position"] for s in segments] == [sum(s["records"] for s in segments[:i])
+                                                       for i in range(len(segments))]
+    with dlog_ns.ns.open_reader("shared", follow=False) as reader:
+        assert [record.position for record in reader] == list(range(150))
 
 
 def test_bad_sink_options_are_refused_by_name(spark, dlog_ns):
