@@ -9,7 +9,9 @@ most one operation is outstanding (list read, handle open, range read, long poll
 Read-ahead. Fetched entries wait, undecoded, until the consumer's queue has room, and are decoded
 into it (a pure function handed in) one by one: at most `read_ahead_entries` entries and
 `read_ahead_bytes` decoded bytes are queued (one entry always fits, however large). Reads start
-only while there is room, so a slow consumer holds the reader back without losing anything.
+only while there is room, so a slow consumer holds the reader back without losing anything. The
+decoder gets the stream position of the entry's segment from the list the machine holds (V4), so
+records read after a list read that brought positions (a stream migrated meanwhile) carry them.
 
 Following. A list-change notification marks the list stale, whatever the machine is doing; the
 next step is then a list read (a long poll in flight is cancelled first). Staleness is counted,
@@ -72,7 +74,7 @@ class ReaderSettings:
 # decode(ledger_id, entry_id, first_slot, payload, segment_first_position) -> (item, decoded
 # bytes, records); items with no record are not queued. `segment_first_position` is the stream
 # position of the segment's first record (None: not assigned yet), from the list the machine holds
-Decoder = Callable[[int, int, int, bytes, "int | None"], tuple[Any, int, int]]
+Decoder = Callable[[int, int, int, bytes, int | None], tuple[Any, int, int]]
 
 
 class Start(enum.Enum):
