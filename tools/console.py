@@ -281,8 +281,10 @@ class Produced:
     def to_json(self) -> dict[str, Any]:
         first, last = self.first, self.last
         return {"count": self.count, "first": None if first is None else str(first),
-                "last": None if last is None else str(last), "unknown": self.unknown, "lost": self.lost,
-                "not_written": self.not_written, "deleted_ledgers": list(self.deleted_ledgers)}
+                "last": None if last is None else str(last),
+                "first_position": None if first is None else first.position,  # stream positions (V4)
+                "last_position": None if last is None else last.position, "unknown": self.unknown,
+                "lost": self.lost, "not_written": self.not_written, "deleted_ledgers": list(self.deleted_ledgers)}
 
     def summary(self, name: str) -> str:
         """One line: what is durable (and up to where: where to resume from) and what is not."""
