@@ -52,7 +52,8 @@ class BlockingNamespace:
     def open_writer(self, name: str, **options: Any) -> BlockingWriter:
         return BlockingWriter(self._loop, self._loop.call(self.namespace.open_writer(name, **options)))
 
-    def open_reader(self, name: str, start: str | Offset | int | datetime.datetime = "earliest", **options: Any) -> BlockingReader:
+    def open_reader(self, name: str, start: str | Offset | int | datetime.datetime = "earliest",
+                    **options: Any) -> BlockingReader:
         return BlockingReader(self._loop, self._loop.call(self.namespace.open_reader(name, start, **options)))
 
     def close(self) -> None:

@@ -373,7 +373,8 @@ class StreamReader:
         keep = pc.greater_equal(pc.cast(item.batch.column("timestamp"), pa.int64()), self._skip_before_ms)
         indices = pc.indices_nonzero(keep)
         if len(indices) == 0:
-            return EntryBatch(item.ledger_id, item.entry_id, item.first_slot, item.batch.slice(0, 0), item.first_position)
+            return EntryBatch(item.ledger_id, item.entry_id, item.first_slot, item.batch.slice(0, 0),
+                              item.first_position)
         first = indices[0].as_py()
         self._skip_before_ms = None
         position = None if item.first_position is None else item.first_position + first

@@ -182,7 +182,8 @@ class SegmentReads:
         last_entry = segment.end_entry - 1
         search = RecordSearch(segment.first_entry, segment.end_entry, lookup.record_index)
         while (probe := search.probe) is not None:
-            search.answer((await self.entry_info(segment.ledger_id, probe, password, last_entry)).header.first_record_index)
+            info = await self.entry_info(segment.ledger_id, probe, password, last_entry)
+            search.answer(info.header.first_record_index)
         info = await self.entry_info(segment.ledger_id, search.entry_id, password, last_entry)
         return located(view, lookup, search.entry_id, info.header)
 

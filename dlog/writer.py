@@ -561,7 +561,8 @@ class StreamWriter:
             if waiter is None:  # an offered record
                 pass
             elif type(waiter) is _BatchWaiter:
-                waiter.piece_done(ledger_id, entry_id, records, None if first_position is None else first_position + slot)
+                waiter.piece_done(ledger_id, entry_id, records,
+                                  None if first_position is None else first_position + slot)
             elif not waiter.done():
                 waiter.set_result(record_offset(ledger_id, entry_id, slot,
                                                 None if first_position is None else first_position + slot))

@@ -47,7 +47,8 @@ async def sink_task(ns: Namespace, name: str, items: list[bytes], per_entry: int
                                            password=ns.password_of(config), custom={"stream": name})
     codec, message = RecordSetCodec(default_schema()), SinkMessage(handle.ledger_id)
     for start in range(0, len(items), per_entry):
-        piece = records_to_batch(items[start:start + per_entry], timestamps_ms=[1] * len(items[start:start + per_entry]))
+        rows = items[start:start + per_entry]
+        piece = records_to_batch(rows, timestamps_ms=[1] * len(rows))
         payload = codec.encode(piece, message.records)
         await handle.append_async(payload)
         message.records += piece.num_rows

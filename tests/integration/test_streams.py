@@ -306,6 +306,6 @@ async def test_read_from_a_timestamp(stream_cluster):
             for index, value in enumerate(values(100)):
                 writer.write_nowait(value, timestamp_ms=1_000_000 + index * 10)
             await writer.flush()
-        moment = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(milliseconds=1_000_555)
+        moment = datetime.datetime.fromtimestamp(1_000.555, datetime.timezone.utc)
         records = await read_all(ns, "clock", start=moment)  # a time is a datetime; an int is a stream position
         assert [r.value for r in records] == values(44, 56)

@@ -137,7 +137,8 @@ def _roll_positioned_by_entries(completed: Any, created: Any) -> Any:
     """Issue 22 item 3, planted: a roll that counts the old segment's entries, not its records,
     when it positions the next segment (the count that is right only with one record per entry)."""
     entries = completed.last_entry - completed.first_entry + 1
-    return SegmentChange(update=(completed,), create=(replace(created, first_position=completed.first_position + entries),))
+    created = replace(created, first_position=completed.first_position + entries)
+    return SegmentChange(update=(completed,), create=(created,))
 
 
 PLANTS: dict[str, Plant] = {
