@@ -8,7 +8,7 @@ from pathlib import Path
 from bookkeeper.autorecovery.settings import RecoverySettings
 from bookkeeper.bookie.gc import GC_GRACE_S_DEFAULT
 from bookkeeper.bookie.guard import ServerSecurity
-from bookkeeper.bookie.server import AUTH_FRAME_BYTES_MAX, ServerLimits
+from bookkeeper.bookie.limits import AUTH_FRAME_BYTES_MAX, ServerLimits
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
 

@@ -12,8 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING, Any
+import ssl
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from bookkeeper.bookie.bookie import BookieCore
+from bookkeeper.bookie.guard import Guard
+from bookkeeper.bookie.limits import ServerLimits
+from bookkeeper.bookie.partial import PartialFrames
+from bookkeeper.bookie.refusals import RateLimitedLog
+from bookkeeper.bookie.unsent import UnsentAnswers
 from bookkeeper.protocol.wire import (
     PROTOCOL_VERSION,
     ErrorResponse,
@@ -25,17 +33,41 @@ from bookkeeper.protocol.wire import (
 )
 from bookkeeper.security.authz import Principal
 
-if TYPE_CHECKING:
-    from bookkeeper.bookie.server import BookieServer
-
 TLS_WRITE_STEP_BYTES = 256 * 2**10
+
+
+class ConnectionHost(Protocol):
+    """What a connection uses of the server that accepted it (server.py's BookieServer): the core,
+    the limits and the budgets shared by all connections, and the counters it bumps."""
+
+    core: BookieCore
+    limits: ServerLimits
+    tls: ssl.SSLContext | None
+    guard: Guard | None
+    handlers: dict[type, Callable[[Any, Any], None]]
+    requires_auth: bool
+    unsent: UnsentAnswers
+    partial: PartialFrames
+    paused: set[ClientConnection]
+    refusals: RateLimitedLog
+    unsent_blocks: int
+    unsent_closed: int
+    idle_closed: int
+
+    def journal_full(self) -> bool: ...
+
+    def release(self, connection: ClientConnection) -> None: ...
+
+    def metrics_backpressure(self) -> None: ...
+
+    def metrics_protocol_error(self) -> None: ...
 
 
 class ClientConnection(asyncio.Protocol):
     """The bookie's end of one client's TCP connection: parses frames, hands them to the core,
     writes the answers back; paused while too much is in flight or unsent."""
 
-    def __init__(self, server: BookieServer, address: Any) -> None:
+    def __init__(self, server: ConnectionHost, address: Any) -> None:
         """`address`: the peer's, as accept gave it (the connection is admitted before its transport
         exists: under TLS, before the handshake)."""
         self.server = server

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bookkeeper.bookie.bookie import DELETED_LEDGERS_REMEMBERED_MAX
+from bookkeeper.bookie.bookie import DELETED_LEDGERS_REMEMBERED_MAX, BookieCore
+from bookkeeper.bookie.guard import Guard
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.ledgers import LedgerMetadataAccess
+from bookkeeper.bookie.server import BookieServer
+from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.meta.usage import USAGE_LOOKUPS_MAX
 from bookkeeper.security.quota import STREAMS_RANKED_MAX
-
-if TYPE_CHECKING:
-    from bookkeeper.bookie.service import BookieService
 
 FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
@@ -28,8 +30,21 @@ PAUSE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1
 NAMESPACES_SHOWN_MAX = 1_000  # namespaces labelled in dlog_bookie_namespace_stored_bytes (label cardinality)
 
 
+class MeteredBookie(Protocol):
+    """The parts of a bookie (service.py's BookieService) whose counters and gauges are scraped."""
+
+    core: BookieCore
+    server: BookieServer
+    guard: Guard | None
+    ledgers: LedgerMetadataAccess
+    storage: LedgerStorage
+    journal: Journal
+
+    def disk_usage(self) -> dict[str, Any]: ...
+
+
 class BookieMetrics:
-    def __init__(self, service: BookieService) -> None:
+    def __init__(self, service: MeteredBookie) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.journal_fsync_seconds = Histogram(
             "dlog_bookie_journal_fsync_seconds", "Time to write and fdatasync one journal group",
@@ -74,7 +89,7 @@ class BookieMetrics:
 
 
 class _ServiceCollector(Collector):
-    def __init__(self, service: BookieService, metrics: BookieMetrics) -> None:
+    def __init__(self, service: MeteredBookie, metrics: BookieMetrics) -> None:
         self.service = service
         self.metrics = metrics
 

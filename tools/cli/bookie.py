@@ -164,7 +164,7 @@ def bookie_config(data_dir: Path, host: str, port: int, http_port: int, zk: str 
     if data_dir is None:
         raise ConfigError("a bookie needs a data directory: pass --dir DIR (or data_dir in the "
                           "[bookie] table of --config)")
-    from bookkeeper.bookie.server import ServerLimits
+    from bookkeeper.bookie.limits import ServerLimits
     from bookkeeper.protocol.wire import HEADER_BYTES
 
     limits = ServerLimits(frame_bytes_max=max_entry_size + 1024 + HEADER_BYTES,

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bookkeeper.bookie.adds import journaled_entries
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.connection import ClientConnection
-from bookkeeper.bookie.server import BookieServer, ServerLimits
+from bookkeeper.bookie.limits import ServerLimits
+from bookkeeper.bookie.server import BookieServer
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.entry import ENTRY_HEADER, ENTRY_HEADER_BYTES
 from bookkeeper.protocol.wire import (
