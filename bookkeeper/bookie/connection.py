@@ -22,6 +22,7 @@ from bookkeeper.bookie.limits import ServerLimits
 from bookkeeper.bookie.partial import PartialFrames
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.bookie.unsent import UnsentAnswers
+from bookkeeper.clock import Clock
 from bookkeeper.protocol.wire import (
     PROTOCOL_VERSION,
     ErrorResponse,
@@ -42,6 +43,7 @@ class ConnectionHost(Protocol):
 
     core: BookieCore
     limits: ServerLimits
+    clock: Clock  # the loop's own time (SYSTEM_CLOCK; a simulator's loop clock): timers are set on both
     tls: ssl.SSLContext | None
     guard: Guard | None
     handlers: dict[type, Callable[[Any, Any], None]]
@@ -73,6 +75,7 @@ class ClientConnection(asyncio.Protocol):
         self.server = server
         self.core = server.core
         self.limits = server.limits
+        self.clock = server.clock
         self.decoder = RequestDecoder(self.limits.frame_bytes_max, self.limits.entry_bytes_max)
         self.transport: asyncio.Transport | None = None
         self.in_flight = 0
@@ -99,7 +102,7 @@ class ClientConnection(asyncio.Protocol):
         self.unsent_holding = False  # whether unsent.py counts it among the connections holding some
         self._lost = False
         self._loop = asyncio.get_running_loop()
-        self._accepted_s = self._loop.time()  # the first frame is due this long after accept
+        self._accepted_s = self.clock.monotonic_s()  # the first frame is due this long after accept
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -399,7 +402,7 @@ class ClientConnection(asyncio.Protocol):
         self.abort()
 
     def _watch_partial_frame(self) -> None:
-        self._partial_since = self._loop.time()
+        self._partial_since = self.clock.monotonic_s()
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_later(self.limits.idle_timeout_s, self._check_idle)
 
@@ -408,7 +411,7 @@ class ClientConnection(asyncio.Protocol):
         if (self.closed or not self.decoder.pending_bytes or self._paused or self._writes_blocked
                 or self._throttled):
             return  # a frame we stopped parsing on purpose is not the client's stall
-        idle_s = self._loop.time() - self._partial_since
+        idle_s = self.clock.monotonic_s() - self._partial_since
         if idle_s >= self.limits.idle_timeout_s:
             self.server.idle_closed += 1
             self.server.refusals.warning("idle", "closing connection from %s: partial frame idle for "

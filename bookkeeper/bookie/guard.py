@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bookkeeper.bookie.refusals import RateLimitedLog
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import AuthenticationError, CorruptMetadataError, DlogError, ForbiddenError, NoSuchLedgerError
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.create import CreateLedgerRequest
@@ -112,9 +112,11 @@ class Guard:
                  knows_ledger: Callable[[int], bool],
                  cache_max: int = NAMESPACE_CACHE_MAX, pending_max: int = LOOKUPS_PENDING_MAX,
                  quota_lookup: Callable[[str], Awaitable[Quota]] | None = None,
-                 stream_of: Callable[[int], str | None] | None = None) -> None:
-        """`stream_of`: the stream a ledger's metadata names, once `lookup` read it (None: unknown)."""
+                 stream_of: Callable[[int], str | None] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`stream_of`: the stream a ledger's metadata names, once `lookup` read it (None: unknown).
+        `clock`: what token expiry, quota refreshes and write-rate buckets are measured on."""
         self.security = security
+        self.clock = clock
         self.handlers = handlers
         self._lookup = lookup
         self._knows_ledger = knows_ledger
@@ -137,7 +139,7 @@ class Guard:
         self.stream_slots = StreamSlots()
         self._stream_of = stream_of
         self.quota_refusals = 0
-        self.refusals = RateLimitedLog(log)  # at most one line per reason per 10 s (S4)
+        self.refusals = RateLimitedLog(log, clock=clock)  # at most one line per reason per 10 s (S4)
 
     # ------------------------------------------------------------------ authentication
 
@@ -180,7 +182,7 @@ class Guard:
                              "request: configure a token or client certificate (client.toml)", close=True)
                 return
             principal = connection.principal = ANONYMOUS
-        if principal.expires_s is not None and time.time() > principal.expires_s:
+        if principal.expires_s is not None and self.clock.wall_ms() / 1000 > principal.expires_s:
             self.auth_failures += 1
             self._refuse(connection, request.request_id, _opcode(request), Status.UNAUTHENTICATED,
                          "token expired during the connection: reconnect with a new one", close=True)
@@ -330,7 +332,7 @@ class Guard:
         ledger's stream is beyond its streams_max), or None. Recovery adds (a writer's recovery,
         auto-recovery's copies) are never asked: they write entries again, not new data."""
         cached = self._quotas.get(namespace)
-        if cached is None or time.monotonic() - cached[1] > QUOTA_REFRESH_S:
+        if cached is None or self.clock.monotonic_s() - cached[1] > QUOTA_REFRESH_S:
             self._refresh_quota(namespace)  # a raised quota lets a refused namespace in again
         if cached is None:
             return None
@@ -351,7 +353,7 @@ class Guard:
 
     def _pace(self, namespace: str, size_bytes: int, connection: Connection) -> None:
         """Charge the namespace's write bucket; a connection over it is slowed, not refused."""
-        now_s = time.monotonic()
+        now_s = self.clock.monotonic_s()
         cached = self._quotas.get(namespace)
         if cached is None or now_s - cached[1] > QUOTA_REFRESH_S:
             self._refresh_quota(namespace)
@@ -383,10 +385,10 @@ class Guard:
         if quota.write_bytes_per_s <= 0:
             bucket = None
         elif bucket is None or bucket.rate_per_s != quota.write_bytes_per_s:
-            bucket = TokenBucket(quota.write_bytes_per_s, time.monotonic())
+            bucket = TokenBucket(quota.write_bytes_per_s, self.clock.monotonic_s())
         if namespace not in self._quotas and len(self._quotas) >= QUOTAS_CACHED_MAX:
             self._quotas.pop(next(iter(self._quotas)))
-        self._quotas[namespace] = (quota, time.monotonic(), bucket)
+        self._quotas[namespace] = (quota, self.clock.monotonic_s(), bucket)
 
     # ------------------------------------------------------------------ ledger namespaces
 

@@ -8,7 +8,6 @@ the metrics library. Journal commits (one per group, not per entry) feed real hi
 from __future__ import annotations
 
 import gc
-import time
 from typing import Any, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -21,6 +20,7 @@ from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.ledgers import LedgerMetadataAccess
 from bookkeeper.bookie.server import BookieServer
 from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.clock import perf_s
 from bookkeeper.meta.usage import USAGE_LOOKUPS_MAX
 from bookkeeper.security.quota import STREAMS_RANKED_MAX
 
@@ -74,10 +74,10 @@ class BookieMetrics:
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._gc_started = time.perf_counter()
+            self._gc_started = perf_s()
         elif self._gc_started:
             self.gc_pause_seconds.labels(str(info["generation"])).observe(
-                time.perf_counter() - self._gc_started)
+                perf_s() - self._gc_started)
 
     def on_journal_commit(self, records: int, size_bytes: int, seconds: float) -> None:
         self.journal_fsync_seconds.observe(seconds)

@@ -48,6 +48,7 @@ from bookkeeper.bookie.limits import ServerLimits
 from bookkeeper.bookie.partial import PartialFrames
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.bookie.unsent import UnsentAnswers
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -89,9 +90,12 @@ class BookieServer:
 
     def __init__(self, core: BookieCore, limits: ServerLimits, info: Callable[[], BookieInfoResponse],
                  journal_full: Callable[[], bool] = lambda: False, guard: Guard | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock`: what connections measure silence and stalls on, and the refusal log its
+        intervals; the event loop's own time (SYSTEM_CLOCK, or a simulator's loop clock)."""
         self.core = core
         self.limits = limits
+        self.clock = clock
         self._info = info
         self.journal_full = journal_full
         self.tls = tls
@@ -114,9 +118,9 @@ class BookieServer:
         if guard is not None:
             guard.handlers = self.handlers
         self.requires_auth = guard is not None and guard.security.requires_auth
-        self.refusals = RateLimitedLog(log)
+        self.refusals = RateLimitedLog(log, clock=clock)
         self.unsent = UnsentAnswers(limits.global_unsent_bytes_max, limits.unsent_connections_max,
-                                    self.refusals)
+                                    self.refusals, clock=clock)
         self.partial = PartialFrames(limits.partial_bytes_max, limits.unauthenticated_partial_bytes_max,
                                      self.refusals)
         self._listener: socket.socket | None = None

@@ -34,6 +34,8 @@ from bookkeeper.protocol.wire import (
     WriteLacRequest,
 )
 
+from tests.harness.streamsim.loop import SimulatedClock
+
 from .disk import MemoryJournal, MemoryStorage
 
 if TYPE_CHECKING:
@@ -73,7 +75,7 @@ class BookieProcess:
             self.core.replay_record(record)
         for entry_id in sorted(self.damaged):
             self.storage.damage(self.ledger_id, entry_id)
-        self.server = BookieServer(self.core, ServerLimits(), self._info)
+        self.server = BookieServer(self.core, ServerLimits(), self._info, clock=SimulatedClock(self.world.loop))
         handlers = self.server.handlers
         for kind in (AddRequest, AddBatchRequest, ReadRequest, ReadRangeRequest, WriteLacRequest):
             handlers[kind] = self._watched(kind, handlers[kind])
