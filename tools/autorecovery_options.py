@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from tools.cli.common import DURATION, SIZE
+from tools.units import DURATION, SIZE
 
 RECOVERY_SETTINGS = ("lost_bookie_recovery_delay", "audit_interval", "replica_check_interval",
                      "open_ledger_grace", "rereplication_rate", "rereplication_bandwidth",

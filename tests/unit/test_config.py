@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from bookkeeper.errors import ConfigError
 from tools.cli.bookie import bookie_config, bookie_start
-from tools.cli.common import SIZE
 from tools.config import client_options, layered_params
+from tools.units import SIZE
 
 
 @click.command()

@@ -17,7 +17,6 @@ import click
 from bookkeeper.errors import ConfigError, DlogError
 from tools.autorecovery_options import pop_recovery, recovery_options, recovery_settings
 from tools.cli.common import (
-    DURATION,
     fails_cleanly,
     json_option,
     print_table,
@@ -25,7 +24,7 @@ from tools.cli.common import (
     with_zk,
     zk_option,
 )
-from tools.units import format_time_ms
+from tools.units import DURATION, format_time_ms
 
 
 @click.group(invoke_without_command=True)

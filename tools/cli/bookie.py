@@ -15,7 +15,6 @@ from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
 from tools.autorecovery_options import pop_recovery, recovery_options, recovery_settings
 from tools.cli.common import (
-    SIZE,
     fails_cleanly,
     http_get_json,
     json_option,
@@ -23,7 +22,7 @@ from tools.cli.common import (
     with_zk,
     zk_option,
 )
-from tools.units import format_size, format_time_ms
+from tools.units import SIZE, format_size, format_time_ms
 
 
 @click.group()
