@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from bookkeeper.bookie.config import ServerSecurity
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import AuthenticationError, CorruptMetadataError, DlogError, ForbiddenError, NoSuchLedgerError
@@ -47,8 +47,7 @@ from bookkeeper.protocol.wire import (
 from bookkeeper.security.authz import ANONYMOUS, ROLE_ADMIN, ROLE_BOOKIE, Action, Principal, Role, decide
 from bookkeeper.security.settings import parse_role_zk_user
 from bookkeeper.security.quota import UNLIMITED, Quota, StreamSlots, TokenBucket
-from bookkeeper.security.tls import ServerTls
-from bookkeeper.security.tokens import TokenKey, TokenVerifier, certificate_principal
+from bookkeeper.security.tokens import TokenVerifier, certificate_principal
 
 log = logging.getLogger(__name__)
 NAMESPACE_CACHE_MAX = 100_000
@@ -56,21 +55,6 @@ LOOKUPS_PENDING_MAX = 10_000  # requests waiting for a ledger's metadata, over a
 QUOTA_REFRESH_S = 10.0  # a namespace's quota is read again this long after it was read
 QUOTAS_CACHED_MAX = 10_000
 _MISSING = object()
-
-
-@dataclass(frozen=True, slots=True)
-class ServerSecurity:
-    """A bookie's security settings. With neither a token key nor required client certificates,
-    and without TLS, the bookie is open (every connection acts as `anonymous`, an admin)."""
-
-    tls: ServerTls | None = None
-    token_key: TokenKey | None = None
-    allow_anonymous: bool = False  # connections that skip AUTH act as an admin: asked by name only
-
-    @property
-    def requires_auth(self) -> bool:
-        certificates = self.tls is not None and self.tls.require_client_cert
-        return (self.token_key is not None or certificates) and not self.allow_anonymous
 
 
 class Connection(Protocol):

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bookkeeper.protocol import wire
-from bookkeeper.security.tokens import TOKEN_BYTES_MAX
+from bookkeeper.protocol.frame import AUTH_CREDENTIALS_BYTES_MAX, ENTRY_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_DEFAULT
 
-AUTH_FRAME_BYTES_MAX = TOKEN_BYTES_MAX + 1024  # the longest token and the frame around it
+# the longest credentials (a token) the codec takes and the frame around them
+AUTH_FRAME_BYTES_MAX = AUTH_CREDENTIALS_BYTES_MAX + 1024
 
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    frame_bytes_max: int = wire.FRAME_BYTES_MAX_DEFAULT
-    entry_bytes_max: int = wire.ENTRY_BYTES_MAX_DEFAULT
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+    entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT
     in_flight_max: int = 10_000
     idle_timeout_s: float = 30.0
     connections_max: int = 4096
