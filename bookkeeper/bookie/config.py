@@ -1,4 +1,5 @@
-"""Every setting of a bookie, with its default and its check."""
+"""Every setting of a bookie, with its default and its check (tools/bookie_settings.py makes the
+flags, the config file's keys and the docs from these fields and their defaults)."""
 
 from __future__ import annotations
 

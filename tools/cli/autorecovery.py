@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from bookkeeper.errors import ConfigError, DlogError
-from tools.autorecovery_options import pop_recovery, recovery_options, recovery_settings
+from tools.bookie_settings import pop_recovery, recovery_options, recovery_settings
 from tools.cli.common import (
     fails_cleanly,
     json_option,
@@ -53,7 +53,7 @@ def autorecovery(ctx: click.Context, **_: Any) -> None:
     from tools.config import layered_params
 
     params = layered_params(ctx, "autorecovery", "DLOG_BOOKIE_")
-    settings = recovery_settings(**pop_recovery(params))
+    settings = recovery_settings(pop_recovery(params))
     identity = params["identity"] or f"autorecovery-{socket.gethostname()}-{os.getpid()}"
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -12,7 +12,7 @@ import click
 
 from bookkeeper.errors import DlogError
 
-from tools.autorecovery_options import delay_option
+from tools.bookie_settings import delay_option
 from tools.cli.common import fails_cleanly, zk_option
 
 
