@@ -42,9 +42,9 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -187,10 +187,9 @@ class Collector:
 
     async def _connect(self) -> None:
         from bookkeeper.client import BookKeeper
+        from bookkeeper.meta.acl import zk_options
         from bookkeeper.meta.zk import AsyncZooKeeper
         from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
-
-        from bookkeeper.meta.acl import zk_options
 
         security = self.options.security
         if self._http is None:

@@ -370,7 +370,8 @@ class BookieCore(AddHandlers, BatchHandlers):
                 return None
         return ledger
 
-    def _fence(self, ledger_id: int, ledger: LedgerState, request: ReadRequest | ReadRangeRequest, reply: Reply) -> None:
+    def _fence(self, ledger_id: int, ledger: LedgerState, request: ReadRequest | ReadRangeRequest,
+               reply: Reply) -> None:
         """Fence durably, then answer the read (A7, A11)."""
         ledger.fenced = True
         ledger.fence_pending = [(request, reply)]

@@ -45,8 +45,8 @@ from bookkeeper.protocol.wire import (
     encode_response,
 )
 from bookkeeper.security.authz import ANONYMOUS, ROLE_ADMIN, ROLE_BOOKIE, Action, Principal, Role, decide
-from bookkeeper.security.settings import parse_role_zk_user
 from bookkeeper.security.quota import UNLIMITED, Quota, StreamSlots, TokenBucket
+from bookkeeper.security.settings import parse_role_zk_user
 from bookkeeper.security.tokens import TokenVerifier, certificate_principal
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ the metrics library. Journal commits (one per group, not per entry) feed real hi
 from __future__ import annotations
 
 import gc
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

@@ -25,7 +25,6 @@ from bookkeeper.errors import (
     RequestTimeoutError,
     error_for_status,
 )
-from bookkeeper.security.tls import host_of, looks_like_tls
 from bookkeeper.protocol import wire
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -47,6 +46,7 @@ from bookkeeper.protocol.wire import (
     WriteLacResponse,
     encode_request,
 )
+from bookkeeper.security.tls import host_of, looks_like_tls
 
 _REQUEST_IDS = itertools.count(1)
 

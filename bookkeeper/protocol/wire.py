@@ -19,31 +19,36 @@ from dataclasses import dataclass
 
 from bookkeeper.protocol import batch as _batch  # the batched messages of version 2
 from bookkeeper.protocol import create as _create
-
-# the frame vocabulary (frame.py), part of this codec's public face
 from bookkeeper.protocol.frame import (
-    PROTOCOL_VERSION as PROTOCOL_VERSION,
-    SUPPORTED_VERSIONS as SUPPORTED_VERSIONS,
-    LENGTH as LENGTH,
-    HEADER as HEADER,
-    HEADER_BYTES as HEADER_BYTES,
-    MASTER_KEY_BYTES as MASTER_KEY_BYTES,
-    ENTRY_BYTES_MAX_DEFAULT as ENTRY_BYTES_MAX_DEFAULT,
-    FRAME_BYTES_MAX_DEFAULT as FRAME_BYTES_MAX_DEFAULT,
-    ERROR_MESSAGE_BYTES_MAX as ERROR_MESSAGE_BYTES_MAX,
-    CHECK_ENTRIES_MAX as CHECK_ENTRIES_MAX,
-    OpCode as OpCode,
-    V1_OPCODE_MAX as V1_OPCODE_MAX,
-    Flag as Flag,
-    KNOWN_FLAGS as KNOWN_FLAGS,
-    Status as Status,
-    AuthMechanism as AuthMechanism,
-    AUTH_CREDENTIALS_BYTES_MAX as AUTH_CREDENTIALS_BYTES_MAX,
-    EntryCheck as EntryCheck,
-    BookieState as BookieState,
-    FrameError as FrameError,
+    AUTH_CREDENTIALS_BYTES_MAX,
+    CHECK_ENTRIES_MAX,
+    ENTRY_BYTES_MAX_DEFAULT,
+    ERROR_MESSAGE_BYTES_MAX,
+    FRAME_BYTES_MAX_DEFAULT,
+    HEADER,
+    HEADER_BYTES,
+    KNOWN_FLAGS,
+    LENGTH,
+    MASTER_KEY_BYTES,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    V1_OPCODE_MAX,
+    AuthMechanism,
+    BookieState,
+    EntryCheck,
+    Flag,
+    FrameError,
+    OpCode,
+    Status,
 )
 
+# the frame vocabulary (frame.py) is part of this codec's public face: importers take it from here
+__all__ = [
+    "AUTH_CREDENTIALS_BYTES_MAX", "CHECK_ENTRIES_MAX", "ENTRY_BYTES_MAX_DEFAULT",
+    "ERROR_MESSAGE_BYTES_MAX", "FRAME_BYTES_MAX_DEFAULT", "HEADER", "HEADER_BYTES", "KNOWN_FLAGS",
+    "LENGTH", "MASTER_KEY_BYTES", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "V1_OPCODE_MAX",
+    "AuthMechanism", "BookieState", "EntryCheck", "Flag", "FrameError", "OpCode", "Status",
+]
 
 # ---------------------------------------------------------------- requests
 

@@ -23,8 +23,16 @@ from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.clock import wall_ms
 from dlog import Namespace
 from tools.cluster import LineReader, LocalCluster, free_port
-from tools.ui import (HTTP_TIMEOUT_S, Collector, RateTracker, UiOptions, make_app, parse_metrics,
-                      subscription_lag, truncation_point)
+from tools.ui import (
+    HTTP_TIMEOUT_S,
+    Collector,
+    RateTracker,
+    UiOptions,
+    make_app,
+    parse_metrics,
+    subscription_lag,
+    truncation_point,
+)
 
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"  # a ZooKeeper node name the page must show as text
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

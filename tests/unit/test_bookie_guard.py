@@ -1,6 +1,7 @@
 """The bookie's guard without sockets: AUTH first or the connection closes, expired tokens end the
-connection (expiry and quota refreshes on the guard's injected clock), each request is authorized against its ledger's namespace (looked up once, requests
-waiting in order), a ledger without metadata is refused, and lookups are bounded."""
+connection (expiry and quota refreshes go by the guard's clock), each request is authorized against
+its ledger's namespace (looked up once, requests waiting in order), a ledger without metadata is
+refused, and lookups are bounded."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ import pytest
 from bookkeeper.bookie.guard import QUOTA_REFRESH_S, Guard, ServerSecurity
 from bookkeeper.clock import SYSTEM_CLOCK, Clock, ManualClock, wall_ms
 from bookkeeper.errors import NoSuchLedgerError
-from bookkeeper.protocol.wire import (AddRequest, AuthMechanism, AuthRequest, BookieInfoRequest,
-                                      ReadRequest, ResponseDecoder, Status)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    AuthMechanism,
+    AuthRequest,
+    BookieInfoRequest,
+    ReadRequest,
+    ResponseDecoder,
+    Status,
+)
 from bookkeeper.security.tokens import TokenKey, create_token
 
 KEY = TokenKey("HS256", b"g" * 32)

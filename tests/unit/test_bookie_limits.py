@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
+from bookkeeper.bookie.limits import ServerLimits
 from bookkeeper.bookie.partial import PartialFrames
 from bookkeeper.bookie.refusals import RateLimitedLog
-from bookkeeper.bookie.limits import ServerLimits
 from bookkeeper.bookie.server import connections_cap
 from bookkeeper.bookie.unsent import holders_to_close
 from bookkeeper.clock import ManualClock

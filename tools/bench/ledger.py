@@ -9,7 +9,6 @@ from typing import Any, Sequence
 
 from bookkeeper.clock import perf_s
 from bookkeeper.protocol.batch import encode_add_batch
-from bookkeeper.runtime import tune_garbage_collector
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -17,6 +16,7 @@ from bookkeeper.protocol.wire import (
     ResponseDecoder,
     encode_request,
 )
+from bookkeeper.runtime import tune_garbage_collector
 from tools.bench.common import (
     PASSWORD,
     CpuMeter,

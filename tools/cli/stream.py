@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from bookkeeper.errors import ConfigError
-
 from tools.cli.common import (
     cluster_options,
     fails_cleanly,

@@ -33,7 +33,6 @@ from bookkeeper.protocol.wire import (
     ReadRequest,
     WriteLacRequest,
 )
-
 from tests.harness.streamsim.loop import SimulatedClock
 
 from .disk import MemoryJournal, MemoryStorage
