@@ -4,6 +4,13 @@ Two readings, never mixed: `wall_ms()` is epoch milliseconds, for what is stored
 timestamps, segment creation times, metadata ctimes); `monotonic_s()` only ever goes forward, for
 intervals and deadlines. `SYSTEM_CLOCK` reads the machine; `ManualClock` is moved by hand (tests,
 simulators). Sans-IO state machines take neither: they are handed `now_ms` with each event.
+
+A component that decides by the time (timeouts, deadlines, pacing, expiry) takes a `Clock`, so a
+simulator can drive it. Code that only measures, or that no simulator runs (benchmarks, tools,
+start-up waits), reads the system clock through the functions at the end of this module:
+`wall_ms()`, `monotonic_s()`, `perf_s()` (the finest interval clock, for latencies and benchmark
+timings) and `process_s()` (CPU seconds of this process). Nothing else in shipped code reads the
+time (tests/unit/test_one_of_each.py checks it); sleeping is not reading.
 """
 
 from __future__ import annotations
@@ -58,3 +65,19 @@ SYSTEM_CLOCK: Clock = SystemClock()
 def wall_ms() -> int:
     """The system clock's epoch milliseconds (for code that has no injected clock to ask)."""
     return SYSTEM_CLOCK.wall_ms()
+
+
+def monotonic_s() -> float:
+    """The system clock's monotonic seconds (for code that has no injected clock to ask)."""
+    return SYSTEM_CLOCK.monotonic_s()
+
+
+def perf_s() -> float:
+    """Seconds on the finest clock that never goes back, for measuring short intervals (a
+    latency, an fsync, a benchmark step); only differences mean anything."""
+    return time.perf_counter()
+
+
+def process_s() -> float:
+    """CPU seconds (user and system) this process has used; only differences mean anything."""
+    return time.process_time()

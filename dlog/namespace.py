@@ -104,7 +104,8 @@ class Namespace:
         except BaseException:
             await self.zk.close()
             raise
-        self.store = RetryingSegmentStore(ZooKeeperSegmentStore(self.zk, self.root), clock=self.clock, rng=self.rng)
+        self.store = RetryingSegmentStore(ZooKeeperSegmentStore(self.zk, self.root, self.clock), clock=self.clock,
+                                          rng=self.rng)
         try:
             await self._learn_role_identities()
             await self.zk.ensure_path(f"{self.root}/streams")

@@ -340,14 +340,14 @@ class StreamReader:
         """The next entry's records (None at the end, or when `timeout_s` passes first)."""
         if self._done:
             return None
-        deadline = None if timeout_s is None else self.loop.time() + timeout_s
+        deadline = None if timeout_s is None else self.clock.monotonic_s() + timeout_s
         while True:
             item, effects = self.machine.take()
             if effects:
                 self.run(effects)
             if item is not None:
                 break
-            remaining_s = None if deadline is None else deadline - self.loop.time()
+            remaining_s = None if deadline is None else deadline - self.clock.monotonic_s()
             if remaining_s is not None and remaining_s <= 0:
                 return None
             self._queued.clear()
@@ -412,7 +412,7 @@ class StreamReader:
         none: an empty batch), or None once a non-following reader reached the end."""
         pieces: list[pa.RecordBatch] = []
         count = 0
-        deadline = self.loop.time() + timeout_ms / 1000
+        deadline = self.clock.monotonic_s() + timeout_ms / 1000
         current = self._current
         if current is not None and self._current_index < current.batch.num_rows:
             rest = current.batch.slice(self._current_index, max_records)
@@ -420,7 +420,7 @@ class StreamReader:
             count += rest.num_rows
             self._current_index += rest.num_rows
         while count < max_records:
-            remaining_s = deadline - self.loop.time()
+            remaining_s = deadline - self.clock.monotonic_s()
             if remaining_s <= 0 and pieces:
                 break
             entry = await self.next_entry(max(remaining_s, 0.0))

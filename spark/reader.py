@@ -21,7 +21,6 @@ driver's views and the workers' partition reads reuse from one trigger and one t
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +41,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError, DlogError
 from dlog.core import snapshot
 from dlog.core.snapshot import Cursor, StreamView
@@ -179,7 +179,7 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self._planner = _Planner(options, schema)
         self._target: dict[str, Offset] | None = None  # set by Trigger.AvailableNow
-        self._last_batch_s = time.monotonic()
+        self._last_batch_s = monotonic_s()
         self._latest_seen: dict[str, Offset] | None = None
         self._subscribed: dict | None = None  # the offsets last committed for the subscription
         self._planned: _Planned | None = None  # the trigger latestOffset planned last
@@ -253,7 +253,7 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             admission = plan.admit(backlogs, max_records, catalog.records_before, max_bytes, catalog.bytes_before)
         if min_records is not None and admission.records < min_records:
-            waited_ms = (time.monotonic() - self._last_batch_s) * 1000
+            waited_ms = (monotonic_s() - self._last_batch_s) * 1000
             if waited_ms < self.options.max_trigger_delay_ms:
                 return start  # wait for more records, or until maxTriggerDelay passes
         ends = {}
@@ -266,7 +266,7 @@ class DlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ends[name] = position
         end_document = offset_document(ends)
         if end_document != offset_document(starts):
-            self._last_batch_s = time.monotonic()
+            self._last_batch_s = monotonic_s()
         self._planned = _Planned(start, end_document, views, cursors)
         return end_document
 

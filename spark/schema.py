@@ -14,7 +14,6 @@ object.
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +29,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError
 from dlog.segments.codec import HEADERS_SCHEMA, describe_schema, missing_column, schema_with_headers
 
@@ -141,7 +141,7 @@ def sink_batch(batch: pa.RecordBatch, stream_schema: pa.Schema, stream: str,
     `timestamp`). The dlog source's own columns (stream, ledger, entry, slot) are ignored so a read
     can be written as is; any other extra column is an error, never silently dropped.
     """
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = wall_ms() if now_ms is None else now_ms
     names = batch.schema.names
     if "headers" in names and schema_with_headers(stream_schema) is not None:
         stream_schema = HEADERS_SCHEMA  # record headers, as Kafka's sink takes them

@@ -18,11 +18,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import DlogError
 from bookkeeper.meta.ports import command_of, port_bindable, port_in_use
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper, pick_free_port
@@ -373,9 +373,9 @@ class LineReader:
 
     def next_line(self, timeout_s: float) -> str | None:
         """The next line; None if the child closed its stdout or the deadline passed."""
-        deadline = time.monotonic() + timeout_s
+        deadline = monotonic_s() + timeout_s
         while not self._lines:
-            remaining_s = deadline - time.monotonic()
+            remaining_s = deadline - monotonic_s()
             if remaining_s <= 0:
                 return None
             ready, _, _ = select.select([self._descriptor], [], [], min(remaining_s, 0.05))
@@ -391,8 +391,8 @@ class LineReader:
         return self._lines.pop(0)
 
     def line_starting(self, prefix: str, timeout_s: float) -> str | None:
-        deadline = time.monotonic() + timeout_s
-        while (line := self.next_line(max(0.0, deadline - time.monotonic()))) is not None:
+        deadline = monotonic_s() + timeout_s
+        while (line := self.next_line(max(0.0, deadline - monotonic_s()))) is not None:
             if line.startswith(prefix):
                 return line
         return None

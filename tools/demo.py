@@ -16,7 +16,6 @@ import os
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
@@ -32,6 +31,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from bookkeeper.clock import perf_s
 from bookkeeper.errors import DlogError
 from tools.cluster import LocalCluster
 
@@ -128,7 +128,7 @@ class Demo:
         await ns.create_stream(STREAM, roll_bytes=4 << 20)
         reader = await ns.open_reader(STREAM, "earliest")
         received = 0
-        tail_started = time.perf_counter()
+        tail_started = perf_s()
 
         async def tail() -> None:
             nonlocal received
@@ -140,12 +140,12 @@ class Demo:
         tailing = asyncio.create_task(tail())
         with progress() as bar:
             task = bar.add_task("write 1,000,000 records", total=RECORDS)
-            started = time.perf_counter()
+            started = perf_s()
             async with ns.open_writer(STREAM) as writer:
                 for start in range(0, RECORDS, BATCH_RECORDS):
                     await writer.write_batch(records_to_batch(self.values[start: start + BATCH_RECORDS]))
                     bar.update(task, advance=BATCH_RECORDS)
-            elapsed_s = time.perf_counter() - started
+            elapsed_s = perf_s() - started
         async with asyncio.timeout(120):
             await tailing
         await reader.close()
@@ -153,7 +153,7 @@ class Demo:
         self.note("stream: 1,000,000 records written (durable, fsync on)",
                   f"{RECORDS / elapsed_s:,.0f} records/s")
         self.note("stream: a live reader tailed them all",
-                  f"{received:,} records in {time.perf_counter() - tail_started:.1f} s")
+                  f"{received:,} records in {perf_s() - tail_started:.1f} s")
 
     async def roll_and_truncate(self, ns: Any) -> None:
         info = await ns.stream_info(STREAM)
@@ -204,7 +204,7 @@ class Demo:
         from pyspark.sql import SparkSession
         from pyspark.sql import functions as F
 
-        started = time.perf_counter()
+        started = perf_s()
         log_path = self.directory / "spark.log"
         console.print(f"  starting Spark (a JVM: some seconds; its log goes to {log_path})")
         with stderr_to(log_path):  # the JVM and its Python workers inherit it: no log amid our lines
@@ -230,7 +230,7 @@ class Demo:
                   f"the Spark query failed: {query.exception()}")
         finally:
             spark.stop()
-        self.spark_seconds = time.perf_counter() - started
+        self.spark_seconds = perf_s() - started
 
     async def spark_result(self, ns: Any) -> None:
         async with ns.open_reader("action_counts", follow=False) as reader:
@@ -251,13 +251,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dlog-demo-") as name:
         directory = Path(name)
         console.print(f"[bold]dlog demo[/bold]: ZooKeeper and 3 bookie processes in {directory}")
-        started = time.perf_counter()
+        started = perf_s()
         cluster = LocalCluster(directory / "cluster", bookies=3)
         demo = Demo(cluster, directory)
         try:
             cluster.start()
             demo.note("cluster started", f"zk={cluster.zk_address}, 3 bookies, "
-                                         f"{time.perf_counter() - started:.1f} s")
+                                         f"{perf_s() - started:.1f} s")
             demo.run_all()
         except (DlogError, OSError) as exc:
             console.print(f"[red]demo failed:[/red] {exc}")
@@ -265,7 +265,7 @@ def main() -> int:
         finally:
             cluster.stop()
         demo.note("cluster stopped", "cleanly")
-    table = Table("step", "result", title=f"dlog demo: every step checked ({time.perf_counter() - started:.0f} s)")
+    table = Table("step", "result", title=f"dlog demo: every step checked ({perf_s() - started:.0f} s)")
     for step, result in demo.summary:
         table.add_row(step, result)
     console.print(table)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import time
 from typing import Any
 
+from bookkeeper.clock import perf_s
 from bookkeeper.errors import DlogError
 
 CHECK_ENTRIES = 3
@@ -60,7 +60,7 @@ async def _check_bookie(client: Any, info: dict[str, Any], entries: int) -> dict
 async def _write_and_read(client: Any, bookie_id: str, entries: int, row: dict[str, Any]) -> None:
     password = os.urandom(8).hex().encode()
     payloads = [os.urandom(CHECK_ENTRY_BYTES) for _ in range(entries)]
-    started = time.perf_counter()
+    started = perf_s()
     handle = await client.create_ledger(1, 1, 1, password=password, bookies=[bookie_id],
                                         custom={"purpose": "dlog cluster check"})
     closed = False
@@ -69,17 +69,17 @@ async def _write_and_read(client: Any, bookie_id: str, entries: int, row: dict[s
             await handle.append(payload)
         await handle.close()
         closed = True
-        row["write_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        row["write_ms"] = round((perf_s() - started) * 1000, 1)
         ensembles = {bookie for _, ensemble in handle.metadata.ensembles for bookie in ensemble}
         if ensembles != {bookie_id}:
             row["write"] = "failed"
             row["note"] = f"its writes went to {', '.join(sorted(ensembles - {bookie_id}))} instead"
             return
         row["write"] = "ok"
-        started = time.perf_counter()
+        started = perf_s()
         reader = await client.open_ledger(handle.ledger_id, password=password, recovery=False)
         read = [entry.payload for entry in await reader.read(0, entries - 1)]
-        row["read_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        row["read_ms"] = round((perf_s() - started) * 1000, 1)
         row["read"] = "ok" if read == payloads else "different bytes"
     finally:
         if not closed:
@@ -98,10 +98,10 @@ async def ping(zk_hosts: str, root: str, count: int, timeout_s: float) -> dict[s
     settings = load_client_settings()  # client.toml: a secure cluster's bookies need TLS and AUTH
     await refuse_unreachable(zk_hosts)
     zk = AsyncZooKeeper(zk_hosts, timeout_s=timeout_s, **zk_options(settings, root))
-    started = time.perf_counter()
+    started = perf_s()
     await zk.start()
     try:
-        session_ms = (time.perf_counter() - started) * 1000
+        session_ms = (perf_s() - started) * 1000
         zk_trips = [await _timed(zk.exists(root)) for _ in range(count)]
         bookies = await list_bookies(zk, root)
     finally:
@@ -117,10 +117,10 @@ async def _ping_bookie(info: dict[str, Any], count: int, security: Any) -> dict[
 
     row: dict[str, Any] = {"bookie": info.get("id"), "address": info.get("address"), "state": info.get("state")}
     try:
-        started = time.perf_counter()
+        started = perf_s()
         connection = await BookieConnection.open(str(info.get("address")), connect_timeout_s=BOOKIE_CONNECT_TIMEOUT_S,
                                                  security=security)
-        row["connect_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        row["connect_ms"] = round((perf_s() - started) * 1000, 2)
         try:
             trips = [await _timed(connection.info(), BOOKIE_CONNECT_TIMEOUT_S) for _ in range(count)]
         finally:
@@ -131,10 +131,10 @@ async def _ping_bookie(info: dict[str, Any], count: int, security: Any) -> dict[
 
 
 async def _timed(awaitable: Any, timeout_s: float | None = None) -> float:
-    started = time.perf_counter()
+    started = perf_s()
     async with asyncio.timeout(timeout_s):
         await awaitable
-    return (time.perf_counter() - started) * 1000
+    return (perf_s() - started) * 1000
 
 
 def _summary(trips_ms: list[float]) -> dict[str, Any]:

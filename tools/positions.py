@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime
 import re
-import time
 from typing import Any
 
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError
 from tools.units import parse_duration_ms
 
@@ -30,7 +30,7 @@ def parse_start(text: str, now_ms: int | None = None, flag: str = "--from") -> s
         return text
     if re.fullmatch(r"[0-9]{1,19}", text, re.ASCII):
         return check_position(int(text), f"{flag} position")
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = wall_ms() if now_ms is None else now_ms
     relative = _RELATIVE.match(text)
     if relative:
         try:

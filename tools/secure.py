@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.acl import digest_id
 from bookkeeper.security.settings import SecuritySettings
@@ -264,7 +265,7 @@ def make_ca(name: str):  # type: ignore[no-untyped-def]
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.fromtimestamp(wall_ms() / 1000, datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -290,7 +291,7 @@ def make_certificate(ca_key, ca_cert, name: str, *, hosts: tuple[str, ...] = (),
     key = ec.generate_private_key(ec.SECP256R1())
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, name)]
     attributes += [x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, f"dlog-role={role}") for role in roles]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.fromtimestamp(wall_ms() / 1000, datetime.UTC)
     builder = (x509.CertificateBuilder().subject_name(x509.Name(attributes)).issuer_name(ca_cert.subject)
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5))

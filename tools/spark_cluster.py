@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Callable
 
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.zkserver import find_java, pick_free_port
 from tools.cluster import die_with_parent
@@ -146,13 +147,13 @@ class _SparkProcess:
 
 
 def _wait(condition: Callable[[], bool], what: str, processes: list[_SparkProcess], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = monotonic_s() + timeout_s
     while True:
         for process in processes:
             process.check_alive()
         if condition():
             return
-        if time.monotonic() >= deadline:
+        if monotonic_s() >= deadline:
             tails = "\n".join(f"--- {p.log_path}:\n{p.log_tail()}" for p in processes)
             raise SparkStartError(f"{what} not within {timeout_s:.0f} s\n{tails}")
         time.sleep(POLL_INTERVAL_S)

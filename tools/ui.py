@@ -41,15 +41,15 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
 from bookkeeper.meta import layout
 from bookkeeper.security.settings import NO_SECURITY, SecuritySettings, unseal_password
@@ -156,7 +156,7 @@ def truncation_point(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 class Collector:
-    def __init__(self, options: UiOptions, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, options: UiOptions, clock: Clock = SYSTEM_CLOCK) -> None:
         self.options = options
         self.clock = clock
         self.rates = RateTracker()
@@ -169,7 +169,7 @@ class Collector:
 
     async def snapshot(self) -> dict[str, Any]:
         async with self._lock:
-            now_s = self.clock()
+            now_s = self.clock.monotonic_s()
             if self._last is not None and now_s - self._last[0] < SNAPSHOT_REUSE_S:
                 return self._last[1]
             result = await self._collect()
@@ -187,10 +187,9 @@ class Collector:
 
     async def _connect(self) -> None:
         from bookkeeper.client import BookKeeper
+        from bookkeeper.meta.acl import zk_options
         from bookkeeper.meta.zk import AsyncZooKeeper
         from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
-
-        from bookkeeper.meta.acl import zk_options
 
         security = self.options.security
         if self._http is None:
@@ -213,7 +212,7 @@ class Collector:
     async def _collect(self) -> dict[str, Any]:
         result: dict[str, Any] = {"zk": self.options.zk, "bookkeeper_root": self.options.bookkeeper_root,
                                   "namespace_root": self.options.namespace_root,
-                                  "generated_ms": int(time.time() * 1000), "errors": [],
+                                  "generated_ms": self.clock.wall_ms(), "errors": [],
                                   "bookies": [], "namespaces": [], "autorecovery": None}
         try:
             await self._connect()
@@ -274,11 +273,11 @@ class Collector:
         if "dlog_bookie_disk_used_ratio" in samples:
             row["disk_used_percent"] = round(samples["dlog_bookie_disk_used_ratio"] * 100, 1)
         if "dlog_bookie_add_entries_total" in samples:
-            rate = self.rates.rate(bookie_id, samples["dlog_bookie_add_entries_total"], self.clock())
+            rate = self.rates.rate(bookie_id, samples["dlog_bookie_add_entries_total"], self.clock.monotonic_s())
             row["adds_per_second"] = None if rate is None else round(rate, 1)
         if "dlog_autorecovery_bytes_copied_total" in samples:
             rate = self.rates.rate(f"{bookie_id} copied", samples["dlog_autorecovery_bytes_copied_total"],
-                                   self.clock())
+                                   self.clock.monotonic_s())
             row["copied_bytes_per_second"] = None if rate is None else round(rate)
         return row
 

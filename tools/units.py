@@ -1,11 +1,17 @@
-"""Sizes (`64KiB`, `256MiB`, `10GB`, plain bytes) and durations (`500ms`, `30s`, `2h`, `7d`)."""
+"""Sizes (`64KiB`, `256MiB`, `10GB`, plain bytes) and durations (`500ms`, `30s`, `2h`, `7d`): their
+parsers, their click types (`SIZE`, `DURATION`: a bad value gets the parser's one line), and how
+they are written back."""
 
 from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Callable
+from typing import Any
 
-from bookkeeper.errors import ConfigError
+import click
+
+from bookkeeper.errors import ConfigError, DlogError
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -46,6 +52,37 @@ def format_duration_ms(duration_ms: int) -> str:
         if duration_ms and duration_ms % size_ms == 0:
             return f"{duration_ms // size_ms}{unit}"
     return f"{duration_ms}ms"
+
+
+class ParsedType(click.ParamType):
+    """A click type from one of the parsers above, so a bad value gets its one-line message."""
+
+    def __init__(self, name: str, parse: Callable[[str], int]) -> None:
+        self.name = name
+        self.parse = parse
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return self.parse(value)
+        except DlogError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = ParsedType("size", parse_size)
+DURATION = ParsedType("duration", parse_duration_ms)
+
+
+def format_in_unit(amount: int, unit: str) -> str:
+    """A size in bytes or a duration in milliseconds written in `unit` (`KiB`, `MiB`, `s`, `h`,
+    `d`...), as the parsers above read it back: 524288, "KiB" -> '512KiB'; 86400000, "h" -> '24h'.
+    An amount the unit does not divide is written in bytes or milliseconds."""
+    durations = unit.lower() in _DURATION_UNITS_MS
+    size = _DURATION_UNITS_MS[unit.lower()] if durations else _SIZE_UNITS[unit.lower()]
+    if amount % size:
+        return f"{amount}ms" if durations else str(amount)
+    return f"{amount // size}{unit}"
 
 
 def format_size(size_bytes: float) -> str:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from bookkeeper.autorecovery.metrics import RecoveryMetrics
 from bookkeeper.autorecovery.throttle import CopyWindow, Pacer
 from bookkeeper.client.pool import BookiePool
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import DlogError, LedgerRecoveryError
 from bookkeeper.protocol.entry import Digest, DigestMismatchError, DigestType, peek_header, unpack_entry
 from bookkeeper.protocol.wire import AddRequest, ReadRequest
@@ -68,7 +68,7 @@ class CopyResult:
 class EntryCopier:
     def __init__(self, pool: BookiePool, ledger_id: int, master_key: bytes, digest_type: DigestType,
                  pacer: Pacer, window: CopyWindow, metrics: RecoveryMetrics, *,
-                 timeout_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 timeout_s: float = 10.0, clock: Clock = SYSTEM_CLOCK) -> None:
         self.pool = pool
         self.ledger_id = ledger_id
         self.master_key = master_key
@@ -94,7 +94,7 @@ class EntryCopier:
                         copied += 1
                         if copied % PROGRESS_EVERY_ENTRIES == 0:
                             on_progress(copied)
-                pause_s = self._pause_until - self.clock()
+                pause_s = self._pause_until - self.clock.monotonic_s()
                 if pause_s > 0:
                     await asyncio.sleep(pause_s)
                 in_flight.add(asyncio.ensure_future(self._copy_one(entry_id, sources, target)))
@@ -112,20 +112,20 @@ class EntryCopier:
 
     async def _copy_one(self, entry_id: int, sources: Sequence[str], target: str) -> int:
         packed = await self.read_good(entry_id, sources)
-        wait_s = self.pacer.take(1, len(packed), self.clock())
+        wait_s = self.pacer.take(1, len(packed), self.clock.monotonic_s())
         if wait_s > 0:
             self.metrics.throttle_wait_s += wait_s
             await asyncio.sleep(wait_s)
-        started = self.clock()
+        started = self.clock.monotonic_s()
         request = AddRequest(self.pool.next_request_id(), self.ledger_id, entry_id, self.master_key,
                              packed, recovery=True)
         async with asyncio.timeout(self.timeout_s):
             await self.pool.send(target, request)
-        pause_s = self.window.on_answer((self.clock() - started) * 1000)
+        pause_s = self.window.on_answer((self.clock.monotonic_s() - started) * 1000)
         self.metrics.copy_window = self.window.window
         self.metrics.copy_slowdowns = self.window.slowdowns
         if pause_s:
-            self._pause_until = max(self._pause_until, self.clock() + pause_s)
+            self._pause_until = max(self._pause_until, self.clock.monotonic_s() + pause_s)
         return len(packed)
 
     async def read_good(self, entry_id: int, sources: Sequence[str]) -> bytes:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -67,7 +66,7 @@ async def ledgers_naming(client: BookKeeper, bookie: str, reads_per_s: float,
     sizes: list[int] = []
 
     async def visit(ledger_id: int) -> None:
-        wait_s = bucket.take(1, time.monotonic())
+        wait_s = bucket.take(1, client.clock.monotonic_s())
         if wait_s:
             await asyncio.sleep(wait_s)
         try:
@@ -97,7 +96,8 @@ async def decommission(client: BookKeeper, store: RecoveryStore, bookie: str, *,
                        reads_per_s: float = 200.0,
                        on_progress: Callable[[Progress], None] = lambda progress: None) -> dict[str, object]:
     """Run the steps above; returns a summary. `set_read_only(admin_url)` asks the bookie."""
-    started = time.monotonic()
+    clock = client.clock
+    started = clock.monotonic_s()
     registered = {info.bookie_id: info for info in await client.store.bookies()}
     if bookie not in registered and bookie not in await store.cookie_bookies():
         known = ", ".join(sorted(set(registered) | await store.cookie_bookies())) or "none"
@@ -116,8 +116,8 @@ async def decommission(client: BookKeeper, store: RecoveryStore, bookie: str, *,
         for ledger_id in naming:
             await store.mark(ledger_id, [Missing(bookie, Reason.DECOMMISSION, wall_ms())], wall_ms())
         while naming:
-            on_progress(Progress(len(naming), time.monotonic() - started))
-            if time.monotonic() - started > timeout_s:
+            on_progress(Progress(len(naming), clock.monotonic_s() - started))
+            if clock.monotonic_s() - started > timeout_s:
                 raise DecommissionTimeoutError(
                     f"{len(naming)} ledgers still name {bookie} after {timeout_s:.0f} s "
                     f"({', '.join(map(str, naming[:20]))}{' ...' if len(naming) > 20 else ''}); "
@@ -129,9 +129,9 @@ async def decommission(client: BookKeeper, store: RecoveryStore, bookie: str, *,
         if not naming:
             break
         ledgers_total += len(naming)
-    on_progress(Progress(0, time.monotonic() - started))
+    on_progress(Progress(0, clock.monotonic_s() - started))
     await _retire(store, bookie)
-    return {"bookie": bookie, "ledgers": ledgers_total, "seconds": round(time.monotonic() - started, 1)}
+    return {"bookie": bookie, "ledgers": ledgers_total, "seconds": round(clock.monotonic_s() - started, 1)}
 
 
 async def _retire(store: RecoveryStore, bookie: str) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from typing import Any
 
 from bookkeeper.autorecovery.copier import EntryCopier, verifier_for
@@ -289,7 +288,7 @@ class ReplicationWorker:
         window = CopyWindow(self.settings.copy_latency_target_ms, self.settings.copy_window_max)
         return EntryCopier(self.client.pool, ledger_id, _master_key(ledger_id, metadata),
                            metadata.digest_type, self.pacer, window, self.metrics,
-                           timeout_s=self.client.settings.read_timeout_s + 5)
+                           timeout_s=self.client.settings.read_timeout_s + 5, clock=self.clock)
 
     async def _swap(self, ledger_id: int, first: int, old: str, new: str) -> None:
         """Replace `old` by `new` in the fragment starting at `first`, by compare-and-set on what
@@ -347,7 +346,7 @@ class _Progress:
 
     def update(self, copied: int) -> None:
         self.copied = copied
-        now_s = time.monotonic()
+        now_s = self.worker.clock.monotonic_s()
         if now_s - self._written_s >= PROGRESS_INTERVAL_S and (self._task is None or self._task.done()):
             self._written_s = now_s
             self._task = asyncio.ensure_future(self._write())

@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import TYPE_CHECKING
 
+from bookkeeper.bookie.ports import CoreParts, Reply
 from bookkeeper.errors import BookieIOError
 from bookkeeper.protocol.batch import AddBatchRequest, AddFailure, AddGroup, encode_add_batch_response
 from bookkeeper.protocol.entry import DIGEST_BYTES, ENTRY_HEADER, ENTRY_HEADER_BYTES
 from bookkeeper.protocol.wire import AddRequest, OpCode, Status, encode_add_response
-
-if TYPE_CHECKING:
-    from bookkeeper.bookie.bookie import BookieCore, Reply
 
 RECORD_ADD = 1  # ledger_id, entry_id, packed entry (written by versions before the one ADD route)
 RECORD_ADD_GROUP = 5  # ledger_id, entry count, then `length u32 | packed entry` per entry
@@ -84,10 +81,10 @@ class _Accepted:
         self.record = b""  # the journal record of the accepted entries (empty: none)
 
 
-class AddHandlers:
+class AddHandlers(CoreParts):
     """Mixed into BookieCore: ADD and ADD_BATCH, one set of rules (see the module docstring)."""
 
-    def on_add(self: BookieCore, request: AddRequest, reply: Reply) -> None:
+    def on_add(self, request: AddRequest, reply: Reply) -> None:
         group = AddGroup(request.ledger_id, request.master_key, (request.packed_entry,), request.recovery)
         outcome = self._add_group(group, request.entry_id)
         if outcome.refused:
@@ -97,7 +94,7 @@ class AddHandlers:
         self.journal_adds([outcome.record], reply,
                           encode_add_response(request.request_id, request.ledger_id, request.entry_id))
 
-    def on_add_batch(self: BookieCore, request: AddBatchRequest, reply: Reply,
+    def on_add_batch(self, request: AddBatchRequest, reply: Reply,
                      refusals: dict[int, Refusal] | None = None) -> None:
         """`refusals`: groups (by position) a secure bookie's guard refused (FORBIDDEN, NO_LEDGER),
         checked once per ledger of the frame; they are answered as refused entries."""
@@ -117,7 +114,7 @@ class AddHandlers:
             index += len(group.entries)
         self.journal_adds(records, reply, encode_add_batch_response(request.request_id, index, failures))
 
-    def journal_adds(self: BookieCore, records: list[bytes], reply: Reply, answer: bytes) -> None:
+    def journal_adds(self, records: list[bytes], reply: Reply, answer: bytes) -> None:
         """Journal the accepted adds of one request; its answer goes out after the fsync covering
         the last record (at once when nothing was accepted)."""
         if not records:
@@ -129,7 +126,7 @@ class AddHandlers:
             journal.append(record, _ignore, None)
         journal.append(records[-1], _answer, (reply, answer))
 
-    def _add_group(self: BookieCore, group: AddGroup, request_entry_id: int | None = None) -> _Accepted:
+    def _add_group(self, group: AddGroup, request_entry_id: int | None = None) -> _Accepted:
         """Apply the rules to one group (a single ADD names its entry id); store the accepted
         entries and build their journal record."""
         outcome = _Accepted()
@@ -176,7 +173,7 @@ class AddHandlers:
             outcome.record = _GROUP_RECORD.pack(RECORD_ADD_GROUP, ledger_id, len(outcome.entries)) + group.section
         return outcome
 
-    def _group_refusal(self: BookieCore, group: AddGroup) -> Refusal | None:
+    def _group_refusal(self, group: AddGroup) -> Refusal | None:
         """Why every entry of the group is refused, if one reason covers them all."""
         if self.read_only:
             return Status.READ_ONLY, f"bookie is read-only ({self.read_only_reason})"
@@ -191,7 +188,7 @@ class AddHandlers:
             return Status.FENCED, f"ledger {group.ledger_id} is fenced; the outcome of adds to it is unknown"
         return None
 
-    def _stored_refusal(self: BookieCore, group: AddGroup, entry_id: int, packed_entry: bytes,
+    def _stored_refusal(self, group: AddGroup, entry_id: int, packed_entry: bytes,
                         accepted: dict[int, bytes]) -> Refusal | None:
         """An entry id stored here (or accepted earlier in the group) must come with the same
         bytes; a stored copy that cannot be read is IO_ERROR, unless a recovery add rewrites it."""

@@ -9,31 +9,27 @@ fence is made durable first, as for a fencing READ (A7, A11).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from bookkeeper.bookie.ports import CoreParts, Reply
 from bookkeeper.errors import BookieIOError
 from bookkeeper.protocol.batch import READ_RANGE_ENTRIES_MAX, ReadRangeRequest, encode_read_range_response
 from bookkeeper.protocol.wire import ENTRY_BYTES_MAX_DEFAULT, OpCode, Status
 
-if TYPE_CHECKING:
-    from bookkeeper.bookie.bookie import BookieCore, Reply
-
 _RANGE_ENTRY_OVERHEAD_BYTES = 12  # entry id and length in the answer
 
 
-class BatchHandlers:
+class BatchHandlers(CoreParts):
     """Mixed into BookieCore: the handler of READ_RANGE."""
 
     read_range_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT
 
     # ------------------------------------------------------------------ READ_RANGE
 
-    def on_read_range(self: BookieCore, request: ReadRangeRequest, reply: Reply) -> None:
+    def on_read_range(self, request: ReadRangeRequest, reply: Reply) -> None:
         ledger = self._ledger_to_read(request, OpCode.READ_RANGE, reply)  # fencing as a READ does
         if ledger is not None:
             self._answer_read_range(request, ledger.lac, reply)
 
-    def _answer_read_range(self: BookieCore, request: ReadRangeRequest, lac: int, reply: Reply) -> None:
+    def _answer_read_range(self, request: ReadRangeRequest, lac: int, reply: Reply) -> None:
         ledger_id, stride = request.ledger_id, request.stride
         bytes_max = min(request.bytes_max or self.read_range_bytes_max, self.read_range_bytes_max)
         limit = min(request.last_entry_id, self.storage.last_entry_id(ledger_id))

@@ -12,9 +12,10 @@ DELETED_LEDGERS_REMEMBERED_MAX of them, until a restart: a later ADD or fencing 
 refused with NO_LEDGER instead of creating it afresh, so the writer of a ledger deleted under it
 learns at its next add, not never.
 
-The rules of ADD and ADD_BATCH are adds.py's, those of READ_RANGE batching.py's (mixed in). The
-journal and ledger storage are ports (`JournalPort`, `StoragePort`): journal.py and storage.py on
-a bookie, in-memory ones with the same fsync and loss rules in the ledger simulator.
+The rules of ADD and ADD_BATCH are adds.py's, those of READ_RANGE batching.py's (mixed in: they
+see the core as `CoreParts`, ports.py, and never import it). The journal and ledger storage are
+ports (`JournalPort`, `StoragePort`, ports.py): journal.py and storage.py on a bookie, in-memory
+ones with the same fsync and loss rules in the ledger simulator.
 
 All methods run on the event-loop thread. Answers are delivered through a `Reply` (the
 connection): `send(bytes)` queues a frame, and the connection writes everything queued in one
@@ -28,14 +29,12 @@ import dataclasses
 import hmac
 import logging
 import struct
-from dataclasses import dataclass, field
-from collections.abc import Callable
-from typing import Protocol
 
 import crc32c
 
 from bookkeeper.bookie.adds import AddHandlers, journaled_entries
 from bookkeeper.bookie.batching import BatchHandlers
+from bookkeeper.bookie.ports import JournalPort, LedgerState, Reply, StoragePort, Waiter
 from bookkeeper.bookie.storage import LedgerData
 from bookkeeper.errors import BookieIOError, invariant
 from bookkeeper.protocol import wire
@@ -68,57 +67,6 @@ log = logging.getLogger(__name__)
 DELETED_LEDGERS_REMEMBERED_MAX = 10_000  # ledgers garbage collection dropped, refused afterwards
 
 
-class Reply(Protocol):
-    def send(self, frame: bytes) -> None: ...
-
-    def request_done(self) -> None: ...
-
-
-class JournalPort(Protocol):
-    """What the core needs of the journal (journal.py; the simulator's in-memory one): `callback`
-    runs with `argument` once the record is durable, callbacks in append order."""
-
-    def append(self, record: bytes, callback: Callable[[object], None], argument: object) -> None: ...
-
-
-class StoragePort(Protocol):
-    """What the core needs of ledger storage (storage.py; the simulator's in-memory one)."""
-
-    def add_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None: ...
-
-    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        """None when absent; BookieIOError when stored but unreadable (damaged)."""
-
-    def last_entry_id(self, ledger_id: int) -> int: ...
-
-    def get_state(self, ledger_id: int) -> LedgerData | None: ...
-
-    def put_state(self, ledger_id: int, state: LedgerData) -> None: ...
-
-
-@dataclass(slots=True)
-class _Ledger:
-    """What the bookie keeps in memory about one ledger it stores."""
-
-    master_key: bytes
-    fenced: bool
-    explicit_lac: int
-    lac: int
-    waiters: list[_Waiter] = field(default_factory=list)
-    # fencing reads that found the fence set but not yet fsynced: answered when it is (A11)
-    fence_pending: list[tuple[ReadRequest | ReadRangeRequest, Reply]] | None = None
-
-
-@dataclass(slots=True, eq=False)
-class _Waiter:
-    previous_lac: int
-    entry_id: int  # -1: READ_LAC long poll (no entry wanted)
-    request_id: int
-    opcode: int
-    reply: Reply
-    timer: asyncio.TimerHandle | None = None
-
-
 class BookieCore(AddHandlers, BatchHandlers):
     def __init__(self, journal: JournalPort, storage: StoragePort, *, long_poll_waiters_max: int = 10000,
                  long_poll_timeout_ms_max: int = 60_000) -> None:
@@ -128,11 +76,11 @@ class BookieCore(AddHandlers, BatchHandlers):
         self.read_only_reason = ""
         self.long_poll_waiters_max = long_poll_waiters_max
         self.long_poll_timeout_ms_max = long_poll_timeout_ms_max
-        self._ledgers: dict[int, _Ledger] = {}
+        self._ledgers: dict[int, LedgerState] = {}
         self._deleted: dict[int, None] = {}  # collected ledgers, oldest first (insertion order)
         self._waiter_count = 0
         # each reply's parked long polls, so a closed connection's are dropped at once (S4)
-        self._waiters_of: dict[Reply, dict[_Waiter, int]] = {}
+        self._waiters_of: dict[Reply, dict[Waiter, int]] = {}
         # plain counters on the hot path; the metrics collector reads them when scraped
         self.add_count = 0
         self.add_bytes = 0
@@ -174,14 +122,14 @@ class BookieCore(AddHandlers, BatchHandlers):
         """Whether this bookie stores anything of the ledger (it was created here before)."""
         return ledger_id in self._ledgers or self.storage.get_state(ledger_id) is not None
 
-    def _ledger(self, ledger_id: int) -> _Ledger | None:
+    def _ledger(self, ledger_id: int) -> LedgerState | None:
         ledger = self._ledgers.get(ledger_id)
         if ledger is not None:
             return ledger
         state = self.storage.get_state(ledger_id)
         if state is None:
             return None
-        ledger = _Ledger(state.master_key, state.fenced, state.explicit_lac,
+        ledger = LedgerState(state.master_key, state.fenced, state.explicit_lac,
                          max(state.explicit_lac, self._stored_lac(ledger_id)))
         self._ledgers[ledger_id] = ledger
         return ledger
@@ -233,10 +181,10 @@ class BookieCore(AddHandlers, BatchHandlers):
         return {"ledger_id": ledger_id, "fenced": ledger.fenced, "lac": ledger.lac,
                 "last_entry_id": self.storage.last_entry_id(ledger_id)}
 
-    def _create_ledger(self, ledger_id: int, master_key: bytes) -> _Ledger:
+    def _create_ledger(self, ledger_id: int, master_key: bytes) -> LedgerState:
         self.storage.put_state(ledger_id, LedgerData(master_key))
         self.journal.append(_KEY_RECORD.pack(RECORD_KEY, ledger_id, master_key), _ignore, None)
-        ledger = _Ledger(master_key, False, -1, -1)
+        ledger = LedgerState(master_key, False, -1, -1)
         self._ledgers[ledger_id] = ledger
         return ledger
 
@@ -266,7 +214,7 @@ class BookieCore(AddHandlers, BatchHandlers):
         if request.lac > ledger.lac:
             self._advance_lac(request.ledger_id, ledger, request.lac)
 
-    def _advance_lac(self, ledger_id: int, ledger: _Ledger, lac: int) -> None:
+    def _advance_lac(self, ledger_id: int, ledger: LedgerState, lac: int) -> None:
         ledger.lac = lac
         if not ledger.waiters:
             return
@@ -278,7 +226,7 @@ class BookieCore(AddHandlers, BatchHandlers):
                 still_waiting.append(waiter)
         ledger.waiters = still_waiting
 
-    def _finish_waiter(self, waiter: _Waiter, ledger_id: int, ledger: _Ledger | None) -> None:
+    def _finish_waiter(self, waiter: Waiter, ledger_id: int, ledger: LedgerState | None) -> None:
         if waiter.timer is not None:
             waiter.timer.cancel()
         self._waiter_count -= 1
@@ -314,7 +262,7 @@ class BookieCore(AddHandlers, BatchHandlers):
             self.read_bytes += len(entry)
         return entry
 
-    def _park(self, ledger_id: int, ledger: _Ledger, waiter: _Waiter, timeout_ms: int) -> None:
+    def _park(self, ledger_id: int, ledger: LedgerState, waiter: Waiter, timeout_ms: int) -> None:
         if self._waiter_count >= self.long_poll_waiters_max:
             self._fail(waiter.reply, waiter.request_id, waiter.opcode, Status.TOO_MANY_REQUESTS,
                        f"{self._waiter_count} long polls already wait (maximum "
@@ -333,7 +281,7 @@ class BookieCore(AddHandlers, BatchHandlers):
         self._waiter_count += 1
         self._waiters_of.setdefault(waiter.reply, {})[waiter] = ledger_id
 
-    def _unindex_waiter(self, waiter: _Waiter) -> None:
+    def _unindex_waiter(self, waiter: Waiter) -> None:
         parked = self._waiters_of.get(waiter.reply)
         if parked is not None:
             parked.pop(waiter, None)
@@ -346,7 +294,7 @@ class BookieCore(AddHandlers, BatchHandlers):
         parked = self._waiters_of.pop(reply, None)
         if not parked:
             return 0
-        by_ledger: dict[int, set[_Waiter]] = {}
+        by_ledger: dict[int, set[Waiter]] = {}
         for waiter, ledger_id in parked.items():
             if waiter.timer is not None:
                 waiter.timer.cancel()
@@ -370,7 +318,7 @@ class BookieCore(AddHandlers, BatchHandlers):
                        f"no ledger {request.ledger_id} on this bookie")
             return
         if request.long_poll and ledger.lac <= request.previous_lac:
-            waiter = _Waiter(request.previous_lac, -1, request.request_id, OpCode.READ_LAC, reply)
+            waiter = Waiter(request.previous_lac, -1, request.request_id, OpCode.READ_LAC, reply)
             self._park(request.ledger_id, ledger, waiter, request.timeout_ms)
             return
         reply.send(encode_response(ReadLacResponse(request.request_id, request.ledger_id,
@@ -386,7 +334,7 @@ class BookieCore(AddHandlers, BatchHandlers):
             return
         if request.long_poll:
             if ledger.lac <= request.previous_lac:
-                waiter = _Waiter(request.previous_lac, request.entry_id, request.request_id,
+                waiter = Waiter(request.previous_lac, request.entry_id, request.request_id,
                                  OpCode.READ, reply)
                 self._park(ledger_id, ledger, waiter, request.timeout_ms)
                 return
@@ -397,7 +345,7 @@ class BookieCore(AddHandlers, BatchHandlers):
         self._answer_read(request, ledger, reply)
 
     def _ledger_to_read(self, request: ReadRequest | ReadRangeRequest, opcode: OpCode,
-                        reply: Reply) -> _Ledger | None:
+                        reply: Reply) -> LedgerState | None:
         """The ledger a READ or READ_RANGE reads now; None when the request was answered (no such
         ledger, a fencing read with the wrong key) or waits for its fence to be durable."""
         ledger_id = request.ledger_id
@@ -422,7 +370,8 @@ class BookieCore(AddHandlers, BatchHandlers):
                 return None
         return ledger
 
-    def _fence(self, ledger_id: int, ledger: _Ledger, request: ReadRequest | ReadRangeRequest, reply: Reply) -> None:
+    def _fence(self, ledger_id: int, ledger: LedgerState, request: ReadRequest | ReadRangeRequest,
+               reply: Reply) -> None:
         """Fence durably, then answer the read (A7, A11)."""
         ledger.fenced = True
         ledger.fence_pending = [(request, reply)]
@@ -441,7 +390,7 @@ class BookieCore(AddHandlers, BatchHandlers):
 
         self.journal.append(_FENCE_RECORD.pack(RECORD_FENCE, ledger_id), fenced, None)
 
-    def _answer_read(self, request: ReadRequest, ledger: _Ledger, reply: Reply) -> None:
+    def _answer_read(self, request: ReadRequest, ledger: LedgerState, reply: Reply) -> None:
         entry = b""
         if request.entry_id >= 0:
             try:

@@ -1,16 +1,36 @@
-"""Every setting of a bookie, with its default and its check."""
+"""Every setting of a bookie, with its default and its check (tools/bookie_settings.py makes the
+flags, the config file's keys and the docs from these fields and their defaults)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bookkeeper.autorecovery.settings import RecoverySettings
 from bookkeeper.bookie.gc import GC_GRACE_S_DEFAULT
-from bookkeeper.bookie.guard import ServerSecurity
-from bookkeeper.bookie.server import AUTH_FRAME_BYTES_MAX, ServerLimits
+from bookkeeper.bookie.limits import AUTH_FRAME_BYTES_MAX, ServerLimits
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.layout import DEFAULT_ROOT
+
+if TYPE_CHECKING:  # only named here: the command line reads this module and need not load TLS or JWT
+    from bookkeeper.security.tls import ServerTls
+    from bookkeeper.security.tokens import TokenKey
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSecurity:
+    """A bookie's security settings. With neither a token key nor required client certificates,
+    and without TLS, the bookie is open (every connection acts as `anonymous`, an admin)."""
+
+    tls: ServerTls | None = None
+    token_key: TokenKey | None = None
+    allow_anonymous: bool = False  # connections that skip AUTH act as an admin: asked by name only
+
+    @property
+    def requires_auth(self) -> bool:
+        certificates = self.tls is not None and self.tls.require_client_cert
+        return (self.token_key is not None or certificates) and not self.allow_anonymous
 
 
 @dataclass(frozen=True, slots=True)

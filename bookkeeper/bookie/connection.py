@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING, Any
+import ssl
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from bookkeeper.bookie.bookie import BookieCore
+from bookkeeper.bookie.guard import Guard
+from bookkeeper.bookie.limits import ServerLimits
+from bookkeeper.bookie.partial import PartialFrames
+from bookkeeper.bookie.refusals import RateLimitedLog
+from bookkeeper.bookie.unsent import UnsentAnswers
+from bookkeeper.clock import Clock
 from bookkeeper.protocol.wire import (
     PROTOCOL_VERSION,
     ErrorResponse,
@@ -25,22 +34,48 @@ from bookkeeper.protocol.wire import (
 )
 from bookkeeper.security.authz import Principal
 
-if TYPE_CHECKING:
-    from bookkeeper.bookie.server import BookieServer
-
 TLS_WRITE_STEP_BYTES = 256 * 2**10
+
+
+class ConnectionHost(Protocol):
+    """What a connection uses of the server that accepted it (server.py's BookieServer): the core,
+    the limits and the budgets shared by all connections, and the counters it bumps."""
+
+    core: BookieCore
+    limits: ServerLimits
+    clock: Clock  # the loop's own time (SYSTEM_CLOCK; a simulator's loop clock): timers are set on both
+    tls: ssl.SSLContext | None
+    guard: Guard | None
+    handlers: dict[type, Callable[[Any, Any], None]]
+    requires_auth: bool
+    unsent: UnsentAnswers
+    partial: PartialFrames
+    paused: set[ClientConnection]
+    refusals: RateLimitedLog
+    unsent_blocks: int
+    unsent_closed: int
+    idle_closed: int
+
+    def journal_full(self) -> bool: ...
+
+    def release(self, connection: ClientConnection) -> None: ...
+
+    def metrics_backpressure(self) -> None: ...
+
+    def metrics_protocol_error(self) -> None: ...
 
 
 class ClientConnection(asyncio.Protocol):
     """The bookie's end of one client's TCP connection: parses frames, hands them to the core,
     writes the answers back; paused while too much is in flight or unsent."""
 
-    def __init__(self, server: BookieServer, address: Any) -> None:
+    def __init__(self, server: ConnectionHost, address: Any) -> None:
         """`address`: the peer's, as accept gave it (the connection is admitted before its transport
         exists: under TLS, before the handshake)."""
         self.server = server
         self.core = server.core
         self.limits = server.limits
+        self.clock = server.clock
         self.decoder = RequestDecoder(self.limits.frame_bytes_max, self.limits.entry_bytes_max)
         self.transport: asyncio.Transport | None = None
         self.in_flight = 0
@@ -67,7 +102,7 @@ class ClientConnection(asyncio.Protocol):
         self.unsent_holding = False  # whether unsent.py counts it among the connections holding some
         self._lost = False
         self._loop = asyncio.get_running_loop()
-        self._accepted_s = self._loop.time()  # the first frame is due this long after accept
+        self._accepted_s = self.clock.monotonic_s()  # the first frame is due this long after accept
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -367,7 +402,7 @@ class ClientConnection(asyncio.Protocol):
         self.abort()
 
     def _watch_partial_frame(self) -> None:
-        self._partial_since = self._loop.time()
+        self._partial_since = self.clock.monotonic_s()
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_later(self.limits.idle_timeout_s, self._check_idle)
 
@@ -376,7 +411,7 @@ class ClientConnection(asyncio.Protocol):
         if (self.closed or not self.decoder.pending_bytes or self._paused or self._writes_blocked
                 or self._throttled):
             return  # a frame we stopped parsing on purpose is not the client's stall
-        idle_s = self._loop.time() - self._partial_since
+        idle_s = self.clock.monotonic_s() - self._partial_since
         if idle_s >= self.limits.idle_timeout_s:
             self.server.idle_closed += 1
             self.server.refusals.warning("idle", "closing connection from %s: partial frame idle for "

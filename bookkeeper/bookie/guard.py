@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from bookkeeper.bookie.config import ServerSecurity
 from bookkeeper.bookie.refusals import RateLimitedLog
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import AuthenticationError, CorruptMetadataError, DlogError, ForbiddenError, NoSuchLedgerError
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.create import CreateLedgerRequest
@@ -45,10 +45,9 @@ from bookkeeper.protocol.wire import (
     encode_response,
 )
 from bookkeeper.security.authz import ANONYMOUS, ROLE_ADMIN, ROLE_BOOKIE, Action, Principal, Role, decide
-from bookkeeper.security.settings import parse_role_zk_user
 from bookkeeper.security.quota import UNLIMITED, Quota, StreamSlots, TokenBucket
-from bookkeeper.security.tls import ServerTls
-from bookkeeper.security.tokens import TokenKey, TokenVerifier, certificate_principal
+from bookkeeper.security.settings import parse_role_zk_user
+from bookkeeper.security.tokens import TokenVerifier, certificate_principal
 
 log = logging.getLogger(__name__)
 NAMESPACE_CACHE_MAX = 100_000
@@ -56,21 +55,6 @@ LOOKUPS_PENDING_MAX = 10_000  # requests waiting for a ledger's metadata, over a
 QUOTA_REFRESH_S = 10.0  # a namespace's quota is read again this long after it was read
 QUOTAS_CACHED_MAX = 10_000
 _MISSING = object()
-
-
-@dataclass(frozen=True, slots=True)
-class ServerSecurity:
-    """A bookie's security settings. With neither a token key nor required client certificates,
-    and without TLS, the bookie is open (every connection acts as `anonymous`, an admin)."""
-
-    tls: ServerTls | None = None
-    token_key: TokenKey | None = None
-    allow_anonymous: bool = False  # connections that skip AUTH act as an admin: asked by name only
-
-    @property
-    def requires_auth(self) -> bool:
-        certificates = self.tls is not None and self.tls.require_client_cert
-        return (self.token_key is not None or certificates) and not self.allow_anonymous
 
 
 class Connection(Protocol):
@@ -112,9 +96,11 @@ class Guard:
                  knows_ledger: Callable[[int], bool],
                  cache_max: int = NAMESPACE_CACHE_MAX, pending_max: int = LOOKUPS_PENDING_MAX,
                  quota_lookup: Callable[[str], Awaitable[Quota]] | None = None,
-                 stream_of: Callable[[int], str | None] | None = None) -> None:
-        """`stream_of`: the stream a ledger's metadata names, once `lookup` read it (None: unknown)."""
+                 stream_of: Callable[[int], str | None] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`stream_of`: the stream a ledger's metadata names, once `lookup` read it (None: unknown).
+        `clock`: what token expiry, quota refreshes and write-rate buckets are measured on."""
         self.security = security
+        self.clock = clock
         self.handlers = handlers
         self._lookup = lookup
         self._knows_ledger = knows_ledger
@@ -137,7 +123,7 @@ class Guard:
         self.stream_slots = StreamSlots()
         self._stream_of = stream_of
         self.quota_refusals = 0
-        self.refusals = RateLimitedLog(log)  # at most one line per reason per 10 s (S4)
+        self.refusals = RateLimitedLog(log, clock=clock)  # at most one line per reason per 10 s (S4)
 
     # ------------------------------------------------------------------ authentication
 
@@ -180,7 +166,7 @@ class Guard:
                              "request: configure a token or client certificate (client.toml)", close=True)
                 return
             principal = connection.principal = ANONYMOUS
-        if principal.expires_s is not None and time.time() > principal.expires_s:
+        if principal.expires_s is not None and self.clock.wall_ms() / 1000 > principal.expires_s:
             self.auth_failures += 1
             self._refuse(connection, request.request_id, _opcode(request), Status.UNAUTHENTICATED,
                          "token expired during the connection: reconnect with a new one", close=True)
@@ -330,7 +316,7 @@ class Guard:
         ledger's stream is beyond its streams_max), or None. Recovery adds (a writer's recovery,
         auto-recovery's copies) are never asked: they write entries again, not new data."""
         cached = self._quotas.get(namespace)
-        if cached is None or time.monotonic() - cached[1] > QUOTA_REFRESH_S:
+        if cached is None or self.clock.monotonic_s() - cached[1] > QUOTA_REFRESH_S:
             self._refresh_quota(namespace)  # a raised quota lets a refused namespace in again
         if cached is None:
             return None
@@ -351,7 +337,7 @@ class Guard:
 
     def _pace(self, namespace: str, size_bytes: int, connection: Connection) -> None:
         """Charge the namespace's write bucket; a connection over it is slowed, not refused."""
-        now_s = time.monotonic()
+        now_s = self.clock.monotonic_s()
         cached = self._quotas.get(namespace)
         if cached is None or now_s - cached[1] > QUOTA_REFRESH_S:
             self._refresh_quota(namespace)
@@ -383,10 +369,10 @@ class Guard:
         if quota.write_bytes_per_s <= 0:
             bucket = None
         elif bucket is None or bucket.rate_per_s != quota.write_bytes_per_s:
-            bucket = TokenBucket(quota.write_bytes_per_s, time.monotonic())
+            bucket = TokenBucket(quota.write_bytes_per_s, self.clock.monotonic_s())
         if namespace not in self._quotas and len(self._quotas) >= QUOTAS_CACHED_MAX:
             self._quotas.pop(next(iter(self._quotas)))
-        self._quotas[namespace] = (quota, time.monotonic(), bucket)
+        self._quotas[namespace] = (quota, self.clock.monotonic_s(), bucket)
 
     # ------------------------------------------------------------------ ledger namespaces
 

@@ -10,22 +10,48 @@ nested JSON.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from bookkeeper.autorecovery.service import AutoRecovery
 from bookkeeper.autorecovery.status import add_routes as add_autorecovery_routes
+from bookkeeper.autorecovery.store import RecoveryStore
+from bookkeeper.bookie.bookie import BookieCore
+from bookkeeper.bookie.config import BookieConfig
+from bookkeeper.bookie.metrics import BookieMetrics
+from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.errors import AuthenticationError, DlogError
 from bookkeeper.jsonbody import JSON_BODY_BYTES_MAX, BadBody, read_json
 from bookkeeper.security.authz import Action, decide
 from bookkeeper.security.tokens import TokenVerifier
 
-if TYPE_CHECKING:
-    from bookkeeper.bookie.service import BookieService
-
 LEDGER_PAGE_MAX = 10_000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-SERVICE_KEY: web.AppKey[BookieService] = web.AppKey("service")
+
+
+class AdministeredBookie(Protocol):
+    """What the admin endpoint reads and steers of a bookie (service.py's BookieService)."""
+
+    config: BookieConfig
+    bookie_id: str
+    fatal_error: BaseException | None
+    metrics: BookieMetrics
+    core: BookieCore
+    storage: LedgerStorage
+    recovery_store: RecoveryStore | None
+    autorecovery: AutoRecovery | None
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def state_summary(self) -> dict[str, Any]: ...
+
+    async def set_manual_read_only(self, read_only: bool) -> None: ...
+
+    async def collect_garbage(self) -> dict[str, Any]: ...
+
+
+SERVICE_KEY: web.AppKey[AdministeredBookie] = web.AppKey("service")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -120,7 +146,7 @@ def _unauthorized(message: str) -> web.Response:
     return response
 
 
-def make_app(service: BookieService) -> web.Application:
+def make_app(service: AdministeredBookie) -> web.Application:
     middlewares = []
     key = service.config.security.token_key
     if key is not None:

@@ -26,7 +26,6 @@ import logging
 import mmap
 import os
 import struct
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from bookkeeper.clock import perf_s
 from bookkeeper.errors import BookieIOError, ConfigError, invariant
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class _Writer:
 
     def write_group(self, pieces: list[_Piece]) -> float:
         """Write and fdatasync one group; returns the seconds it took."""
-        started = time.perf_counter()
+        started = perf_s()
         for piece in pieces:
             if piece.file_id != self.file_id:
                 self.create(piece.file_id)
@@ -149,7 +149,7 @@ class _Writer:
             self.write_all(piece.data, piece.offset)
         if self.sync:
             os.fdatasync(self.fd)
-        return time.perf_counter() - started
+        return perf_s() - started
 
     def close(self) -> None:
         if self.fd is not None:

@@ -8,19 +8,22 @@ the metrics library. Journal commits (one per group, not per entry) feed real hi
 from __future__ import annotations
 
 import gc
-import time
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bookkeeper.bookie.bookie import DELETED_LEDGERS_REMEMBERED_MAX
+from bookkeeper.bookie.bookie import DELETED_LEDGERS_REMEMBERED_MAX, BookieCore
+from bookkeeper.bookie.guard import Guard
+from bookkeeper.bookie.journal import Journal
+from bookkeeper.bookie.ledgers import LedgerMetadataAccess
+from bookkeeper.bookie.server import BookieServer
+from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.clock import perf_s
 from bookkeeper.meta.usage import USAGE_LOOKUPS_MAX
 from bookkeeper.security.quota import STREAMS_RANKED_MAX
-
-if TYPE_CHECKING:
-    from bookkeeper.bookie.service import BookieService
 
 FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
@@ -28,8 +31,21 @@ PAUSE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1
 NAMESPACES_SHOWN_MAX = 1_000  # namespaces labelled in dlog_bookie_namespace_stored_bytes (label cardinality)
 
 
+class MeteredBookie(Protocol):
+    """The parts of a bookie (service.py's BookieService) whose counters and gauges are scraped."""
+
+    core: BookieCore
+    server: BookieServer
+    guard: Guard | None
+    ledgers: LedgerMetadataAccess
+    storage: LedgerStorage
+    journal: Journal
+
+    def disk_usage(self) -> dict[str, Any]: ...
+
+
 class BookieMetrics:
-    def __init__(self, service: BookieService) -> None:
+    def __init__(self, service: MeteredBookie) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.journal_fsync_seconds = Histogram(
             "dlog_bookie_journal_fsync_seconds", "Time to write and fdatasync one journal group",
@@ -59,10 +75,10 @@ class BookieMetrics:
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._gc_started = time.perf_counter()
+            self._gc_started = perf_s()
         elif self._gc_started:
             self.gc_pause_seconds.labels(str(info["generation"])).observe(
-                time.perf_counter() - self._gc_started)
+                perf_s() - self._gc_started)
 
     def on_journal_commit(self, records: int, size_bytes: int, seconds: float) -> None:
         self.journal_fsync_seconds.observe(seconds)
@@ -74,7 +90,7 @@ class BookieMetrics:
 
 
 class _ServiceCollector(Collector):
-    def __init__(self, service: BookieService, metrics: BookieMetrics) -> None:
+    def __init__(self, service: MeteredBookie, metrics: BookieMetrics) -> None:
         self.service = service
         self.metrics = metrics
 

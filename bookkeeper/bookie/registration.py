@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import (
     CookieMismatchError,
     MetadataExistsError,
@@ -143,7 +143,7 @@ async def check_cookie(zk: AsyncZooKeeper, root: str, bookie_id: str, data_dir: 
     remote = json.loads(remote_raw[0]) if remote_raw is not None else None
     if local is None and remote is None:
         cookie = {"version": COOKIE_VERSION, "bookie_id": bookie_id, "instance_id": instance_id,
-                  "created_ms": int(time.time() * 1000)}
+                  "created_ms": wall_ms()}
         _write_local_cookie(data_dir, cookie)
         await zk.create(layout.cookie_path(root, bookie_id),
                         json.dumps(cookie, sort_keys=True).encode())

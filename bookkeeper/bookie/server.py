@@ -2,7 +2,8 @@
 
 A connection parses the whole frames of what arrived, hands each request to the core (through
 the guard when security is on) and queues the answers; everything queued in one loop iteration
-goes out in one write. It bounds what one client can make the bookie hold (S4):
+goes out in one write. It bounds what one client can make the bookie hold (S4; the limits are
+named in limits.py):
 - in-flight requests: past `in_flight_max` unanswered requests, or while the journal holds more
   than its maximum of bytes waiting for fsync, it stops reading the socket (TCP pushes back)
   until half of them are answered and the journal caught up;
@@ -38,16 +39,16 @@ import resource
 import socket
 import ssl
 import struct
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.connection import ClientConnection
 from bookkeeper.bookie.guard import Guard
+from bookkeeper.bookie.limits import ServerLimits
 from bookkeeper.bookie.partial import PartialFrames
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.bookie.unsent import UnsentAnswers
-from bookkeeper.protocol import wire
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -63,31 +64,11 @@ from bookkeeper.protocol.wire import (
 )
 from bookkeeper.runtime import start_task
 from bookkeeper.security.authz import ANONYMOUS
-from bookkeeper.security.tokens import TOKEN_BYTES_MAX
 
 log = logging.getLogger(__name__)
-AUTH_FRAME_BYTES_MAX = TOKEN_BYTES_MAX + 1024  # the longest token and the frame around it
 LISTEN_BACKLOG = 1024
 ACCEPT_BATCH = 256  # connections taken per wake-up of the accept loop (the rest wait for the next)
 ACCEPT_RETRY_S = 0.1  # after an accept failed for want of files (EMFILE): wait, do not spin
-
-
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    frame_bytes_max: int = wire.FRAME_BYTES_MAX_DEFAULT
-    entry_bytes_max: int = wire.ENTRY_BYTES_MAX_DEFAULT
-    in_flight_max: int = 10_000
-    idle_timeout_s: float = 30.0
-    connections_max: int = 4096
-    connections_per_host_max: int = 1024
-    unsent_bytes_max: int = 16 * 2**20
-    unsent_timeout_s: float = 30.0
-    first_frame_timeout_s: float = 10.0
-    partial_bytes_max: int = 256 * 2**20
-    global_unsent_bytes_max: int = 256 * 2**20
-    unsent_connections_max: int = 64
-    unauthenticated_partial_bytes_max: int = 16 * 2**10
-    reserved_open_files: int = 256
 
 
 def open_files_limit() -> int | None:
@@ -109,9 +90,12 @@ class BookieServer:
 
     def __init__(self, core: BookieCore, limits: ServerLimits, info: Callable[[], BookieInfoResponse],
                  journal_full: Callable[[], bool] = lambda: False, guard: Guard | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock`: what connections measure silence and stalls on, and the refusal log its
+        intervals; the event loop's own time (SYSTEM_CLOCK, or a simulator's loop clock)."""
         self.core = core
         self.limits = limits
+        self.clock = clock
         self._info = info
         self.journal_full = journal_full
         self.tls = tls
@@ -134,9 +118,9 @@ class BookieServer:
         if guard is not None:
             guard.handlers = self.handlers
         self.requires_auth = guard is not None and guard.security.requires_auth
-        self.refusals = RateLimitedLog(log)
+        self.refusals = RateLimitedLog(log, clock=clock)
         self.unsent = UnsentAnswers(limits.global_unsent_bytes_max, limits.unsent_connections_max,
-                                    self.refusals)
+                                    self.refusals, clock=clock)
         self.partial = PartialFrames(limits.partial_bytes_max, limits.unauthenticated_partial_bytes_max,
                                      self.refusals)
         self._listener: socket.socket | None = None

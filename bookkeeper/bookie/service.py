@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,7 @@ from bookkeeper.bookie.metrics import BookieMetrics
 from bookkeeper.bookie.registration import Registration, check_cookie, ensure_cluster
 from bookkeeper.bookie.server import BookieServer
 from bookkeeper.bookie.storage import LedgerStorage
-from bookkeeper.clock import wall_ms
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import DlogError, ForbiddenError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import TOMBSTONE
@@ -60,8 +59,11 @@ def next_read_only(read_only: bool, usage: float, threshold: float, low_water_ma
 
 
 class BookieService:
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock`: what the bookie's timing decisions (GC grace, connection silence, token expiry,
+        quota pacing) and its published usage times are measured on."""
         self.config = config
+        self.clock = clock
         self.data_dir = Path(config.data_dir)
         self.fatal_error: BaseException | None = None
         self.metrics = BookieMetrics(self)
@@ -85,10 +87,11 @@ class BookieService:
             self.guard = Guard(security, {}, self._ledger_namespace if config.zk else None,
                                self.core.has_ledger,
                                quota_lookup=self._namespace_quota if config.zk else None,
-                               stream_of=self._ledger_streams.get)
+                               stream_of=self._ledger_streams.get, clock=clock)
         self.server = BookieServer(self.core, config.limits, self._info,
                                    journal_full=lambda: self.journal.full, guard=self.guard,
-                                   tls=security.tls.context() if security.tls is not None else None)
+                                   tls=security.tls.context() if security.tls is not None else None,
+                                   clock=clock)
         self.ledgers = LedgerMetadataAccess(None, config.zk_root)  # its ZooKeeper comes with the cookie check
         self.server.handlers[CreateLedgerRequest] = self.ledgers.on_create_ledger
         self.port = config.port
@@ -219,7 +222,7 @@ class BookieService:
         if settings is None or not (settings.auditor or settings.workers):
             return
         self.autorecovery = AutoRecovery(self.zk, self.config.zk_root, settings, self.bookie_id,
-                                         registry=self.metrics.registry,
+                                         registry=self.metrics.registry, clock=self.clock,
                                          security=peer_security(self.config.security, self.bookie_id))
         await self.autorecovery.start()
 
@@ -338,7 +341,7 @@ class BookieService:
                 streams = usage.streams.setdefault(namespace, {})
                 if len(streams) < STREAMS_RANKED_MAX or stream in streams:
                     streams[stream] = min(ledger_id, streams.get(stream, ledger_id))
-        await publish_usage(self.zk, self.config.zk_root, self.bookie_id, usage, wall_ms())
+        await publish_usage(self.zk, self.config.zk_root, self.bookie_id, usage, self.clock.wall_ms())
         cluster = await cluster_usage(self.zk, self.config.zk_root)
         self.guard.set_stored_usage(cluster.bytes)
         self.guard.stream_slots.set_cluster(cluster.streams)
@@ -367,7 +370,7 @@ class BookieService:
             raise DlogError("garbage collection needs ZooKeeper (start the bookie with --zk)")
         deleted: list[int] = []
         kept_by_grace = 0
-        started = time.monotonic()
+        started = self.clock.monotonic_s()
         for ledger_id in sorted(self.storage.ledger_ids()):
             path = layout.ledger_path(self.config.zk_root, ledger_id)
             if await self._metadata_live(path):
@@ -395,7 +398,7 @@ class BookieService:
         if deleted or reclaimed:
             log.info("gc: deleted %d ledgers, reclaimed %d bytes", len(deleted), reclaimed)
         return {"deleted_ledgers": deleted, "reclaimed_bytes": reclaimed, "kept_by_grace": kept_by_grace,
-                "seconds": round(time.monotonic() - started, 3)}
+                "seconds": round(self.clock.monotonic_s() - started, 3)}
 
     async def _metadata_live(self, path: str) -> bool:
         """Metadata exists and is not a deletion tombstone (bookkeeper/meta/acl.py), as an up-to-date
@@ -407,7 +410,7 @@ class BookieService:
         return found is not None and found[0] != TOMBSTONE
 
     def _may_collect(self, ledger_id: int, exists: bool) -> bool:
-        now_s = time.monotonic()
+        now_s = self.clock.monotonic_s()
         first_seen_s = self._first_seen_s.setdefault(ledger_id, now_s)
         return gc.may_collect(exists=exists, first_seen_s=first_seen_s, now_s=now_s,
                               grace_s=self.config.gc_grace_s)

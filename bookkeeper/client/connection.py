@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import (
     AuthenticationError,
     BookieUnavailableError,
@@ -24,7 +25,6 @@ from bookkeeper.errors import (
     RequestTimeoutError,
     error_for_status,
 )
-from bookkeeper.security.tls import host_of, looks_like_tls
 from bookkeeper.protocol import wire
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -46,6 +46,7 @@ from bookkeeper.protocol.wire import (
     WriteLacResponse,
     encode_request,
 )
+from bookkeeper.security.tls import host_of, looks_like_tls
 
 _REQUEST_IDS = itertools.count(1)
 
@@ -91,9 +92,11 @@ class EncodedRequest:
 
 class BookieConnection(asyncio.Protocol):
     def __init__(self, address: str, *, timeout_s: float = 5.0, in_flight_max: int = 10_000,
-                 frame_bytes_max: int = wire.FRAME_BYTES_MAX_DEFAULT) -> None:
+                 frame_bytes_max: int = wire.FRAME_BYTES_MAX_DEFAULT, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock`: what request deadlines are measured on (the pool's)."""
         self.address = address
         self.timeout_s = timeout_s
+        self.clock = clock
         self.in_flight_max = in_flight_max
         self._decoder = ResponseDecoder(frame_bytes_max)
         # request id -> (callback of its outcome, deadline): one kind, whether a caller awaits a
@@ -235,7 +238,7 @@ class BookieConnection(asyncio.Protocol):
         if self._closed_error is not None:
             self._loop.call_soon(callback, BookieUnavailableError(f"connection to {self.address} is closed"))
             return
-        self._pending[request_id] = (callback, self._loop.time() + self.timeout_s + wait_s)
+        self._pending[request_id] = (callback, self.clock.monotonic_s() + self.timeout_s + wait_s)
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -260,7 +263,7 @@ class BookieConnection(asyncio.Protocol):
         interval_s = max(0.01, min(1.0, self.timeout_s / 4))
         while self._closed_error is None:
             await asyncio.sleep(interval_s)
-            now = self._loop.time()
+            now = self.clock.monotonic_s()
             late = [request_id for request_id, (_, deadline) in self._pending.items()
                     if deadline <= now]
             for request_id in late:

@@ -55,7 +55,7 @@ class EffectDriver:
         self._reads: dict[tuple[str, bool], list[int]] = {}  # asked in this run(), per bookie
 
     def now_ms(self) -> int:
-        return int(self.loop.time() * 1000)
+        return int(self.context.clock.monotonic_s() * 1000)
 
     def start_ticking(self, interval_s: float) -> None:
         """Feed the machine `on_tick` every `interval_s` (shared with every driver of the loop that

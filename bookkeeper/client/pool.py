@@ -117,7 +117,7 @@ class BookiePool:
             connection = await BookieConnection.open(
                 self._resolve(bookie_id), connect_timeout_s=self.connect_timeout_s,
                 timeout_s=self.timeout_s, in_flight_max=self.in_flight_max, security=self.security,
-                dial=self.dial)
+                dial=self.dial, clock=self.clock)
         except DlogError as exc:  # unreachable, or refused our TLS or credentials
             self._failed_at[bookie_id] = self.clock.monotonic_s()
             for _, _, future in self._queued.pop(bookie_id, []):

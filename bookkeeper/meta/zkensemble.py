@@ -19,6 +19,7 @@ import signal
 import time
 from pathlib import Path
 
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import MetadataError
 from bookkeeper.meta.zkserver import READY_POLL_INTERVAL_S, EmbeddedZooKeeper, pick_free_port
 
@@ -63,12 +64,12 @@ class ZooKeeperEnsemble:
 
     def leader(self, timeout_s: float = 30.0) -> int:
         """The index of the member that leads now (waits while an election runs)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = monotonic_s() + timeout_s
         while True:
             for index, member in enumerate(self.members):
                 if member.running and member.mode == "leader":
                     return index
-            if time.monotonic() >= deadline:
+            if monotonic_s() >= deadline:
                 raise MetadataError(f"no member of the ensemble at {self.address} leads after {timeout_s} s")
             time.sleep(READY_POLL_INTERVAL_S)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Callable
 
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError, MetadataError
 from bookkeeper.meta.ports import check_port_free, listens_on, port_in_use
 
@@ -240,7 +241,7 @@ class EmbeddedZooKeeper:
         is chosen on the first start."""
         if self.running:
             return
-        self._started_at = time.monotonic()
+        self._started_at = monotonic_s()
         java, classpath = find_java(), find_classpath()
         if self._port == 0:
             self._port = pick_free_port(self.host)
@@ -258,9 +259,9 @@ class EmbeddedZooKeeper:
 
     def wait_until_serving(self, timeout_s: float = 30.0) -> None:
         """Return once the server answers requests; MetadataError with its log's tail if it does not."""
-        started_at = getattr(self, "_started_at", time.monotonic())
-        self._wait_until_serving(time.monotonic() + timeout_s, timeout_s)
-        self.last_start_s = time.monotonic() - started_at
+        started_at = getattr(self, "_started_at", monotonic_s())
+        self._wait_until_serving(monotonic_s() + timeout_s, timeout_s)
+        self.last_start_s = monotonic_s() - started_at
 
     def kill(self, signum: int = signal.SIGKILL) -> None:
         """Signal our process (by its pid) and, for a signal that ends it, reap it."""
@@ -381,7 +382,7 @@ class EmbeddedZooKeeper:
             if self._is_serving():
                 self._check_own_port()
                 return
-            if time.monotonic() >= deadline:
+            if monotonic_s() >= deadline:
                 self.stop(timeout_s=0)
                 raise MetadataError(f"ZooKeeper did not answer on {self.address} within {timeout_s}s; "
                                     f"last lines of {self.log_path}:\n{self.log_tail()}")

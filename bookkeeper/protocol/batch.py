@@ -11,7 +11,8 @@ per entry) is what limits small entries, so version 2 carries many entries per f
   one bookie for exactly the entries it reads there (entry e of an ensemble of E is first asked
   of position e mod E). The answer says how far it covered: an entry id of the stride up to
   `covered_last_entry_id` that is not in the answer is not held by this bookie.
-`docs/protocol.md` gives every byte. The frame around the bodies is `wire.py`'s.
+`docs/protocol.md` gives every byte. The frame around the bodies is `wire.py`'s (its vocabulary in
+`frame.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from bookkeeper.protocol.wire import (
+from bookkeeper.protocol.frame import (
     HEADER_BYTES,
     MASTER_KEY_BYTES,
     PROTOCOL_VERSION,

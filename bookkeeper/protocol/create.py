@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from bookkeeper.protocol.wire import HEADER_BYTES, PROTOCOL_VERSION, FrameError, OpCode, Status
+from bookkeeper.protocol.frame import HEADER_BYTES, PROTOCOL_VERSION, FrameError, OpCode, Status
 
 CREATE_METADATA_BYTES_MAX = 64 * 1024
 CREATE_WRITERS_MAX = 8

@@ -14,108 +14,41 @@ frame is consumed, an error goes back for its request id, and the connection car
 
 from __future__ import annotations
 
-import enum
 import struct
 from dataclasses import dataclass
 
-from bookkeeper.errors import ProtocolError
+from bookkeeper.protocol import batch as _batch  # the batched messages of version 2
+from bookkeeper.protocol import create as _create
+from bookkeeper.protocol.frame import (
+    AUTH_CREDENTIALS_BYTES_MAX,
+    CHECK_ENTRIES_MAX,
+    ENTRY_BYTES_MAX_DEFAULT,
+    ERROR_MESSAGE_BYTES_MAX,
+    FRAME_BYTES_MAX_DEFAULT,
+    HEADER,
+    HEADER_BYTES,
+    KNOWN_FLAGS,
+    LENGTH,
+    MASTER_KEY_BYTES,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    V1_OPCODE_MAX,
+    AuthMechanism,
+    BookieState,
+    EntryCheck,
+    Flag,
+    FrameError,
+    OpCode,
+    Status,
+)
 
-PROTOCOL_VERSION = 2
-# versions a bookie serves: version 1 clients (no batched opcodes) keep working, answered in version 1
-SUPPORTED_VERSIONS = (1, 2)
-LENGTH = struct.Struct(">I")
-# after the length: version u8, opcode u8, flags (requests) or status (responses) u16, request id u64
-HEADER = struct.Struct(">BBHQ")
-HEADER_BYTES = HEADER.size  # 12
-MASTER_KEY_BYTES = 32
-ENTRY_BYTES_MAX_DEFAULT = 4 * 2**20
-FRAME_BYTES_MAX_DEFAULT = ENTRY_BYTES_MAX_DEFAULT + 1024
-ERROR_MESSAGE_BYTES_MAX = 1024
-CHECK_ENTRIES_MAX = 256  # entries one CHECK_ENTRIES may ask about
-
-
-class OpCode(enum.IntEnum):
-    ADD = 1
-    READ = 2
-    READ_LAC = 3
-    WRITE_LAC = 4
-    GET_BOOKIE_INFO = 5
-    AUTH = 6
-    ADD_BATCH = 7  # version 2 (bookkeeper.protocol.batch)
-    READ_RANGE = 8  # version 2
-    CHECK_ENTRIES = 9  # version 2 (auto-recovery replica checks)
-    CREATE_LEDGER = 10  # version 2 (bookkeeper.protocol.create: ledgers on a cluster with ZooKeeper ACLs)
-
-
-V1_OPCODE_MAX = OpCode.AUTH
-
-
-class Flag(enum.IntFlag):
-    NONE = 0
-    FENCE = 0x1  # READ: fence the ledger (carries the master key)
-    RECOVERY_ADD = 0x2  # ADD: accepted by a fenced ledger (recovery write-back)
-    LONG_POLL = 0x4  # READ / READ_LAC: hold until LAC > previous_lac or timeout
-
-
-KNOWN_FLAGS = int(Flag.FENCE | Flag.RECOVERY_ADD | Flag.LONG_POLL)
-
-
-class Status(enum.IntEnum):
-    """Wire status codes; the non-OK ones equal the `status` of the error class they map to."""
-
-    OK = 0
-    NO_LEDGER = 1
-    NO_ENTRY = 2
-    BAD_REQUEST = 100
-    IO_ERROR = 101
-    UNAUTHORIZED = 102
-    BAD_VERSION = 103
-    FENCED = 104
-    READ_ONLY = 105
-    TOO_MANY_REQUESTS = 106
-    TOO_LARGE = 107
-    ENTRY_EXISTS = 108
-    LEDGER_DELETED = 109
-    UNAUTHENTICATED = 500
-    FORBIDDEN = 501
-    QUOTA_EXCEEDED = 502
-
-
-class AuthMechanism(enum.IntEnum):
-    TOKEN = 1  # credentials: a signed token (JWT), ASCII
-    CERTIFICATE = 2  # credentials: empty; the verified TLS client certificate names the principal
-
-
-AUTH_CREDENTIALS_BYTES_MAX = 8192
-
-
-class EntryCheck(enum.IntEnum):
-    """What CHECK_ENTRIES says of one entry on one bookie."""
-
-    PRESENT = 0  # stored and readable (and its CRC32C digest, if it has one, checks out)
-    ABSENT = 1
-    DAMAGED = 2  # stored but unreadable, or failing its CRC32C digest
-
-
-class BookieState(enum.IntEnum):
-    WRITABLE = 0
-    READ_ONLY = 1
-
-
-class FrameError(ProtocolError):
-    """A frame the decoder refuses. See the module docstring for `fatal`."""
-
-    code = 5
-
-    def __init__(self, message: str, *, fatal: bool, request_id: int = 0, opcode: int = 0,
-                 status: Status = Status.BAD_REQUEST, version: int = PROTOCOL_VERSION) -> None:
-        super().__init__(message)
-        self.fatal = fatal
-        self.request_id = request_id
-        self.opcode = opcode
-        self.status = status
-        self.version = version  # of the refused frame: its answer goes out in it, so the peer reads it
-
+# the frame vocabulary (frame.py) is part of this codec's public face: importers take it from here
+__all__ = [
+    "AUTH_CREDENTIALS_BYTES_MAX", "CHECK_ENTRIES_MAX", "ENTRY_BYTES_MAX_DEFAULT",
+    "ERROR_MESSAGE_BYTES_MAX", "FRAME_BYTES_MAX_DEFAULT", "HEADER", "HEADER_BYTES", "KNOWN_FLAGS",
+    "LENGTH", "MASTER_KEY_BYTES", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "V1_OPCODE_MAX",
+    "AuthMechanism", "BookieState", "EntryCheck", "Flag", "FrameError", "OpCode", "Status",
+]
 
 # ---------------------------------------------------------------- requests
 
@@ -614,9 +547,3 @@ def _opcode_name(opcode: int) -> str:
         return OpCode(opcode).name
     except ValueError:
         return f"opcode {opcode}"
-
-
-# The batched messages of version 2 live in their own module, which builds on the names above:
-# imported last so that either module may be imported first.
-from bookkeeper.protocol import batch as _batch  # noqa: E402
-from bookkeeper.protocol import create as _create  # noqa: E402

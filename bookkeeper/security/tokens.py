@@ -8,12 +8,12 @@ issuer, expiry and the roles; any failure is one AuthenticationError line.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
 
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import AuthenticationError, ConfigError
 from bookkeeper.security.authz import Principal, Role, parse_roles
 
@@ -81,7 +81,7 @@ def create_token(key: TokenKey, subject: str, roles: list[str], *, ttl_s: float 
     if not subject or len(subject) > 200:
         raise ConfigError(f"bad token subject {subject!r}: 1..200 characters")
     parse_roles(roles)
-    issued_s = int(time.time() if now_s is None else now_s)
+    issued_s = wall_ms() // 1000 if now_s is None else int(now_s)
     claims: dict[str, object] = {"sub": subject, "roles": sorted(roles), "iss": ISSUER, "iat": issued_s}
     if ttl_s is not None:
         if ttl_s <= 0:

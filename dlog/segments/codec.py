@@ -43,7 +43,6 @@ import binascii
 import enum
 import struct
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -53,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import zstandard
 
+from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError, CorruptMetadataError, DlogError, invariant
 
 MAGIC = b"DLRS"
@@ -537,7 +537,7 @@ def _column(field: pa.Field, source: Sequence[Any] | pa.Array | None, count: int
         raise ConfigError(f"column 'timestamp' is {field.type}; records_to_batch needs an Arrow timestamp type")
     if source is None:
         if is_timestamp:
-            return pa.repeat(pa.scalar(time.time_ns() // 1_000_000, pa.timestamp("ms")).cast(field.type), count)
+            return pa.repeat(pa.scalar(wall_ms(), pa.timestamp("ms")).cast(field.type), count)
         if not field.nullable:
             raise ConfigError(f"column {field.name!r} is not nullable: pass a list of {count} values for it")
         return pa.nulls(count, field.type)

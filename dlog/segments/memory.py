@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import ConfigError, MetadataError, MetadataVersionError
 from dlog.names import check_stream_name, check_subscription_name
 from dlog.segments.metadata import (
@@ -49,8 +50,11 @@ class _Stream:
 class MemoryMetadata:
     """Every stream of one namespace, shared by the sessions (`session()`) of its clients."""
 
-    def __init__(self, *, faults: Faults | None = None, delay: Callable[[str], float] | None = None) -> None:
+    def __init__(self, *, faults: Faults | None = None, delay: Callable[[str], float] | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock`: what writer-lock waits are measured on (a simulator's, on simulated time)."""
         self.streams: dict[str, _Stream] = {}
+        self.clock = clock
         self.faults = faults
         self.delay = delay
         self.watchers: dict[str, list[tuple[int, Callable[[], None]]]] = {}
@@ -204,15 +208,15 @@ class MemorySegmentStore:
         sequence = self.metadata.next_lock_sequence()
         token = f"{name}#{sequence}"
         stream.locks.append((sequence, token, self.session))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        clock = self.metadata.clock
+        deadline = clock.monotonic_s() + timeout_s
         while True:
             ours = [lock for lock in stream.locks if lock[1] == token]
             if not ours:
                 return None  # our session expired while we waited
             if min(stream.locks)[1] == token:
                 return token
-            remaining_s = deadline - loop.time()
+            remaining_s = deadline - clock.monotonic_s()
             if remaining_s <= 0:
                 stream.locks = [lock for lock in stream.locks if lock[1] != token]
                 stream.lock_changed.set()

@@ -26,12 +26,11 @@ import asyncio
 import json
 import os
 import socket
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from bookkeeper.clock import wall_ms
+from bookkeeper.clock import SYSTEM_CLOCK, Clock, wall_ms
 from bookkeeper.errors import (
     ConfigError,
     CorruptMetadataError,
@@ -64,15 +63,17 @@ LOCK_PREFIX = "writer-"
 
 def lock_holder_description() -> dict[str, Any]:
     """What a writer-lock node says about its holder: this host and process, and since when."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started_ms": int(time.time() * 1000)}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started_ms": wall_ms()}
 LOCK_POLL_S = 1.0  # the lock's children watch wakes a waiter; this only bounds a missed event
 SINK_NODE_FORMAT = 1
 
 
 class ZooKeeperSegmentStore:
-    def __init__(self, zk: AsyncZooKeeper, namespace_root: str) -> None:
+    def __init__(self, zk: AsyncZooKeeper, namespace_root: str, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock`: what writer-lock waits are measured on."""
         self.zk = zk
         self.root = namespace_root
+        self.clock = clock
 
     # ------------------------------------------------------------------ paths
 
@@ -203,13 +204,13 @@ class ZooKeeperSegmentStore:
         our_name = ours.rsplit("/", 1)[1]
         changed = asyncio.Event()
         unwatch = self.zk.watch_children(base, lambda children: changed.set())
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        deadline = self.clock.monotonic_s() + timeout_s
         try:
             while True:
                 children = sorted(await self.zk.children(base), key=_lock_sequence)
                 if children and children[0] == our_name:
                     return ours
-                remaining_s = deadline - asyncio.get_running_loop().time()
+                remaining_s = deadline - self.clock.monotonic_s()
                 if remaining_s <= 0:
                     await self.unlock(ours)
                     return None

@@ -20,10 +20,19 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bookkeeper.autorecovery.policy import Missing, Reason
 from bookkeeper.autorecovery.store import RecoveryStore
+from bookkeeper.clock import wall_ms
 from dlog import Namespace
 from tools.cluster import LineReader, LocalCluster, free_port
-from tools.ui import (HTTP_TIMEOUT_S, Collector, RateTracker, UiOptions, make_app, parse_metrics,
-                      subscription_lag, truncation_point)
+from tools.ui import (
+    HTTP_TIMEOUT_S,
+    Collector,
+    RateTracker,
+    UiOptions,
+    make_app,
+    parse_metrics,
+    subscription_lag,
+    truncation_point,
+)
 
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"  # a ZooKeeper node name the page must show as text
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -92,14 +101,18 @@ def test_metrics_parsing_and_add_rate():
 
 
 class FakeClock:
-    """Each reading is 2 s after the last: every poll scrapes afresh, and rates need no sleeping."""
+    """Each monotonic reading is 2 s after the last: every poll scrapes afresh, and rates need no
+    sleeping. The wall clock is the machine's."""
 
     def __init__(self) -> None:
         self.now_s = 1000.0
 
-    def __call__(self) -> float:
+    def monotonic_s(self) -> float:
         self.now_s += 2.0
         return self.now_s
+
+    def wall_ms(self) -> int:
+        return wall_ms()
 
 
 def values(count: int, start: int = 0) -> list[bytes]:

@@ -1,18 +1,26 @@
 """The bookie's guard without sockets: AUTH first or the connection closes, expired tokens end the
-connection, each request is authorized against its ledger's namespace (looked up once, requests
-waiting in order), a ledger without metadata is refused, and lookups are bounded."""
+connection (expiry and quota refreshes go by the guard's clock), each request is authorized against
+its ledger's namespace (looked up once, requests waiting in order), a ledger without metadata is
+refused, and lookups are bounded."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from bookkeeper.bookie.guard import QUOTA_REFRESH_S, Guard, ServerSecurity
+from bookkeeper.clock import SYSTEM_CLOCK, Clock, ManualClock, wall_ms
 from bookkeeper.errors import NoSuchLedgerError
-from bookkeeper.protocol.wire import (AddRequest, AuthMechanism, AuthRequest, BookieInfoRequest,
-                                      ReadRequest, ResponseDecoder, Status)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    AuthMechanism,
+    AuthRequest,
+    BookieInfoRequest,
+    ReadRequest,
+    ResponseDecoder,
+    Status,
+)
 from bookkeeper.security.tokens import TokenKey, create_token
 
 KEY = TokenKey("HS256", b"g" * 32)
@@ -45,7 +53,8 @@ class FakeConnection:
         pass
 
 
-def make_guard(namespaces: dict[int, str | None], known: set[int] = frozenset(), pending_max: int = 100):
+def make_guard(namespaces: dict[int, str | None], known: set[int] = frozenset(), pending_max: int = 100,
+               clock: Clock = SYSTEM_CLOCK):
     ran = []
     lookups = []
 
@@ -62,7 +71,7 @@ def make_guard(namespaces: dict[int, str | None], known: set[int] = frozenset(),
 
     handlers = {AddRequest: handler, ReadRequest: handler, BookieInfoRequest: handler}
     guard = Guard(ServerSecurity(token_key=KEY), handlers, lookup, lambda ledger_id: ledger_id in known,
-                  pending_max=pending_max)
+                  pending_max=pending_max, clock=clock)
     return guard, ran, lookups
 
 
@@ -107,15 +116,16 @@ async def test_a_ledger_without_metadata_is_refused_even_for_an_admin():
 
 
 async def test_an_expired_token_ends_the_connection_at_its_next_request():
-    import time
-
-    guard, ran, _ = make_guard({7: "orders"})
+    clock = ManualClock(wall_ms=wall_ms())
+    guard, ran, _ = make_guard({7: "orders"}, known={7}, clock=clock)
     connection = FakeConnection()
     auth(guard, connection, ["consume:orders"], ttl_s=60)
-    connection.principal = type(connection.principal)(connection.principal.name, connection.principal.roles,
-                                                      time.time() - 1)
+    guard.dispatch(ReadRequest(29, 7, 0), connection)
+    await asyncio.sleep(0.01)
+    assert ran == [29]
+    clock.advance(61)  # on the guard's clock only: the token outlived its 60 s
     guard.dispatch(ReadRequest(30, 7, 0), connection)
-    assert connection.answers[-1].status == Status.UNAUTHENTICATED and connection.closing and ran == []
+    assert connection.answers[-1].status == Status.UNAUTHENTICATED and connection.closing and ran == [29]
 
 
 async def test_waiting_for_lookups_is_bounded():
@@ -157,8 +167,9 @@ async def test_over_its_stored_quota_a_namespace_gets_no_new_data_and_only_the_c
     async def quota(namespace: str) -> Quota:
         return quotas[namespace]
 
+    clock = ManualClock(wall_ms=wall_ms())
     guard = Guard(ServerSecurity(token_key=KEY), {AddRequest: handler}, lookup, lambda ledger_id: False,
-                  quota_lookup=quota)
+                  quota_lookup=quota, clock=clock)
     producer, bookie = FakeConnection(), FakeConnection()
     auth(guard, producer, ["produce:ns"])
     auth(guard, bookie, ["bookie"])
@@ -176,12 +187,8 @@ async def test_over_its_stored_quota_a_namespace_gets_no_new_data_and_only_the_c
     assert refused[3].status == Status.QUOTA_EXCEEDED and "stored_bytes_max 1000" in refused[3].message
     assert refused[4].status == Status.QUOTA_EXCEEDED
     quotas["ns"] = Quota(stored_bytes_max=10_000)
-    clock = time.monotonic
-    try:  # the cached quota is older than its refresh interval: the next add reads it again
-        time.monotonic = lambda: clock() + QUOTA_REFRESH_S + 1
-        guard.dispatch(AddRequest(6, 7, 1, b"k" * 32, b"e" * 100), producer)
-    finally:
-        time.monotonic = clock
+    clock.advance(QUOTA_REFRESH_S + 1)  # the cached quota is older than its refresh interval:
+    guard.dispatch(AddRequest(6, 7, 1, b"k" * 32, b"e" * 100), producer)  # the next add reads it again
     for _ in range(100):
         if guard.over_quota("ns", 7) is None:
             break

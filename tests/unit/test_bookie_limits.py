@@ -8,9 +8,10 @@ import logging
 
 import pytest
 
+from bookkeeper.bookie.limits import ServerLimits
 from bookkeeper.bookie.partial import PartialFrames
 from bookkeeper.bookie.refusals import RateLimitedLog
-from bookkeeper.bookie.server import ServerLimits, connections_cap
+from bookkeeper.bookie.server import connections_cap
 from bookkeeper.bookie.unsent import holders_to_close
 from bookkeeper.clock import ManualClock
 from bookkeeper.protocol.wire import Status

@@ -209,3 +209,63 @@ async def test_a_timeout_never_swallows_a_cancel_that_arrives_with_the_answer():
                         isinstance(node.value, ast.Name) and node.value.id == "asyncio":
                     offenders.append(f"{file.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, f"asyncio.wait_for in shipped code (use asyncio.timeout): {offenders}"
+
+
+# time.* functions that read a clock (sleeping is not reading); datetime's constructors of "now"
+TIME_READS = frozenset({"time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
+                        "process_time", "process_time_ns", "thread_time", "thread_time_ns",
+                        "clock_gettime", "clock_gettime_ns"})
+DATETIME_NOW = frozenset({"now", "utcnow", "today"})
+
+
+def reads_of_the_time(source: str) -> list[tuple[int, str]]:
+    """(line, what) for every read of the time in `source` that does not go through the clock port:
+    a time.* clock function (called, or passed on as a default), one imported from `time`,
+    datetime's now/utcnow/today, and an event loop's `time()`; also under other names."""
+    tree = ast.parse(source)
+    time_modules, datetime_classes = {"time"}, {"datetime", "date"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            time_modules |= {alias.asname for alias in node.names if alias.name == "time" and alias.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "datetime":
+            datetime_classes |= {alias.asname or alias.name for alias in node.names
+                                 if alias.name in ("datetime", "date")}
+    called_bare = {id(call.func) for call in ast.walk(tree)
+                   if isinstance(call, ast.Call) and not call.args and not call.keywords}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "time":
+            found += [(node.lineno, f"from time import {alias.name}") for alias in node.names
+                      if alias.name in TIME_READS]
+        elif isinstance(node, ast.Attribute) and node.attr in TIME_READS | DATETIME_NOW:
+            owner = node.value.id if isinstance(node.value, ast.Name) else \
+                node.value.attr if isinstance(node.value, ast.Attribute) else None
+            if (owner in time_modules and node.attr in TIME_READS and isinstance(node.value, ast.Name)) or \
+                    (owner in datetime_classes and node.attr in DATETIME_NOW):
+                found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
+            elif node.attr == "time" and owner not in time_modules and id(node) in called_bare:
+                found.append((node.lineno, f"{ast.unparse(node)}()"))  # an event loop's clock
+    return sorted(found)
+
+
+def test_the_time_scan_finds_every_way_of_reading_the_clock():
+    source = ("import time, datetime\nfrom time import monotonic\nfrom datetime import datetime as dt\n"
+              "a = time.time()\nb = time.perf_counter_ns()\ndef f(clock=time.monotonic): pass\n"
+              "c = datetime.datetime.now(datetime.timezone.utc)\nd = dt.utcnow()\n"
+              "e = asyncio.get_running_loop().time()\ng = self._loop.time()\n"
+              "time.sleep(1)\nawait asyncio.sleep(1)\nh = clock.monotonic_s()\ni = wall_ms()\n")
+    assert [what for _, what in reads_of_the_time(source)] == [
+        "from time import monotonic", "time.time", "time.perf_counter_ns", "time.monotonic",
+        "datetime.datetime.now", "dt.utcnow", "asyncio.get_running_loop().time()", "self._loop.time()"]
+
+
+def test_only_the_clock_port_reads_the_time():
+    """Every read of the time in shipped code goes through bookkeeper/clock.py (the `Clock` a
+    component is given, or the port's module-level readings), so a simulator can drive whatever
+    decides by the time, and there is one place that says what each reading means."""
+    files = [ROOT / "pyspark_dlog.py"] + [file for top in ("bookkeeper", "dlog", "spark", "tools")
+                                          for file in sorted((ROOT / top).rglob("*.py"))]
+    offenders = [f"{file.relative_to(ROOT)}:{line}: {what}" for file in files
+                 if file != ROOT / "bookkeeper/clock.py"
+                 for line, what in reads_of_the_time(file.read_text())]
+    assert not offenders, "reads of the time outside bookkeeper/clock.py:\n" + "\n".join(offenders)

@@ -1,6 +1,6 @@
 """The package map in docs/design.md is true: every import follows it, shipped code never imports
-the test harness, no module reaches for another's private names, no modules of the stream layer
-import each other in a circle, each package says its role."""
+the test harness, no module reaches for another's private names, no modules of the stream layer,
+the bookie or the protocol codec import each other in a circle, each package says its role."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("bookkeeper", "dlog", "spark", "tools", "pyspark_dlog")
 PROJECT = (*SHIPPED, "tests")
-CIRCLE_FREE = ("dlog",)  # packages none of whose modules import each other in a circle
+# packages none of whose modules import each other in a circle
+CIRCLE_FREE = ("dlog", "bookkeeper.bookie", "bookkeeper.protocol")
 
 
 def package_map() -> dict[str, set[str]]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from bookkeeper.clock import perf_s
 from dlog.segments.codec import (
     HEADER_BYTES,
     RecordSetCodec,
@@ -75,9 +75,9 @@ def make_records(count: int, seed: int) -> tuple[list[bytes], list[bytes], list[
 def best_seconds(action: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
-        started = time.perf_counter()
+        started = perf_s()
         action()
-        best = min(best, time.perf_counter() - started)
+        best = min(best, perf_s() - started)
     return best
 
 
@@ -125,12 +125,12 @@ def bench_arrow(mode: str, level: int, schema: pa.Schema, batches: list[pa.Recor
 def run_codec(records: int = 1_000_000, batch_sizes: tuple[int, ...] = (1000, 5000, 20_000),
               repeat: int = 3, seed: int = 7) -> dict[str, Any]:
     """Encode/decode records/s and compression ratio per batch size and codec variant."""
-    started = time.perf_counter()
+    started = perf_s()
     values, keys, timestamps_ms = make_records(records, seed)
-    generate_s = time.perf_counter() - started
-    started = time.perf_counter()
+    generate_s = perf_s() - started
+    started = perf_s()
     whole = records_to_batch(values, keys, timestamps_ms)
-    build_s = time.perf_counter() - started
+    build_s = perf_s() - started
     value_bytes = sum(map(len, values))
     schema = default_schema()
     runs: list[dict[str, Any]] = []

@@ -9,11 +9,11 @@ import os
 import random
 import statistics
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from bookkeeper.clock import process_s
 from bookkeeper.errors import DlogError
 from bookkeeper.runtime import tune_garbage_collector
 from tools.cluster import LocalCluster
@@ -72,12 +72,12 @@ class CpuMeter:
         return total
 
     def start(self) -> CpuMeter:
-        self._client_s, self._bookies_s = time.process_time(), self._bookie_cpu_s()
+        self._client_s, self._bookies_s = process_s(), self._bookie_cpu_s()
         return self
 
     def per_op(self, count: int) -> dict[str, float]:
         """Microseconds of CPU per operation: this client's, and all bookies' together."""
-        client_s = time.process_time() - self._client_s
+        client_s = process_s() - self._client_s
         figures = {"client_cpu_us_per_op": round(client_s / max(count, 1) * 1e6, 2)}
         if self._pids:
             bookies_s = self._bookie_cpu_s() - self._bookies_s

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from bookkeeper.clock import monotonic_s, perf_s
 from bookkeeper.errors import DlogError
 from tools.bench.common import (
     DLOG_DURABILITY,
@@ -60,7 +61,7 @@ def redis_server(server: str, directory: Path, fsync: bool) -> Iterator[int]:
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=die_with_parent)
     try:
-        deadline = time.monotonic() + 15
+        deadline = monotonic_s() + 15
         client = redis.Redis(host="127.0.0.1", port=port)
         while True:
             if process.poll() is not None:
@@ -70,7 +71,7 @@ def redis_server(server: str, directory: Path, fsync: bool) -> Iterator[int]:
                 client.ping()
                 break
             except redis.ConnectionError:
-                if time.monotonic() > deadline:
+                if monotonic_s() > deadline:
                     raise DlogError(f"redis-server did not answer on port {port} within 15 s") from None
                 time.sleep(0.05)
         client.close()
@@ -108,17 +109,17 @@ async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_rec
             await pipe.execute()
 
     raw_bytes = sum(map(len, values))
-    started = time.perf_counter()
+    started = perf_s()
     await asyncio.gather(*(pipeline(values[start: start + batch_records])
                            for start in range(0, len(values), batch_records)))
-    write_s = time.perf_counter() - started
+    write_s = perf_s() - started
     stored_records = await client.xlen("events")
     memory_bytes = await client.memory_usage("events", samples=0)
     # Redis 7 keeps a multi-part AOF: a base file (RDB after an automatic rewrite) plus increments
     aof_bytes = sum(path.stat().st_size for path in directory.rglob("*") if path.is_file()
                     and path.name != "redis.log")
 
-    started = time.perf_counter()
+    started = perf_s()
     last_id, read, read_bytes = b"0-0", 0, 0
     pages: list[list[Any]] = []
     while read < stored_records:
@@ -130,7 +131,7 @@ async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_rec
         read += len(entries)
         read_bytes += sum(len(fields[b"v"]) for _, fields in entries)
         last_id = entries[-1][0]
-    read_s = time.perf_counter() - started
+    read_s = perf_s() - started
     await client.aclose()
     # pipelines run concurrently, so their chunks may land in any order: compare as multisets
     read_values = sorted(fields[b"v"] for entries in pages for _, fields in entries)
@@ -154,12 +155,12 @@ async def _redis_sequential(port: int, values: list[bytes]) -> dict[str, Any]:
 
     client = aioredis.Redis(host="127.0.0.1", port=port)
     latencies = []
-    started = time.perf_counter()
+    started = perf_s()
     for value in values:
-        sent = time.perf_counter()
+        sent = perf_s()
         await client.xadd("sequential", {b"v": value})
-        latencies.append(time.perf_counter() - sent)
-    elapsed_s = time.perf_counter() - started
+        latencies.append(perf_s() - sent)
+    elapsed_s = perf_s() - started
     await client.aclose()
     return {"system": "redis", "client": _redis_py_label(), "run": "sequential write",
             "records": len(values), "records_per_s": round(len(values) / elapsed_s),
@@ -215,14 +216,14 @@ async def _dlog_compare_runs(ns: Any, values: list[bytes], batch_records: int,
     the Arrow batch is timed as Redis's command encoding is), then a catch-up read."""
     await ns.create_stream("compare")
     async with ns.open_writer("compare") as writer:
-        started = time.perf_counter()
+        started = perf_s()
         pending: list[asyncio.Future[Any]] = []
         for start in range(0, len(values), batch_records):
             pending.append(asyncio.ensure_future(writer.write_batch(values[start: start + batch_records])))
             if len(pending) >= in_flight:
                 await pending.pop(0)
         await asyncio.gather(*pending)
-        write_s = time.perf_counter() - started
+        write_s = perf_s() - started
     raw_bytes = sum(map(len, values))
     stored = await stored_totals(ns, "compare")
     read = await read_run(ns, "compare")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from typing import Any, Sequence
 
+from bookkeeper.clock import perf_s
 from bookkeeper.protocol.batch import encode_add_batch
-from bookkeeper.runtime import tune_garbage_collector
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
 from bookkeeper.protocol.wire import (
     AddRequest,
@@ -17,6 +16,7 @@ from bookkeeper.protocol.wire import (
     ResponseDecoder,
     encode_request,
 )
+from bookkeeper.runtime import tune_garbage_collector
 from tools.bench.common import (
     PASSWORD,
     CpuMeter,
@@ -53,7 +53,7 @@ class _RawAdder(asyncio.Protocol):
         self._send(min(self.in_flight, len(self.frames)))
 
     def _send(self, count: int) -> None:
-        now = time.perf_counter()
+        now = perf_s()
         start = self.next_index
         end = min(len(self.frames), start + count)
         for index in range(start, end):
@@ -64,7 +64,7 @@ class _RawAdder(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.decoder.receive_data(data)
-        now = time.perf_counter()
+        now = perf_s()
         answered = 0
         while (response := self.decoder.next_message()) is not None:
             if isinstance(response, ErrorResponse) or getattr(response, "failures", ()):
@@ -99,11 +99,11 @@ async def _raw_adds(address: str, ledger_id: int, count: int, size: int, in_flig
     done: asyncio.Future[list[float]] = loop.create_future()
     host, _, port = address.rpartition(":")
     meter.start()
-    started = time.perf_counter()
+    started = perf_s()
     transport, _ = await loop.create_connection(
         lambda: _RawAdder(frames, max(1, in_flight // per_frame), per_frame, done), host, int(port))
     latencies = await done
-    elapsed_s = time.perf_counter() - started
+    elapsed_s = perf_s() - started
     transport.close()
     return {"entries": count, "entry_bytes": size, "in_flight": in_flight,
             "frame": "ADD" if per_frame == 1 else f"ADD_BATCH of {per_frame}",
@@ -141,12 +141,12 @@ async def _throughput(client: Any, cluster: LocalCluster, entries: int, in_fligh
     handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
     payloads = [event_payload(index, 100) for index in range(entries)]
     meter = CpuMeter(cluster).start()
-    started = time.perf_counter()
+    started = perf_s()
     if batch_entries:
         await _append_batches(handle, payloads, in_flight, batch_entries)
     else:
         await _append_each(handle, payloads, in_flight)
-    elapsed_s = time.perf_counter() - started
+    elapsed_s = perf_s() - started
     cpu = meter.per_op(entries)
     await handle.close()
     return {"run": "throughput", "entries": entries, "entry_bytes": 100, "in_flight": in_flight,
@@ -200,9 +200,9 @@ async def _ledger_runs(cluster: LocalCluster, entries: int, in_flight: int, late
         handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
         latencies = []
         for index in range(latency_entries):
-            sent = time.perf_counter()
+            sent = perf_s()
             await handle.append(event_payload(index, 1024))
-            latencies.append(time.perf_counter() - sent)
+            latencies.append(perf_s() - sent)
         runs.append({"run": "sequential", "entries": latency_entries, "entry_bytes": 1024,
                      "in_flight": 1, **percentiles(latencies)})
         await handle.close()
@@ -256,20 +256,20 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, A
 
     async def follow() -> None:
         async for entry in reader.tail(0, poll_timeout_ms=1000):
-            latencies.append(time.perf_counter() - sent_at[entry.entry_id])
+            latencies.append(perf_s() - sent_at[entry.entry_id])
             if entry.entry_id == count - 1:
                 return
 
     tail = asyncio.create_task(follow())
     interval_s = 1 / rate_per_s
-    started = time.perf_counter()
+    started = perf_s()
     for index in range(count):
-        delay_s = started + index * interval_s - time.perf_counter()
+        delay_s = started + index * interval_s - perf_s()
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        sent_at[index] = time.perf_counter()
+        sent_at[index] = perf_s()
         handle.append_async(event_payload(index, 100))
-    offered_s = time.perf_counter() - started
+    offered_s = perf_s() - started
     async with asyncio.timeout(60):
         await tail
     await handle.close()

@@ -7,10 +7,10 @@ import os
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bookkeeper.clock import perf_s
 from tools.bench.common import mb_per_s, percentiles
 
 JOURNAL_WRITE_BYTES = 4096
@@ -20,13 +20,13 @@ SEQUENTIAL_CHUNK_BYTES = 1 << 20
 def _synced_writes(fd: int, count: int, write: Callable[[int], object]) -> tuple[float, list[float]]:
     """`count` times `write(index)` then fdatasync: total seconds and each write's latency."""
     latencies = []
-    started = time.perf_counter()
+    started = perf_s()
     for index in range(count):
-        sent = time.perf_counter()
+        sent = perf_s()
         write(index)
         os.fdatasync(fd)
-        latencies.append(time.perf_counter() - sent)
-    return time.perf_counter() - started, latencies
+        latencies.append(perf_s() - sent)
+    return perf_s() - started, latencies
 
 
 def _journal_writes(path: Path, count: int, zero_filled: bool) -> dict[str, Any]:
@@ -85,15 +85,15 @@ def _loopback_round_trips(count: int, message_bytes: int = 64) -> dict[str, Any]
     latencies = []
     with socket.create_connection(listener.getsockname()) as client:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        started = time.perf_counter()
+        started = perf_s()
         for _ in range(count):
-            sent = time.perf_counter()
+            sent = perf_s()
             client.sendall(message)
             received = 0
             while received < message_bytes:
                 received += len(client.recv(message_bytes - received))
-            latencies.append(time.perf_counter() - sent)
-        elapsed_s = time.perf_counter() - started
+            latencies.append(perf_s() - sent)
+        elapsed_s = perf_s() - started
     server.join(5)
     listener.close()
     return {"run": f"loopback TCP {message_bytes}B ping-pong", "operations": count,

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from typing import Any
 
 from bookkeeper.autorecovery.policy import bookies_named
 from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.client import BookKeeper
+from bookkeeper.clock import monotonic_s, perf_s
 from bookkeeper.errors import DlogError
 from bookkeeper.protocol.quorum import write_set
 from tools.bench.common import PASSWORD, bookie_args, event_payload, local_cluster, percentiles
@@ -57,20 +57,20 @@ async def _run(cluster: LocalCluster, size_bytes: int, entry_bytes: int, writer_
         ledgers, held_entries, held_bytes = await _fill(client, victim, size_bytes, entry_bytes)
         baseline = await _writer(client, writer_rate, writer_seconds)
         copied_before = await asyncio.to_thread(_copied, cluster)
-        lost_at = time.monotonic()
+        lost_at = monotonic_s()
         cluster.kill_bookie(0)
         shutil.rmtree(cluster.bookies[0].data_dir)
         await asyncio.to_thread(cluster.replace_bookie, 0)
         while victim in {info.bookie_id for info in await client.store.bookies()}:
             await asyncio.sleep(POLL_S)
-        detected_at = time.monotonic()
+        detected_at = monotonic_s()
         stop = asyncio.Event()
         during = asyncio.ensure_future(_writer(client, writer_rate, RECOVERY_TIMEOUT_S, stop))
         try:
             await _until_replicated(client, RecoveryStore(client.store.zk, cluster.zk_root), ledgers, victim)
         finally:
             stop.set()
-        done_at = time.monotonic()
+        done_at = monotonic_s()
         during_run = await during
     copied = [after - before for after, before in zip(await asyncio.to_thread(_copied, cluster), copied_before)]
     recovery_s = max(done_at - detected_at, 1e-6)
@@ -120,12 +120,12 @@ async def _writer(client: BookKeeper, rate: int, seconds: float,
     payload = event_payload(1, WRITER_ENTRY_BYTES)
     latencies: list[float] = []
     pending: set[asyncio.Future[Any]] = set()
-    started = time.monotonic()
+    started = monotonic_s()
     sent = 0
-    while time.monotonic() - started < seconds and not (stop is not None and stop.is_set()):
+    while monotonic_s() - started < seconds and not (stop is not None and stop.is_set()):
         due = started + sent / rate
-        if due > time.monotonic():
-            await asyncio.sleep(due - time.monotonic())
+        if due > monotonic_s():
+            await asyncio.sleep(due - monotonic_s())
         if len(pending) >= WRITER_IN_FLIGHT_MAX:
             _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         pending.add(asyncio.ensure_future(_timed(handle.append_async(payload), latencies)))
@@ -136,15 +136,15 @@ async def _writer(client: BookKeeper, rate: int, seconds: float,
 
 
 async def _timed(future: asyncio.Future[int], latencies: list[float]) -> None:
-    started = time.perf_counter()
+    started = perf_s()
     await future
-    latencies.append(time.perf_counter() - started)
+    latencies.append(perf_s() - started)
 
 
 async def _until_replicated(client: BookKeeper, store: RecoveryStore, ledgers: list[int], victim: str) -> None:
-    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    deadline = monotonic_s() + RECOVERY_TIMEOUT_S
     remaining = list(ledgers)
-    while time.monotonic() < deadline:
+    while monotonic_s() < deadline:
         await asyncio.sleep(POLL_S)
         try:
             if await store.count_marks():

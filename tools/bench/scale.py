@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import time
 from typing import Any, Sequence
 
+from bookkeeper.clock import perf_s
 from bookkeeper.errors import DlogError
 from tools.bench.common import (
     NAMESPACE,
@@ -68,7 +68,7 @@ async def _open_writers(ns: Any, names: list[str]) -> list[Any]:
 async def _round_robin(writers: list[Any], values: list[bytes], offer: bool = False) -> float:
     """Write `values` one by one over the writers in turn (`write_nowait`, or with `offer` the
     fast path with no future per record); seconds until all are durable."""
-    started = time.perf_counter()
+    started = perf_s()
     futures = []
     for index, value in enumerate(values):
         writer = writers[index % len(writers)]
@@ -84,7 +84,7 @@ async def _round_robin(writers: list[Any], values: list[bytes], offer: bool = Fa
         await asyncio.gather(*(writer.flush() for writer in writers))
     else:
         await asyncio.gather(*futures)
-    return time.perf_counter() - started
+    return perf_s() - started
 
 
 async def spread_run(ns: Any, stream_count: int, values: list[bytes], offer: bool = False) -> dict[str, Any]:
@@ -92,9 +92,9 @@ async def spread_run(ns: Any, stream_count: int, values: list[bytes], offer: boo
     The producer lets the event loop run every PRODUCER_YIELD_RECORDS records, as one fed by a
     socket would, so each writer's linger timer fires on time and entries hold what arrived."""
     names = [f"scale-{'offer' if offer else 'write'}-{stream_count}-{index}" for index in range(stream_count)]
-    started = time.perf_counter()
+    started = perf_s()
     writers = await _open_writers(ns, names)
-    open_s = time.perf_counter() - started
+    open_s = perf_s() - started
     meter = CpuMeter().start()
     try:
         elapsed_s = await _round_robin(writers, values, offer)
@@ -181,7 +181,7 @@ async def _backlog_reader(zk: str, stream: str, records: int, connection: Any) -
         connection.send({"rss_before_mb": rss_mb(), "peak_since": "reader opened" if reset else "process start"})
         await loop.run_in_executor(None, connection.recv)  # every record is written now
         behind_mb = sampled_mb = rss_mb()
-        started = time.perf_counter()
+        started = perf_s()
         read = entries = 0
         while read < records:
             entry = await reader.next_entry(timeout_s=30)
@@ -191,7 +191,7 @@ async def _backlog_reader(zk: str, stream: str, records: int, connection: Any) -
             entries += 1
             if entries % 16 == 0:
                 sampled_mb = max(sampled_mb, rss_mb())
-        elapsed_s = time.perf_counter() - started
+        elapsed_s = perf_s() - started
         await reader.close()
         after_mb = rss_mb()
         # VmHWM misses pages an allocator handed back with madvise, so samples count too

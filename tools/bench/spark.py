@@ -19,12 +19,12 @@ import asyncio
 import os
 import sys
 import tempfile
-import time
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bookkeeper.clock import perf_s
 from dlog.segments.codec import DEFAULT_SCHEMA
 from tools.cluster import LocalCluster
 
@@ -61,7 +61,7 @@ async def _write_input(cluster: LocalCluster, records: int, batch_records: int) 
             await ns.create_stream(name)
         async with await ns.open_writer("warm") as writer:
             await writer.write_batch(event_batch(0, 1000))
-        started = time.perf_counter()
+        started = perf_s()
         async with await ns.open_writer("input") as writer:
             pending: list[asyncio.Future[Any]] = []
             for start in range(0, records, batch_records):
@@ -70,7 +70,7 @@ async def _write_input(cluster: LocalCluster, records: int, batch_records: int) 
                 if len(pending) >= 8:
                     await pending.pop(0)
             await asyncio.gather(*pending)
-        elapsed_s = time.perf_counter() - started
+        elapsed_s = perf_s() - started
         info = await ns.stream_info("input")
     segments = info["segments"]
     return {"run": "dlog write_batch (input)", "records": records, "seconds": round(elapsed_s, 2),
@@ -97,12 +97,12 @@ def _session(master: str, shuffle_partitions: int, conf: dict[str, str] | None =
 
 
 def _available_now(query_writer: Any) -> float:
-    started = time.perf_counter()
+    started = perf_s()
     query = query_writer.trigger(availableNow=True).start()
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"benchmark query failed: {query.exception()}")
-    return time.perf_counter() - started
+    return perf_s() - started
 
 
 def _spark_runs(spark: Any, options: dict[str, str], records: int, partitions: int, directory: str) -> list[dict]:
@@ -125,9 +125,9 @@ def _spark_runs(spark: Any, options: dict[str, str], records: int, partitions: i
         f"cast(concat('k', cast(id % {KEYS} as string)) as binary) as key",
         "cast(rpad(concat('{\"n\":', cast(id as string), ',\"action\":\"view\",\"user\":\"u', "
         "cast((id * 7919) % 1000003 as string), '\"}'), 100, ' ') as binary) as value")
-    started = time.perf_counter()
+    started = perf_s()
     rows.write.format("dlog").options(**options).option("stream", "sink").mode("append").save()
-    elapsed_s = time.perf_counter() - started
+    elapsed_s = perf_s() - started
     runs.append({"run": "sink: df.write.format('dlog') of generated rows", "records": records,
                  "seconds": round(elapsed_s, 2), "rows_per_s": round(records / elapsed_s)})
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from typing import Any, Sequence
 
 import pyarrow.compute as pc
 
+from bookkeeper.clock import perf_s
 from bookkeeper.errors import DlogError
 from dlog.segments.codec import records_to_batch
 from tools.bench.common import (
@@ -32,14 +32,14 @@ async def _write_batch_run(ns: Any, stream: str, values: list[bytes], batch_reco
     batches = [records_to_batch(values[start: start + batch_records])
                for start in range(0, len(values), batch_records)]
     async with ns.open_writer(stream) as writer:
-        started = time.perf_counter()
+        started = perf_s()
         pending: list[asyncio.Future[Any]] = []
         for batch in batches:
             pending.append(asyncio.ensure_future(writer.write_batch(batch)))
             if len(pending) >= in_flight:
                 await pending.pop(0)
         await asyncio.gather(*pending)
-        elapsed_s = time.perf_counter() - started
+        elapsed_s = perf_s() - started
     raw_bytes = sum(map(len, values))
     stored = await stored_totals(ns, stream)
     return {"run": "write_batch", "records": len(values), "batch_records": batch_records,
@@ -53,7 +53,7 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
     await ns.create_stream(stream)
     async with ns.open_writer(stream) as writer:
         meter = CpuMeter().start()
-        started = time.perf_counter()
+        started = perf_s()
         pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         for value in values:
             if not writer.writable:
@@ -64,7 +64,7 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
         await writer.flush()
         for future in pending:
             future.result()
-        elapsed_s = time.perf_counter() - started
+        elapsed_s = perf_s() - started
         cpu = meter.per_op(len(values))
     return await _per_record_result(ns, stream, "write", values, elapsed_s, cpu)
 
@@ -75,14 +75,14 @@ async def offer_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]
     await ns.create_stream(stream)
     async with ns.open_writer(stream) as writer:
         meter = CpuMeter().start()
-        started = time.perf_counter()
+        started = perf_s()
         offer = writer.offer
         for value in values:
             if not writer.writable:
                 await writer.wait_writable()
             offer(value)
         await writer.flush()
-        elapsed_s = time.perf_counter() - started
+        elapsed_s = perf_s() - started
         cpu = meter.per_op(len(values))
     return await _per_record_result(ns, stream, "offer", values, elapsed_s, cpu)
 
@@ -103,12 +103,12 @@ async def sequential_run(ns: Any, stream: str, values: list[bytes]) -> dict[str,
     await ns.create_stream(stream)
     latencies: list[float] = []
     async with ns.open_writer(stream) as writer:
-        started = time.perf_counter()
+        started = perf_s()
         for value in values:
-            before = time.perf_counter()
+            before = perf_s()
             await writer.write(value)
-            latencies.append(time.perf_counter() - before)
-        elapsed_s = time.perf_counter() - started
+            latencies.append(perf_s() - before)
+        elapsed_s = perf_s() - started
     return {"run": "sequential", "records": len(values), "records_per_s": round(len(values) / elapsed_s),
             **percentiles(latencies)}
 
@@ -118,13 +118,13 @@ async def read_run(ns: Any, stream: str) -> dict[str, Any]:
     batches (`next_entry`), without following the tail."""
     stored = await stored_totals(ns, stream)
     reader = await ns.open_reader(stream, follow=False)
-    started = time.perf_counter()
+    started = perf_s()
     records = entries = raw_bytes = 0
     while (entry := await reader.next_entry()) is not None:
         records += entry.batch.num_rows
         raw_bytes += pc.sum(pc.binary_length(entry.batch.column("value"))).as_py() or 0
         entries += 1
-    elapsed_s = time.perf_counter() - started
+    elapsed_s = perf_s() - started
     await reader.close()
     return {"run": "read", "records": records, "entries": entries, "segments": stored["segments"],
             "as": "arrow batches", "records_per_s": round(records / elapsed_s),
@@ -147,21 +147,21 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
             entry = await reader.next_entry(timeout_s=30)
             if entry is None:
                 raise DlogError(f"the tailing reader of stream {stream!r} stalled for 30 s")
-            now = time.perf_counter()
+            now = perf_s()
             for value in entry.batch.column("value").to_pylist():
                 latencies.append(now - sent_at[int(value[-8:])])
 
     task = asyncio.create_task(follow())
-    started = time.perf_counter()
+    started = perf_s()
     written = 0
     while written < count:
-        due = min(count, int((time.perf_counter() - started) * rate_per_s) + 1)
+        due = min(count, int((perf_s() - started) * rate_per_s) + 1)
         while written < due:
-            sent_at[written] = time.perf_counter()
+            sent_at[written] = perf_s()
             writer.write_nowait(values[written])
             written += 1
         await asyncio.sleep(0.001)
-    offered_s = time.perf_counter() - started
+    offered_s = perf_s() - started
     async with asyncio.timeout(60):
         await task
     await reader.close()

@@ -15,9 +15,8 @@ from typing import Any
 import click
 
 from bookkeeper.errors import ConfigError, DlogError
-from tools.autorecovery_options import pop_recovery, recovery_options, recovery_settings
+from tools.bookie_settings import pop_recovery, recovery_options, recovery_settings
 from tools.cli.common import (
-    DURATION,
     fails_cleanly,
     json_option,
     print_table,
@@ -25,7 +24,7 @@ from tools.cli.common import (
     with_zk,
     zk_option,
 )
-from tools.units import format_time_ms
+from tools.units import DURATION, format_time_ms
 
 
 @click.group(invoke_without_command=True)
@@ -54,7 +53,7 @@ def autorecovery(ctx: click.Context, **_: Any) -> None:
     from tools.config import layered_params
 
     params = layered_params(ctx, "autorecovery", "DLOG_BOOKIE_")
-    settings = recovery_settings(**pop_recovery(params))
+    settings = recovery_settings(pop_recovery(params))
     identity = params["identity"] or f"autorecovery-{socket.gethostname()}-{os.getpid()}"
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

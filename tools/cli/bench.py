@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 import click
 
 from tools.bench.plots import plot_dir_checked, plot_latency, plot_scale
-from tools.cli.common import SIZE, fails_cleanly, json_option, print_table
+from tools.cli.common import fails_cleanly, json_option, print_table
+from tools.units import SIZE
 
 LEDGER_SWEEP_RATES = (500, 1000, 2000, 5000)
 TAIL_SWEEP_RATES = (500, 1000, 2000, 5000, 10_000)

@@ -1,5 +1,5 @@
-"""What every `dlog` command shares: cluster options, `--json`, size and duration types, one-line
-errors, tables, and running a coroutine against a cluster. Command modules import from here and
+"""What every `dlog` command shares: cluster options, `--json`, one-line errors, tables, and running
+a coroutine against a cluster (the size and duration types are tools.units'). Command modules import from here and
 never from each other or from `tools.cli.app`."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import click
 from bookkeeper.errors import DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
 from tools.interrupts import Interrupts
-from tools.units import parse_duration_ms, parse_size
 
 DEFAULT_ZK = "127.0.0.1:2181"
 PIPED_TABLE_WIDTH = 240
@@ -97,26 +96,6 @@ def fails_cleanly(function: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return wrapper
-
-
-class ParsedType(click.ParamType):
-    """A click type from one of tools.units' parsers, so a bad value gets its one-line message."""
-
-    def __init__(self, name: str, parse: Callable[[str], int]) -> None:
-        self.name = name
-        self.parse = parse
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
-            return value
-        try:
-            return self.parse(value)
-        except DlogError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-SIZE = ParsedType("size", parse_size)
-DURATION = ParsedType("duration", parse_duration_ms)
 
 
 async def with_zk(zk: str, action: Callable[[Any], Any]) -> Any:

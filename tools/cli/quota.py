@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from tools.cli.common import SIZE, fails_cleanly, json_option, with_zk, zk_option
-from tools.units import format_size
+from tools.cli.common import fails_cleanly, json_option, with_zk, zk_option
+from tools.units import SIZE, format_size
 
 
 @click.group()

@@ -10,11 +10,11 @@ import json
 import os
 import re
 import sys
-import time
 from typing import Any
 
 import click
 
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError
 from tools.cli.common import cluster_options, fails_cleanly, json_option, run_namespace
 from tools.positions import parse_start
@@ -114,19 +114,19 @@ class Committer:
         self.ns, self.name, self.subscription = ns, name, subscription
         self.every_records, self.interval_s = every_records, interval_s
         self._uncommitted = 0
-        self._last_s = time.monotonic()
+        self._last_s = monotonic_s()
         self._committed: Any = None
 
     async def after_record(self, position: Any) -> None:
         self._uncommitted += 1
-        if self._uncommitted >= self.every_records or time.monotonic() - self._last_s >= self.interval_s:
+        if self._uncommitted >= self.every_records or monotonic_s() - self._last_s >= self.interval_s:
             await self.commit(position)
 
     async def commit(self, position: Any) -> None:
         if self.subscription is None or position is None or position == self._committed:
             return
         await self.ns.commit_subscription(self.name, self.subscription, position)
-        self._committed, self._uncommitted, self._last_s = position, 0, time.monotonic()
+        self._committed, self._uncommitted, self._last_s = position, 0, monotonic_s()
 
 
 @click.command("read")

@@ -11,10 +11,8 @@ from typing import Any
 import click
 
 from bookkeeper.errors import DlogError
-
-from tools.autorecovery_options import delay_option
+from tools.bookie_settings import delay_option
 from tools.cli.common import fails_cleanly, zk_option
-
 
 ZK_PORT_DEFAULT = 2181
 

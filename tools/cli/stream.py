@@ -8,17 +8,14 @@ from typing import Any
 import click
 
 from bookkeeper.errors import ConfigError
-
 from tools.cli.common import (
-    DURATION,
-    SIZE,
     cluster_options,
     fails_cleanly,
     json_option,
     print_table,
     run_namespace,
 )
-from tools.units import format_duration_ms, format_size, format_time_ms, plural
+from tools.units import DURATION, SIZE, format_duration_ms, format_size, format_time_ms, plural
 
 
 @click.group()

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from bookkeeper.errors import ConfigError
-from tools.cli.common import DURATION, fails_cleanly, zk_option
+from tools.cli.common import fails_cleanly, zk_option
+from tools.units import DURATION
 
 
 @click.group()

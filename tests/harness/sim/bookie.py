@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bookkeeper.bookie.adds import journaled_entries
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.connection import ClientConnection
-from bookkeeper.bookie.server import BookieServer, ServerLimits
+from bookkeeper.bookie.limits import ServerLimits
+from bookkeeper.bookie.server import BookieServer
 from bookkeeper.protocol.batch import AddBatchRequest, ReadRangeRequest
 from bookkeeper.protocol.entry import ENTRY_HEADER, ENTRY_HEADER_BYTES
 from bookkeeper.protocol.wire import (
@@ -32,6 +33,7 @@ from bookkeeper.protocol.wire import (
     ReadRequest,
     WriteLacRequest,
 )
+from tests.harness.streamsim.loop import SimulatedClock
 
 from .disk import MemoryJournal, MemoryStorage
 
@@ -72,7 +74,7 @@ class BookieProcess:
             self.core.replay_record(record)
         for entry_id in sorted(self.damaged):
             self.storage.damage(self.ledger_id, entry_id)
-        self.server = BookieServer(self.core, ServerLimits(), self._info)
+        self.server = BookieServer(self.core, ServerLimits(), self._info, clock=SimulatedClock(self.world.loop))
         handlers = self.server.handlers
         for kind in (AddRequest, AddBatchRequest, ReadRequest, ReadRangeRequest, WriteLacRequest):
             handlers[kind] = self._watched(kind, handlers[kind])

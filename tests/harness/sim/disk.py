@@ -28,7 +28,7 @@ Pending = tuple[bytes, Callable[[object], None], object]
 
 
 class MemoryJournal:
-    """The journal port (`bookkeeper.bookie.bookie.JournalPort`) on simulated time."""
+    """The journal port (`bookkeeper.bookie.ports.JournalPort`) on simulated time."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random,
                  on_durable: Callable[[list[bytes]], None]) -> None:
@@ -104,7 +104,7 @@ class MemoryJournal:
 
 
 class MemoryStorage:
-    """The ledger storage port (`bookkeeper.bookie.bookie.StoragePort`): volatile, damageable."""
+    """The ledger storage port (`bookkeeper.bookie.ports.StoragePort`): volatile, damageable."""
 
     def __init__(self, on_added: Callable[[int, list[tuple[int, bytes]]], None] | None = None) -> None:
         self.on_added = on_added  # every add_entries call (the simulation records acceptances)

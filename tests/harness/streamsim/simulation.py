@@ -129,7 +129,7 @@ class StreamSimulation:
         self.faulting = True
         self.blips = 0.0  # probability of a store call failing, while a blip window is open
         self.delay_s = (0.0, 0.002)
-        self.metadata = MemoryMetadata(faults=self._store_fault, delay=self._store_delay)
+        self.metadata = MemoryMetadata(faults=self._store_fault, delay=self._store_delay, clock=self.clock)
         self.ledgers = SimLedgers(self.rng, self.loop, on_fault=self._ledger_fault)
         self.writers: dict[str, WriterFamily] = {}
         self.readers: dict[str, ReaderFamily] = {}
