@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper
@@ -17,6 +18,11 @@ from bookkeeper.meta.zkserver import EmbeddedZooKeeper
 # for it forever. A handled signal is reset to the default in a child, so handle it here.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Property tests judge behaviour, not speed: hypothesis's per-example deadline (200 ms) and its
+# too-slow health check failed a name round trip on a machine loaded by the rest of the suite.
+settings.register_profile("dlog", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("dlog")
 
 # ------------------------------------------------------------------------------ ZooKeeper
 
