@@ -25,8 +25,9 @@ by every live record. `lag_known` is false when some segment's records could not
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
 from dlog.context import StreamContext

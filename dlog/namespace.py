@@ -18,20 +18,33 @@ from __future__ import annotations
 import datetime
 import logging
 import random
+from collections.abc import Awaitable, Callable, Generator
 from functools import partial
-from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
+import dlog.describe as describe  # (not `from dlog import`: the package imports this module)
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
-from bookkeeper.errors import (ConfigError, DlogError, MetadataContentionError, MetadataPermissionError,
-                               MetadataVersionError, NoSuchLedgerError, QuotaExceededError)
+from bookkeeper.errors import (
+    ConfigError,
+    DlogError,
+    MetadataContentionError,
+    MetadataPermissionError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    QuotaExceededError,
+)
 from bookkeeper.meta import layout
 from bookkeeper.retry import Backoff, retry
 from bookkeeper.security.quota import Quota
-from bookkeeper.security.settings import (SecuritySettings, load_client_settings, load_cluster_table,
-                                          seal_new_password, unseal_password)
-import dlog.describe as describe  # (not `from dlog import`: the package imports this module)
+from bookkeeper.security.settings import (
+    SecuritySettings,
+    load_client_settings,
+    load_cluster_table,
+    seal_new_password,
+    unseal_password,
+)
 from dlog.context import StreamContext
 from dlog.core import changes
 from dlog.core.errors import StreamBusyError

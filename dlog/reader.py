@@ -354,7 +354,7 @@ class StreamReader:
             try:
                 async with asyncio.timeout(remaining_s):
                     await self._queued.wait()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
         if item == END:
             self._done = True
@@ -462,7 +462,7 @@ def _first_ms_at_or_after(moment: datetime.datetime) -> int:
     way); a naive datetime is local time, as on the command line."""
     if moment.tzinfo is None:
         moment = moment.astimezone()
-    elapsed = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    elapsed = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
     return -(-elapsed // datetime.timedelta(milliseconds=1))
 
 

@@ -39,8 +39,8 @@ from bookkeeper.client.ledger import LedgerHandle
 from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError
 from dlog.names import check_stream_name
-from dlog.segments.store import StreamNotFoundError
 from dlog.segments.codec import RecordSetCodec, split_batch
+from dlog.segments.store import StreamNotFoundError
 from spark.connection import Connection, connection
 from spark.options import ROUTE_COLUMN, SinkOptions, StreamCreation
 from spark.schema import sink_batch

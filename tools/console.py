@@ -36,9 +36,9 @@ import binascii
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from bookkeeper.errors import ConfigError, DlogError
 from dlog.core.errors import LedgerDeletedError, WriterAbortedError

@@ -138,7 +138,7 @@ class EntryCopier:
                         self.pool.next_request_id(), self.ledger_id, entry_id))
                 verify(answer.packed_entry, self.ledger_id, entry_id, self.digest)
                 return answer.packed_entry
-            except (DlogError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, DlogError) as exc:
                 problems.append(f"{source}: {type(exc).__name__} {exc}".strip())
         raise EntryUnavailableError(
             f"no good copy of entry {self.ledger_id}:{entry_id} on "

@@ -67,6 +67,6 @@ async def _ask(pool: BookiePool, bookie: str, ledger_id: int, first: int, count:
             answer = await pool.send(bookie, request)
     except NoSuchLedgerError:
         return [(ReplicaState.ABSENT, 0)] * count
-    except (DlogError, asyncio.TimeoutError):
+    except (TimeoutError, DlogError):
         return [(ReplicaState.UNREACHABLE, 0)] * count
     return [(STATES[state], crc) for state, crc in answer.entries]

@@ -115,7 +115,7 @@ class ReplicationWorker:
             try:
                 async with asyncio.timeout(self.settings.marks_poll_interval_s):
                     await self._wake.wait()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def repair_next(self) -> bool:

@@ -20,8 +20,8 @@ callback tells when a TLS connection's lower layer drained), which also lets blo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import Hashable, Protocol, TypeVar
+from collections.abc import Hashable, Iterable
+from typing import Protocol, TypeVar
 
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.clock import SYSTEM_CLOCK, Clock

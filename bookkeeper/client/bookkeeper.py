@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from bookkeeper.client.connection import ConnectSecurity, Dial
 from bookkeeper.client.ledger import LedgerHandle, ReadHandle, RecoveryDriver
 from bookkeeper.client.placement import choose_ensemble
-from bookkeeper.client.connection import ConnectSecurity, Dial
 from bookkeeper.client.pool import BookiePool
 from bookkeeper.client.settings import ClientSettings, DriverContext
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
@@ -79,9 +79,8 @@ class BookKeeper:
 
     async def start(self) -> BookKeeper:
         if self.store is None:
-            from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
-
             from bookkeeper.meta.acl import zk_options
+            from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
 
             self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,  # type: ignore[arg-type]
                                                               timeout_s=self.settings.zk_timeout_s,

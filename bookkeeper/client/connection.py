@@ -12,9 +12,9 @@ import asyncio
 import itertools
 import socket
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import (
@@ -134,7 +134,7 @@ class BookieConnection(asyncio.Protocol):
         except ssl.SSLError as exc:
             raise BookieUnavailableError(f"TLS with bookie {address} failed: {exc.reason or exc} (does "
                                          "it serve TLS?)") from exc
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise BookieUnavailableError(f"cannot connect to bookie {address}: {exc!r}") from exc
         if security.authenticates:
             await connection.authenticate(security)

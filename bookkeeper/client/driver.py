@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from bookkeeper.client.batcher import plan_range_reads
 from bookkeeper.errors import (

@@ -15,7 +15,8 @@ over its simulated network.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bookkeeper.client.batcher import AddBatcher, AddSink
 from bookkeeper.client.connection import (

@@ -8,8 +8,9 @@ allocation order (a compare-and-set counter, not a batch per client).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from bookkeeper.errors import MetadataVersionError, NoSuchLedgerError
 from bookkeeper.protocol.metadata import LedgerMetadata

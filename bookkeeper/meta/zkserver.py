@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Callable
 
 from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError, MetadataError

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bookkeeper.errors import (
     LedgerIdsExhaustedError,

@@ -57,8 +57,7 @@ class TokenKey:
     def verifying_key(self) -> bytes | object:
         if self.algorithm == "HS256":
             return self.key
-        from cryptography.hazmat.primitives.serialization import (load_pem_private_key,
-                                                                  load_pem_public_key)
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
         if b"PRIVATE KEY" in self.key:
             return load_pem_private_key(self.key, None).public_key()
         return load_pem_public_key(self.key)

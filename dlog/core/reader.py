@@ -38,17 +38,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from bookkeeper.errors import DlogError, invariant
+from dlog.core import snapshot
 from dlog.core.effects import (
     CancelWait,
     OpenSegment,
-    ReaderOpened,
     ReadEntries,
+    ReaderOpened,
     ReadSegments,
     SetTimer,
     WaitForEntry,
     WakeReaders,
 )
-from dlog.core import snapshot
 from dlog.core.errors import OffsetOutOfRangeError, TruncatedError
 from dlog.core.snapshot import Cursor
 from dlog.offsets import Offset

@@ -225,7 +225,7 @@ class MemorySegmentStore:
             try:
                 async with asyncio.timeout(remaining_s):
                     await stream.lock_changed.wait()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def unlock(self, token: str) -> None:

@@ -27,8 +27,8 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from bookkeeper.clock import SYSTEM_CLOCK, Clock, wall_ms
 from bookkeeper.errors import (
@@ -218,7 +218,7 @@ class ZooKeeperSegmentStore:
                 try:
                     async with asyncio.timeout(min(remaining_s, LOCK_POLL_S)):
                         await changed.wait()
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         except BaseException:
             await _quietly(self.unlock(ours))

@@ -151,7 +151,7 @@ def test_bench_scale_spreads_the_same_records_and_reports_reader_memory():
         assert run["records_per_entry"] == round(600 / run["entries"], 1)
     [memory] = result["memory"]
     assert memory["records"] == memory["records_read"] == 3000 and memory["entries"] == 30
-    assert 0 < memory["rss_before_mb"] and memory["read_ahead_entries"] == 256
+    assert memory["rss_before_mb"] > 0 and memory["read_ahead_entries"] == 256
     assert memory["rss_peak_mb"] >= max(memory["rss_behind_mb"], memory["rss_after_mb"])
 
 

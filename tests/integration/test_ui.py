@@ -282,7 +282,7 @@ async def run_chromium(binary: str, profile: Path, *arguments: str) -> str:
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), CHROMIUM_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         process.kill()
         await process.wait()
         raise AssertionError(f"chromium did not finish within {CHROMIUM_TIMEOUT_S} s") from None

@@ -8,8 +8,15 @@ from __future__ import annotations
 import pytest
 
 from bookkeeper.errors import ConfigError
-from dlog.serve.group_messages import (NO_GENERATION, NO_MEMBER, GroupLimits, GroupState, JoinResult, Protocol,
-                                       SyncResult)
+from dlog.serve.group_messages import (
+    NO_GENERATION,
+    NO_MEMBER,
+    GroupLimits,
+    GroupState,
+    JoinResult,
+    Protocol,
+    SyncResult,
+)
 from dlog.serve.kafka.errors import ErrorCode
 from tests.serve.group_story import DELAY_MS, GROUP, REBALANCE_MS, SESSION_MS, Story
 

@@ -9,9 +9,10 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from bookkeeper.clock import monotonic_s, perf_s
 from bookkeeper.errors import DlogError

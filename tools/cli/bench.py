@@ -13,8 +13,9 @@ import json
 import shutil
 import sys
 import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 

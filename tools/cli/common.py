@@ -8,7 +8,8 @@ import asyncio
 import functools
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -127,7 +128,7 @@ async def http_get_json(url: str) -> Any:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             async with session.get(url, headers=headers, ssl=ssl_context or True) as response:
                 return await response.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         raise DlogError(f"cannot reach {url}: {exc!r}") from exc
 
 

@@ -235,7 +235,7 @@ def _malformed(api: Api, header: RequestHeader, body_bytes: int, problem: str) -
 def encode_response(header: RequestHeader, response: ApiMessage) -> bytes:
     """The framed answer to the request with `header`: size, response header v0 (its correlation
     id), and `response` encoded at the request's version."""
-    invariant(response.API_KEY == header.api_key,
+    invariant(header.api_key == response.API_KEY,
               f"a {api_name(response.API_KEY)} response cannot answer a {api_name(header.api_key)} request")
     body = response.encode(version=header.api_version)
     return _SIZE.pack(len(body) + 4) + struct.pack(">i", header.correlation_id) + bytes(body)
