@@ -64,7 +64,7 @@ async def _missing_ledgers(context: StreamContext, ledger_ids: list[int]) -> set
             return False
 
     found = await asyncio.gather(*(missing(ledger_id) for ledger_id in ledger_ids))
-    return {ledger_id for ledger_id, gone in zip(ledger_ids, found) if gone}
+    return {ledger_id for ledger_id, gone in zip(ledger_ids, found, strict=True) if gone}
 
 
 async def _summary(context: StreamContext, segment: Segment, ledger_missing: bool) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def first_offset(segments: list[dict[str, Any]]) -> str | None:
 
 async def last_offset(context: StreamContext, segments: list[Segment], summaries: list[dict[str, Any]]) -> str | None:
     """The last record's offset: one read of the last entry's header (None if none or unreadable)."""
-    for segment, item in reversed(list(zip(segments, summaries))):
+    for segment, item in reversed(list(zip(segments, summaries, strict=True))):
         if item["state"] == "truncated" or item["damaged"] or not item["records"] or item["last_entry"] is None:
             continue
         entry_id = item["last_entry"]  # confirmed: the LAC just read, or a completed segment's last entry

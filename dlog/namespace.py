@@ -126,7 +126,8 @@ class Namespace:
             await self.close()
             raise MetadataPermissionError(
                 f"namespace {self.name!r} is not open to this client's ZooKeeper identity "
-                f"({self.security.zk_user or 'none: no client.toml given'}): an admin creates it and its credentials with "
+                f"({self.security.zk_user or 'none: no client.toml given'}): an admin creates it and its "
+                f"credentials with "
                 f"`dlog token create --namespace {self.name} ...`") from exc
         return self
 

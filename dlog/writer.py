@@ -358,7 +358,7 @@ class StreamWriter:
         """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
             return self.codec.encode_entry(items[0], first_record_index)
-        values, keys, timestamps, headers = zip(*items)
+        values, keys, timestamps, headers = zip(*items, strict=True)
         if any(headers):
             return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
                                            first_record_index)
@@ -557,7 +557,7 @@ class StreamWriter:
 
     def _complete(self, effect: CompleteChunks) -> None:
         ledger_id, entry_id, slot, first_position = effect.ledger_id, effect.entry_id, 0, effect.first_position
-        for waiter, records in zip(effect.waiters, effect.records):
+        for waiter, records in zip(effect.waiters, effect.records, strict=True):
             if waiter is None:  # an offered record
                 pass
             elif type(waiter) is _BatchWaiter:

@@ -8,9 +8,10 @@ then creates one COMPLETED segment per ledger after `max_sequence` and records t
 the sink, in ONE compare-and-set change of the segment store (a `SegmentChange` with a
 `SinkCommit`). The new segments get their stream positions one after the other, in partition
 order, after the last segment (`changes.append_change`, which also assigns positions to a stream
-written before they existed, as a writer's open does; V4). A lost compare-and-set (truncation or retention changed the list) plans again. A batch id at or below the one
-recorded is a replay: nothing is appended and the replay's ledgers are deleted, unless the list
-already holds them (a retried commit whose first try went through).
+written before they existed, as a writer's open does; V4). A lost compare-and-set (truncation or
+retention changed the list) plans again. A batch id at or below the one recorded is a replay:
+nothing is appended and the replay's ledgers are deleted, unless the list already holds them (a
+retried commit whose first try went through).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class DirectoryLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        handle = open(self.path, "a+")
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open while the lock is held; release() closes it
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -201,9 +201,11 @@ async def _reacl_segment_ledgers(client: Any, path: str, namespace: str, bookkee
     for stream in streams:
         segments = f"{path}/streams/{stream}/segments"
         for name in await client.children(segments) if await client.exists(segments) else []:
-            ledger = ledger_path(bookkeeper_root, Segment.from_bytes((await client.get(f"{segments}/{name}"))[0]).ledger_id)
+            segment = Segment.from_bytes((await client.get(f"{segments}/{name}"))[0])
+            ledger = ledger_path(bookkeeper_root, segment.ledger_id)
             metadata = await client.get_or_none(ledger)
-            if metadata is not None and dict(LedgerMetadata.from_bytes(metadata[0]).custom).get("namespace") == namespace:
+            custom = dict(LedgerMetadata.from_bytes(metadata[0]).custom) if metadata is not None else {}
+            if custom.get("namespace") == namespace:
                 await client.set_acls(ledger, policy.acl_for(ledger, writers))
 
 

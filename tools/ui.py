@@ -346,7 +346,7 @@ class Collector:
         alive = [s for s in segments if s["state"] != "truncated"]
         found = await asyncio.gather(*(self._zk.exists(layout.ledger_path(self.options.bookkeeper_root,
                                                                            s["ledger"])) for s in alive))
-        for segment, exists in zip(alive, found):
+        for segment, exists in zip(alive, found, strict=True):
             if not exists:
                 segment["damaged"] = True
                 segment["note"] = f"DAMAGED: ledger {segment['ledger']} is missing, its records are lost"

@@ -42,7 +42,7 @@ async def check_chunk(pool: BookiePool, ledger_id: int, fragment: Fragment, writ
     members = [bookie for bookie in fragment.bookies if bookie in live]
     answers = await asyncio.gather(*(_ask(pool, bookie, ledger_id, first, count, timeout_s)
                                      for bookie in members))
-    by_bookie = dict(zip(members, answers))
+    by_bookie = dict(zip(members, answers, strict=True))
     size = len(fragment.bookies)
     verdicts, good, asked = {}, {}, 0
     for offset in range(count):

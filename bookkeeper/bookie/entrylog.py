@@ -67,7 +67,7 @@ def decode_ledger_map(blob: bytes) -> tuple[int, dict[int, int]]:
     if len(blob) % 16 != 8:
         raise BookieIOError(f"corrupt entry-log ledger map ({len(blob)} bytes)")
     flat = struct.unpack(f"<{len(blob) // 8}Q", blob)
-    return flat[0], dict(zip(flat[1::2], flat[2::2]))
+    return flat[0], dict(zip(flat[1::2], flat[2::2], strict=True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,7 +350,7 @@ class LedgerStorage:
                 for start in range(0, len(all_ids), CHECKPOINT_CHUNK_ENTRIES):
                     entry_ids = all_ids[start: start + CHECKPOINT_CHUNK_ENTRIES]
                     locations = self._log.append_entries(ledger_id, entry_ids, entries)
-                    for entry_id, location in zip(entry_ids, locations):
+                    for entry_id, location in zip(entry_ids, locations, strict=True):
                         record_bytes = RECORD_HEADER_BYTES + len(entries[entry_id])
                         puts.append((ledger_id, pack_key(_INDEX, ledger_id, entry_id),
                                      pack_value(location, record_bytes)))

@@ -17,6 +17,7 @@ range with stride 1 whose extra entries are ignored; anything sparser stays plai
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -136,7 +137,7 @@ def plan_range_reads(entry_ids: list[int]) -> tuple[list[tuple[int, int, int]], 
     first, last = ordered[0], ordered[-1]
     stride = ordered[1] - first
     if stride <= READ_RANGE_STRIDE_MAX and all(
-            later - earlier == stride for earlier, later in zip(ordered, ordered[1:])):
+            later - earlier == stride for earlier, later in itertools.pairwise(ordered)):
         return [(first, last, stride)], []
     if last - first + 1 <= 2 * len(ordered):
         return [(first, last, 1)], []

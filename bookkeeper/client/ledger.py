@@ -117,9 +117,8 @@ class LedgerHandle(EffectDriver):
                 _, future = futures.pop()
                 if not future.done():
                     future.set_exception(effect.error)
-        elif isinstance(effect, Finished):
-            if self._closed is not None and not self._closed.done():
-                self._closed.set_result(effect)
+        elif isinstance(effect, Finished) and self._closed is not None and not self._closed.done():
+            self._closed.set_result(effect)
         if not self._room.is_set() and self.machine.pending_count < self.pending_max:
             self._room.set()
 

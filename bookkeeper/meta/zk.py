@@ -163,7 +163,8 @@ async def refuse_unreachable(hosts: str, timeout_s: float = PROBE_TIMEOUT_S) -> 
         except socket.gaierror as exc:
             return f"cannot resolve host {host!r} ({exc.strerror})"
         except OSError as exc:
-            return f"{host}:{port} {'refused the connection' if isinstance(exc, ConnectionRefusedError) else exc.strerror}"
+            why = "refused the connection" if isinstance(exc, ConnectionRefusedError) else exc.strerror
+            return f"{host}:{port} {why}"
         writer.close()
         return None
 

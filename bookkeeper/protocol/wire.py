@@ -108,7 +108,8 @@ class AuthRequest:
     credentials: bytes = b""
 
     def __repr__(self) -> str:  # never print a token
-        return f"AuthRequest(request_id={self.request_id}, mechanism={self.mechanism}, credentials=<{len(self.credentials)} bytes>)"
+        return (f"AuthRequest(request_id={self.request_id}, mechanism={self.mechanism}, "
+                f"credentials=<{len(self.credentials)} bytes>)")
 
 
 @dataclass(frozen=True, slots=True)

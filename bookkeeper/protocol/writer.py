@@ -287,7 +287,7 @@ class LedgerWriter:
             return self._fail_all(NotEnoughBookiesError(
                 f"ledger {self.ledger_id}: bookies {', '.join(failed)} failed and only "
                 f"{len(candidates)} writable bookies are left to replace them"))
-        replacements = dict(zip(failed, self.rng.sample(candidates, len(failed))))
+        replacements = dict(zip(failed, self.rng.sample(candidates, len(failed)), strict=True))
         ensemble = tuple(replacements.get(bookie, bookie) for bookie in self.ensemble)
         proposed = self.metadata.with_ensemble(self.lac + 1, ensemble)
         if self.recovery:

@@ -95,7 +95,8 @@ _NAMESPACE_GRANTS: dict[Action, frozenset[str]] = {
     Action.METADATA_ADMIN: frozenset({"admin"}),
 }
 # what bookies may do: registration, and copies between bookies for re-replication
-_BOOKIE_GRANTS = frozenset({Action.REGISTER, Action.READ, Action.ADD, Action.FENCE, Action.INFO})  # FENCE: auto-recovery closes abandoned ledgers
+# FENCE: auto-recovery closes abandoned ledgers
+_BOOKIE_GRANTS = frozenset({Action.REGISTER, Action.READ, Action.ADD, Action.FENCE, Action.INFO})
 
 
 def decide(principal: Principal, action: Action, namespace: str | None = None) -> str | None:

@@ -171,7 +171,7 @@ class MemorySegmentStore:
                 result = change.applied_to(stream.listing)
                 check_segment_list(list(result.segments))
                 results.append(result)
-            for (name, _, change), result in zip(commits, results):
+            for (name, _, change), result in zip(commits, results, strict=True):
                 stream = self.metadata.stream(name)
                 stream.listing = result
                 sink = change.sink

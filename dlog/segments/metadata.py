@@ -268,9 +268,7 @@ class SegmentChange:
                 return False
         if any(listing.by_sequence(s.sequence) is not None for s in self.delete):
             return False
-        if self.sink is not None and (sink is None or sink.batch_id < self.sink.batch_id):
-            return False
-        return True
+        return self.sink is None or (sink is not None and sink.batch_id >= self.sink.batch_id)
 
 
 PROGRESS_FIELDS = ("state", "ledger_id", "first_entry", "last_entry", "records", "bytes",

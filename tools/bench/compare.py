@@ -273,12 +273,12 @@ def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight
         return runs
 
     runs = run_streams(fsync, dlog_side)
-    with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch:
-        with redis_server(server, Path(scratch), fsync) as port:
-            runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
-            if sequential:
-                runs.append(asyncio.run(_redis_sequential(port, sequential)))
-            runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
+    with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch, \
+            redis_server(server, Path(scratch), fsync) as port:
+        runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
+        if sequential:
+            runs.append(asyncio.run(_redis_sequential(port, sequential)))
+        runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
     return {"mode": "compare", "fsync": fsync, "record_bytes": 100, "batch_records": batch_records,
             "in_flight": in_flight,
             "dlog": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC,

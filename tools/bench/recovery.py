@@ -72,7 +72,8 @@ async def _run(cluster: LocalCluster, size_bytes: int, entry_bytes: int, writer_
             stop.set()
         done_at = monotonic_s()
         during_run = await during
-    copied = [after - before for after, before in zip(await asyncio.to_thread(_copied, cluster), copied_before)]
+    copied_after = await asyncio.to_thread(_copied, cluster)
+    copied = [after - before for after, before in zip(copied_after, copied_before, strict=True)]
     recovery_s = max(done_at - detected_at, 1e-6)
     return {"victim_entries": held_entries, "victim_bytes": held_bytes, "data_ledgers": len(ledgers),
             "entries_copied": int(copied[0]), "bytes_copied": int(copied[1]),

@@ -248,11 +248,11 @@ async def _http_put_json(url: str, body: dict[str, Any]) -> Any:
     import aiohttp
 
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            async with session.put(url, json=body) as response:
-                answer = await response.json()
-                if response.status != 200:
-                    raise DlogError(f"{url} answered {response.status}: {answer.get('error', answer)}")
-                return answer
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+                session.put(url, json=body) as response:
+            answer = await response.json()
+            if response.status != 200:
+                raise DlogError(f"{url} answered {response.status}: {answer.get('error', answer)}")
+            return answer
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise DlogError(f"cannot reach {url}: {exc!r}") from exc

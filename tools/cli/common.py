@@ -125,9 +125,9 @@ async def http_get_json(url: str) -> Any:
     headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
     ssl_context = settings.tls.context() if settings.tls is not None else None
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-            async with session.get(url, headers=headers, ssl=ssl_context or True) as response:
-                return await response.json()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session, \
+                session.get(url, headers=headers, ssl=ssl_context or True) as response:
+            return await response.json()
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise DlogError(f"cannot reach {url}: {exc!r}") from exc
 
@@ -149,7 +149,7 @@ def print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
         for index, row_cells in enumerate(cells):
             if index:
                 click.echo("")
-            for column, cell in zip(columns, row_cells):
+            for column, cell in zip(columns, row_cells, strict=True):
                 click.echo(f"{column:<{width}}  {cell}")
         return
     console.print(table)
