@@ -25,7 +25,7 @@ by every live record. `lag_known` is false when some segment's records could not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,7 +139,7 @@ def entry_count(segment: Mapping[str, Any]) -> int | None:
     return max(0, segment["last_entry"] - segment["first_entry"] + 1)
 
 
-def subscription_lag(segments: list[Mapping[str, Any]], offset: Mapping[str, int],
+def subscription_lag(segments: Sequence[Mapping[str, Any]], offset: Mapping[str, int],
                      consumed_in_segment: int | None = None) -> dict[str, Any]:
     """Records and bytes after `offset` and where it sits (`position`: the share of its segment
     read). `consumed_in_segment` is the index of the offset's record within its segment, when the

@@ -197,7 +197,7 @@ class Namespace:
     async def _check_stream_quota(self, name: str) -> None:
         if self.zk is None:  # stores other than ZooKeeper's hold no quotas
             return
-        found = await self.zk.get_or_none(layout.quota_path(self.bookkeeper_root, self.name))  # type: ignore[union-attr]
+        found = await self.zk.get_or_none(layout.quota_path(self.bookkeeper_root, self.name))
         if found is None:
             return
         quota = Quota.from_bytes(found[0])

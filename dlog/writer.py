@@ -120,7 +120,8 @@ class _BatchWaiter:
     __slots__ = ("future", "entries", "left", "ledger_id", "first_position")
 
     def __init__(self, future: asyncio.Future[WrittenBatch], pieces: int) -> None:
-        self.future, self.entries, self.left, self.ledger_id = future, [], pieces, -1
+        self.entries: list[tuple[int, int]] = []
+        self.future, self.left, self.ledger_id = future, pieces, -1
         self.first_position: int | None = None
 
     def piece_done(self, ledger_id: int, entry_id: int, records: int, position: int | None) -> None:
@@ -372,20 +373,19 @@ class StreamWriter:
 
     def run(self, effects: Sequence[WriterEffect]) -> None:
         for effect in effects:
-            kind = type(effect)
-            if kind is AppendEntry:
+            if type(effect) is AppendEntry:
                 self._append(effect)
-            elif kind is CompleteChunks:
+            elif type(effect) is CompleteChunks:
                 self._complete(effect)
-            elif kind is WakeWriters:
+            elif type(effect) is WakeWriters:
                 self._room.set()
                 if self.machine.ended:
                     self._on_ended()
-            elif kind is SetTimer:
+            elif type(effect) is SetTimer:
                 self._set_timer(effect.at_ms)
-            elif kind is FailChunks:
+            elif type(effect) is FailChunks:
                 _fail_waiters(effect.waiters, effect.error)
-            elif kind is CompleteFlushes:
+            elif type(effect) is CompleteFlushes:
                 self._flushed(effect.waiters)
             else:
                 self._run_other(effect)

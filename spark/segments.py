@@ -99,7 +99,7 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
     for stream in streams:
         config = await store.config(stream)
         listing = await recover_in_progress(namespace, config, await store.segments(stream))
-        ledgers = tuple(m.ledger_id for m in batches[stream])
+        ledgers = tuple(m.ledger for m in batches[stream])
         if any(listing.by_ledger(ledger_id) is not None for ledger_id in ledgers):
             return True  # an earlier try of this very commit went through (in every stream)
         sink = None
@@ -117,7 +117,7 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
     except MetadataVersionError as exc:
         raise MetadataContentionError(f"a segment list of {streams} changed meanwhile") from exc
     log.info("dlog sink: batch %s appended ledgers %s", batch_id,
-             {stream: [m.ledger_id for m in batches[stream]] for stream in streams})
+             {stream: [m.ledger for m in batches[stream]] for stream in streams})
     return True
 
 
@@ -130,7 +130,7 @@ async def _routed_replay(namespace: Namespace, batches: Mapping[str, Sequence[Dl
         recorded = await namespace.store.sink_batch(stream, sink_id)
         if recorded is not None and recorded.batch_id >= batch_id:
             for target, messages in sorted(batches.items()):
-                await _drop_replay(namespace, target, [m.ledger_id for m in messages], batch_id, recorded.batch_id)
+                await _drop_replay(namespace, target, [m.ledger for m in messages], batch_id, recorded.batch_id)
             return True
     return False
 
@@ -178,7 +178,7 @@ async def _drop_replay(namespace: Namespace, stream: str, ledgers: list[int], ba
 
 
 def _segment(sequence: int, message: DlogCommitMessage, now_ms: int) -> Segment:
-    return Segment(sequence, message.ledger_id, state=SegmentState.COMPLETED, first_entry=0,  # type: ignore[arg-type]
+    return Segment(sequence, message.ledger, state=SegmentState.COMPLETED, first_entry=0,
                    last_entry=message.last_entry, records=message.records, bytes=message.bytes,
                    first_timestamp_ms=message.first_timestamp_ms, last_timestamp_ms=message.last_timestamp_ms,
                    created_ms=message.created_ms, completed_ms=now_ms)

@@ -259,7 +259,7 @@ def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
 # ------------------------------------------------------------------------------ certificates
 
 
-def make_ca(name: str):  # type: ignore[no-untyped-def]
+def make_ca(name: str):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -281,7 +281,7 @@ def make_ca(name: str):  # type: ignore[no-untyped-def]
     return key, cert
 
 
-def make_certificate(ca_key, ca_cert, name: str, *, hosts: tuple[str, ...] = (),  # type: ignore[no-untyped-def]
+def make_certificate(ca_key, ca_cert, name: str, *, hosts: tuple[str, ...] = (),
                      roles: tuple[str, ...] = (), days: int = CERT_DAYS):
     """A certificate signed by the CA: server names in `hosts` (IPs and DNS names), client roles
     as `dlog-role=<role>` organizational units."""
@@ -311,14 +311,14 @@ def make_certificate(ca_key, ca_cert, name: str, *, hosts: tuple[str, ...] = (),
     return key, builder.sign(ca_key, hashes.SHA256())
 
 
-def private_pem(key) -> bytes:  # type: ignore[no-untyped-def]
+def private_pem(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 
 
-def certificate_pem(cert) -> bytes:  # type: ignore[no-untyped-def]
+def certificate_pem(cert) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return cert.public_bytes(serialization.Encoding.PEM)

@@ -83,7 +83,7 @@ class EntryCopier:
     async def copy(self, jobs: Iterable[tuple[int, Sequence[str]]], target: str,
                    on_progress: Callable[[int], None] = lambda copied: None) -> CopyResult:
         """Copy every (entry id, sources) to `target`; returns what was copied."""
-        in_flight: set[asyncio.Task[int]] = set()
+        in_flight: set[asyncio.Future[int]] = set()
         copied = size_bytes = 0
         try:
             for entry_id, sources in jobs:

@@ -20,14 +20,14 @@ callback tells when a TLS connection's lower layer drained), which also lets blo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 
 SWEEP_INTERVAL_S = 0.05
-Key = TypeVar("Key", bound=Hashable)
+Key = TypeVar("Key")
 
 
 class Holder(Protocol):

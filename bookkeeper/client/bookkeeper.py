@@ -82,7 +82,7 @@ class BookKeeper:
             from bookkeeper.meta.acl import zk_options
             from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
 
-            self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,  # type: ignore[arg-type]
+            self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,
                                                               timeout_s=self.settings.zk_timeout_s,
                                                               **zk_options(self.security, self._root))
         self.context = DriverContext(self.pool, self.store, self.settings, self.watch_writable,

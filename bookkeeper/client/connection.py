@@ -304,13 +304,13 @@ class BookieConnection(asyncio.Protocol):
         long_poll = previous_lac is not None
         return await self.request(ReadRequest(
             self.next_request_id(), ledger_id, entry_id, fence_key is not None, fence_key or b"",
-            long_poll, previous_lac if long_poll else -1, timeout_ms), wait_s=timeout_ms / 1000)
+            long_poll, previous_lac if previous_lac is not None else -1, timeout_ms), wait_s=timeout_ms / 1000)
 
     async def read_lac(self, ledger_id: int, *, previous_lac: int | None = None,
                        timeout_ms: int = 0) -> ReadLacResponse:
         long_poll = previous_lac is not None
         return await self.request(ReadLacRequest(self.next_request_id(), ledger_id, long_poll,
-                                                 previous_lac if long_poll else -1, timeout_ms),
+                                                 previous_lac if previous_lac is not None else -1, timeout_ms),
                                   wait_s=timeout_ms / 1000)
 
     async def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> WriteLacResponse:

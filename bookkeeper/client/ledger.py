@@ -267,9 +267,9 @@ class ReadHandle:
                     yield entry
                 next_entry_id = last + 1
                 continue
-            entry = await self.wait_for_entry(next_entry_id, poll_timeout_ms)
-            if entry is not None:
-                yield entry
+            polled = await self.wait_for_entry(next_entry_id, poll_timeout_ms)
+            if polled is not None:
+                yield polled
                 next_entry_id += 1
 
     async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> LedgerEntry | None:

@@ -123,7 +123,7 @@ class CheckEntriesRequest:
 
 
 Request = (AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest | AuthRequest
-           | CheckEntriesRequest)
+           | CheckEntriesRequest | _batch.AddBatchRequest | _batch.ReadRangeRequest | _create.CreateLedgerRequest)
 
 # ---------------------------------------------------------------- responses
 
@@ -196,7 +196,8 @@ class AuthResponse:
 
 
 Response = (AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse
-            | AuthResponse | CheckEntriesResponse | ErrorResponse)
+            | AuthResponse | CheckEntriesResponse | ErrorResponse | _batch.AddBatchResponse | _batch.ReadRangeResponse
+            | _create.CreateLedgerResponse)
 
 # ---------------------------------------------------------------- body layouts
 

@@ -39,6 +39,7 @@ from bookkeeper.errors import (
     QuotaExceededError,
     UnauthorizedError,
     invariant,
+    known,
 )
 from bookkeeper.protocol.effects import (
     CompleteAdds,
@@ -352,9 +353,9 @@ class LedgerWriter:
                     f"ledger {self.ledger_id} was closed at entry {current.last_entry_id} by another "
                     f"client; this writer's last entry is {self.lac}"), version)
             return self._retry(WriteMetadata(current.closed(self.lac, self.lac_length), version), version)
-        invariant(self.state is WriterState.CHANGING_ENSEMBLE and self._proposed is not None,
-                  f"metadata conflict while {self.state.value}")
-        proposed_first, proposed_ensemble = self._proposed.last_ensemble
+        invariant(self.state is WriterState.CHANGING_ENSEMBLE, f"metadata conflict while {self.state.value}")
+        proposed = known(self._proposed, f"metadata conflict while {self.state.value}")
+        proposed_first, proposed_ensemble = proposed.last_ensemble
         if current.last_ensemble == (proposed_first, proposed_ensemble):
             return self.on_metadata_written(current, version, now_ms)  # our earlier write landed
         self._proposed = current.with_ensemble(proposed_first, proposed_ensemble)

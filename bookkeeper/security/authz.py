@@ -81,7 +81,7 @@ def parse_role(text: str) -> Role:
 def parse_roles(items: object) -> frozenset[Role]:
     if not isinstance(items, (list, tuple)) or len(items) > ROLES_MAX:
         raise ConfigError(f"roles must be a list of at most {ROLES_MAX} role strings")
-    return frozenset(parse_role(item) for item in items)  # type: ignore[arg-type]
+    return frozenset(parse_role(item) for item in items)
 
 
 # namespace-scoped actions and the namespace roles that grant them

@@ -418,7 +418,7 @@ class ReaderMachine:
             return []
         listed = listing.by_ledger(gone)
         position = self._position()
-        if snapshot.removed_by_truncation(listed, position.entry_id, position.slot):
+        if listed is None or snapshot.removed_by_truncation(listed, position.entry_id, position.slot):
             return []
         if not self.settings.skip_truncated:
             return self.end(TruncatedError(

@@ -20,6 +20,7 @@ maybe a Spark sink's batch id recorded with them). Both are pure values: the seg
 
 from __future__ import annotations
 
+import builtins
 import enum
 import json
 from collections.abc import Iterable
@@ -86,11 +87,11 @@ class Segment:
         document["format"] = FORMAT_VERSION
         return document
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self) -> builtins.bytes:  # builtins: `bytes` is also a field of Segment
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Segment:
+    def from_bytes(cls, data: builtins.bytes) -> Segment:
         document = _load(data, "segment")
         document.setdefault("first_position", None)  # a node written before positions existed
         try:

@@ -68,7 +68,7 @@ class _RawAdder(asyncio.Protocol):
         now = perf_s()
         answered = 0
         while (response := self.decoder.next_message()) is not None:
-            if isinstance(response, ErrorResponse) or getattr(response, "failures", ()):
+            if isinstance(response, ErrorResponse) or getattr(response, "failures", None):
                 self.done.set_exception(RuntimeError(f"add failed: {response}"))
                 return
             self.latencies += [now - self.sent_at[response.request_id]] * self.per_frame

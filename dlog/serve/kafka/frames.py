@@ -211,7 +211,7 @@ def _decode_body(api: Api, header: RequestHeader, frame: bytes, body_start: int)
     # place the codec reaches into kafka-python (pinned below 3.1) is this call to the same
     # generated decoder, which returns the end position too.
     version = header.api_version
-    decode = api.request._struct.compiled_decode_from(  # type: ignore[attr-defined]
+    decode = api.request._struct.compiled_decode_from(
         version, compact=False, tagged=False, data_class=api.request)
     try:
         body, end = decode(memoryview(frame), body_start)
