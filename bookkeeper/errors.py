@@ -295,13 +295,6 @@ class MetadataPermissionError(MetadataError):
     retryable = False
 
 
-class UntrustedBookieError(DlogError):
-    """A bookie registration that cannot be trusted (writable by others, or its TLS identity does
-    not match): no entries are sent to it."""
-
-    code = 503
-
-
 # --- operator tools (codes 400-449) --------------------------------------------------------------
 
 

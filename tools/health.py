@@ -26,7 +26,6 @@ from bookkeeper.errors import DlogError
 CHECK_ENTRIES = 3
 CHECK_ENTRY_BYTES = 1024
 CHECK_TIMEOUT_S = 30.0  # per bookie, for its whole write-read-delete
-PING_COUNT_MAX = 100
 BOOKIE_CONNECT_TIMEOUT_S = 5.0
 
 

@@ -47,10 +47,6 @@ def make_location(log_id: int, offset: int) -> int:
     return log_id << 32 | offset
 
 
-def location_log_id(location: int) -> int:
-    return location >> 32
-
-
 def log_file_name(log_id: int) -> str:
     return f"{log_id:016x}{_SUFFIX}"
 

@@ -64,7 +64,6 @@ class AddBatcher:
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
         self.frames_sent = 0
-        self.entries_sent = 0
 
     def add(self, sink: AddSink, ledger_id: int, master_key: bytes, recovery: bool, entry_id: int,
             packed_entry: bytes) -> None:
@@ -92,7 +91,6 @@ class AddBatcher:
         frame = encode_add_batch(request_id, [(group.ledger_id, group.master_key, group.recovery,
                                                group.entries) for group in groups])
         self.frames_sent += 1
-        self.entries_sent += sum(len(group.entry_ids) for group in groups)
         bookie = self.bookie
 
         def answered(outcome: Any) -> None:

@@ -108,11 +108,6 @@ class BookiePool:
         """ADD_BATCH frames sent so far, to every bookie."""
         return sum(batcher.frames_sent for batcher in self._batchers.values())
 
-    @property
-    def add_entries_sent(self) -> int:
-        """Adds sent so far in ADD_BATCH frames (entries to bookies, so Qw per entry)."""
-        return sum(batcher.entries_sent for batcher in self._batchers.values())
-
     async def _connect(self, bookie_id: str) -> None:
         try:
             connection = await BookieConnection.open(

@@ -72,7 +72,6 @@ _OWNED_BY = {
 _READ_ONLY = {"admin": ALL, "produce": READ, "consume": READ}
 _NAMESPACE_NODE = {"admin": READ, "produce": READ, "consume": READ}
 LEDGER_WRITER_ROLES = ("produce", "admin")
-LEDGER_WRITERS_MAX = 8
 
 
 def digest_id(user: str, password: str) -> str:

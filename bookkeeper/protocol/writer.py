@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from bookkeeper.errors import (
     AuthenticationError,
-    BookieError,
     ConfigError,
     DlogError,
     ForbiddenError,
@@ -396,8 +395,3 @@ class LedgerWriter:
 
 # refusals about the writer (its key, its principal, its namespace's quota), not about the bookie
 REFUSALS_OF_THE_WRITER = (UnauthorizedError, AuthenticationError, ForbiddenError, QuotaExceededError)
-
-
-def is_bookie_failure(error: BaseException) -> bool:
-    """Errors that mean 'this bookie cannot take the add' (ensemble change), not 'stop writing'."""
-    return isinstance(error, BookieError) and not isinstance(error, (LedgerFencedError, *REFUSALS_OF_THE_WRITER))

@@ -117,7 +117,3 @@ def decide(principal: Principal, action: Action, namespace: str | None = None) -
         return None
     needed = " or ".join(f"{name}:{namespace}" for name in sorted(grants))
     return f"{principal.describe()} may not {action.value} in namespace {namespace!r}: it needs {needed}"
-
-
-def namespaces_of(principal: Principal) -> frozenset[str]:
-    return frozenset(role.namespace for role in principal.roles if role.namespace is not None)

@@ -239,10 +239,6 @@ class MemorySegmentStore:
 
         await self._operation("unlock", name, apply)
 
-    def lock_holders(self, name: str) -> list[int]:
-        """Sessions holding or waiting for the stream's lock, in lock order (tests)."""
-        return [session for _, _, session in sorted(self.metadata.stream(name).locks)]
-
     # ------------------------------------------------------------------ subscriptions and sinks
 
     async def subscriptions(self, name: str) -> dict[str, dict[str, int]]:

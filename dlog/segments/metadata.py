@@ -274,7 +274,6 @@ class SegmentChange:
 
 PROGRESS_FIELDS = ("state", "ledger_id", "first_entry", "last_entry", "records", "bytes",
                    "first_timestamp_ms", "last_timestamp_ms", "completed_ms", "first_position")
-TRUNCATION_FIELDS = ("min_active_entry", "min_active_slot")
 
 
 def same_progress(a: Segment, b: Segment) -> bool:
