@@ -15,7 +15,7 @@ import pytest
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 HAS_REDIS = shutil.which("redis-server") is not None and importlib.util.find_spec("redis") is not None
 NO_REDIS = "needs redis-server and the redis package: run scripts/ensure-redis.sh"
-NO_MATPLOTLIB = "needs matplotlib: .venv/bin/pip install matplotlib"
+NO_MATPLOTLIB = "needs matplotlib: pip install 'dlog[bench]'"
 
 
 def run_bench(*arguments: str) -> dict:
@@ -214,7 +214,8 @@ def test_bench_compare_of_a_run_too_short_to_time_reports_no_figure_instead_of_a
 def test_bench_compare_without_the_redis_client_names_the_script_to_run():
     result = run_without("redis", "compare", "--records", "100")
     assert result.returncode == 1
-    assert "scripts/ensure-redis.sh" in result.stderr and "Traceback" not in result.stderr
+    assert "pip install 'dlog[bench]'" in result.stderr and "scripts/ensure-redis.sh" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason=NO_MATPLOTLIB)
@@ -236,7 +237,8 @@ def test_bench_plot_writes_a_png_chart(tmp_path: Path, arguments: tuple[str, ...
 def test_bench_plot_without_matplotlib_refuses_before_measuring(tmp_path: Path):
     result = run_without("matplotlib", "tail", "--plot", str(tmp_path))
     assert result.returncode == 1
-    assert "--plot needs matplotlib" in result.stderr and "Traceback" not in result.stderr
+    assert "--plot needs matplotlib" in result.stderr and "pip install 'dlog[bench]'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def test_bench_recovery_reports_rate_time_and_writer_latency():

@@ -40,8 +40,9 @@ def _check_redis() -> str:
     try:
         import redis  # noqa: F401
     except ImportError:
-        raise DlogError(f"dlog bench compare needs the Python package redis in this environment: "
-                        f"run {ENSURE_REDIS} (it installs redis-server and the redis package)") from None
+        raise DlogError("dlog bench compare needs the Python package redis in this environment: install the "
+                        f"bench extra with pip install 'dlog[bench]' (or run {ENSURE_REDIS}, which also "
+                        "installs redis-server)") from None
     if server is None:
         raise DlogError(f"dlog bench compare needs Debian's redis-server on PATH: run {ENSURE_REDIS}")
     return server
