@@ -54,13 +54,18 @@ def imports_of(file: Path, module: str) -> Iterator[tuple[str, list[str], int]]:
             for alias in node.names:
                 yield alias.name, [], node.lineno
         elif isinstance(node, ast.ImportFrom):
-            target = node.module or ""
-            if node.level:
-                base = module.split(".")
-                base = base if is_package else base[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([target] if target else []))
-            yield target, [alias.name for alias in node.names], node.lineno
+            yield imported_from(node, module, is_package), [alias.name for alias in node.names], node.lineno
+
+
+def imported_from(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from ... import` names, a relative one resolved against `module`."""
+    target = node.module or ""
+    if node.level:
+        base = module.split(".")
+        base = base if is_package else base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([target] if target else []))
+    return target
 
 
 def owner(module: str, packages: set[str]) -> str | None:
@@ -193,12 +198,7 @@ def module_bindings(tree: ast.AST, module: str, is_package: bool, modules: set[s
                     else:
                         bound[alias.name.split(".")[0]] = alias.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
-            target = node.module or ""
-            if node.level:
-                base = module.split(".")
-                base = base if is_package else base[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([target] if target else []))
+            target = imported_from(node, module, is_package)
             for alias in node.names:
                 if f"{target}.{alias.name}" in modules:
                     bound[alias.asname or alias.name] = f"{target}.{alias.name}"
