@@ -444,3 +444,5 @@ class WriterProcess:
         if self.process.poll() is None:
             self.signal(signals.SIGCONT)
             self.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
