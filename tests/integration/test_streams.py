@@ -113,6 +113,7 @@ async def test_kill_9_of_the_writer_then_a_new_writer_recovers(stream_cluster):
     finally:
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait(timeout=30)
+        writer.stdout.close()
     async with namespace(cluster) as ns:
         async with ns.open_writer("killed", lock_timeout_s=0.5, takeover=True) as second:
             await second.write(b"after")
