@@ -18,7 +18,9 @@ expected failures can never swallow a broken invariant.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T")
 
 ERRORS: dict[int, type[BaseException]] = {}  # code -> class: the one registry
 
@@ -64,6 +66,14 @@ def invariant(condition: bool, message: str) -> None:
     """Always-on assertion: unlike ``assert`` it survives ``python -O``."""
     if not condition:
         raise InvariantError(message)
+
+
+def known(value: T | None, message: str) -> T:
+    """`invariant(value is not None, message)` that returns the value, so that a type checker
+    knows it is set from there on."""
+    if value is None:
+        raise InvariantError(message)
+    return value
 
 
 class ConfigError(DlogError):
@@ -285,13 +295,6 @@ class MetadataPermissionError(MetadataError):
     retryable = False
 
 
-class UntrustedBookieError(DlogError):
-    """A bookie registration that cannot be trusted (writable by others, or its TLS identity does
-    not match): no entries are sent to it."""
-
-    code = 503
-
-
 # --- operator tools (codes 400-449) --------------------------------------------------------------
 
 
@@ -302,7 +305,7 @@ class PortInUseError(DlogError):
 
 
 _BY_STATUS: dict[int, type[BookieError]] = {
-    cls.status: cls  # type: ignore[misc]
+    cls.status: cls
     for cls in (
         NoSuchLedgerError,
         NoSuchEntryError,

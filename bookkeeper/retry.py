@@ -55,15 +55,6 @@ class Backoff:
             yield min(self.delay_s_max, delay_s) * spread
             delay_s *= self.multiplier
 
-    @property
-    def total_delay_s_max(self) -> float:
-        """The longest the waits can add up to (without jitter's upward spread)."""
-        total, delay_s = 0.0, self.delay_s_first
-        for _ in range(self.attempts_max - 1):
-            total += min(self.delay_s_max, delay_s)
-            delay_s *= self.multiplier
-        return total if self.deadline_s is None else min(total, self.deadline_s)
-
 
 def is_retryable(error: BaseException) -> bool:
     """The error's own verdict; anything that is not a DlogError (a bug) is never retried."""

@@ -44,5 +44,8 @@ class LoopThread:
         return self.submit(awaitable).result(timeout_s)
 
     def stop(self) -> None:
+        """Stop the loop and, once its thread has ended, close it (its selector's sockets)."""
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=STOP_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self.loop.close()

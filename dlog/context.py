@@ -37,4 +37,4 @@ class StreamContext:
     def watch_ledger_deleted(self, ledger_id: int, callback: Callable[[], None]) -> Callable[[], None]:
         """Call back once when a ledger's metadata is gone (the ledger client's metadata store
         port); returns a function that ends the watch."""
-        return self.client.store.watch_ledger_deleted(ledger_id, callback)  # type: ignore[no-any-return]
+        return self.client.store.watch_ledger_deleted(ledger_id, callback)

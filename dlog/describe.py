@@ -25,8 +25,9 @@ by every live record. `lag_known` is false when some segment's records could not
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
 from dlog.context import StreamContext
@@ -63,7 +64,7 @@ async def _missing_ledgers(context: StreamContext, ledger_ids: list[int]) -> set
             return False
 
     found = await asyncio.gather(*(missing(ledger_id) for ledger_id in ledger_ids))
-    return {ledger_id for ledger_id, gone in zip(ledger_ids, found) if gone}
+    return {ledger_id for ledger_id, gone in zip(ledger_ids, found, strict=True) if gone}
 
 
 async def _summary(context: StreamContext, segment: Segment, ledger_missing: bool) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def first_offset(segments: list[dict[str, Any]]) -> str | None:
 
 async def last_offset(context: StreamContext, segments: list[Segment], summaries: list[dict[str, Any]]) -> str | None:
     """The last record's offset: one read of the last entry's header (None if none or unreadable)."""
-    for segment, item in reversed(list(zip(segments, summaries))):
+    for segment, item in reversed(list(zip(segments, summaries, strict=True))):
         if item["state"] == "truncated" or item["damaged"] or not item["records"] or item["last_entry"] is None:
             continue
         entry_id = item["last_entry"]  # confirmed: the LAC just read, or a completed segment's last entry
@@ -138,7 +139,7 @@ def entry_count(segment: Mapping[str, Any]) -> int | None:
     return max(0, segment["last_entry"] - segment["first_entry"] + 1)
 
 
-def subscription_lag(segments: list[Mapping[str, Any]], offset: Mapping[str, int],
+def subscription_lag(segments: Sequence[Mapping[str, Any]], offset: Mapping[str, int],
                      consumed_in_segment: int | None = None) -> dict[str, Any]:
     """Records and bytes after `offset` and where it sits (`position`: the share of its segment
     read). `consumed_in_segment` is the index of the offset's record within its segment, when the

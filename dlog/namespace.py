@@ -18,20 +18,33 @@ from __future__ import annotations
 import datetime
 import logging
 import random
+from collections.abc import Awaitable, Callable, Generator
 from functools import partial
-from typing import Any, Awaitable, Callable, Generator, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
+import dlog.describe as describe  # (not `from dlog import`: the package imports this module)
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
-from bookkeeper.errors import (ConfigError, DlogError, MetadataContentionError, MetadataPermissionError,
-                               MetadataVersionError, NoSuchLedgerError, QuotaExceededError)
+from bookkeeper.errors import (
+    ConfigError,
+    DlogError,
+    MetadataContentionError,
+    MetadataPermissionError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    QuotaExceededError,
+)
 from bookkeeper.meta import layout
 from bookkeeper.retry import Backoff, retry
 from bookkeeper.security.quota import Quota
-from bookkeeper.security.settings import (SecuritySettings, load_client_settings, load_cluster_table,
-                                          seal_new_password, unseal_password)
-import dlog.describe as describe  # (not `from dlog import`: the package imports this module)
+from bookkeeper.security.settings import (
+    SecuritySettings,
+    load_client_settings,
+    load_cluster_table,
+    seal_new_password,
+    unseal_password,
+)
 from dlog.context import StreamContext
 from dlog.core import changes
 from dlog.core.errors import StreamBusyError
@@ -113,7 +126,8 @@ class Namespace:
             await self.close()
             raise MetadataPermissionError(
                 f"namespace {self.name!r} is not open to this client's ZooKeeper identity "
-                f"({self.security.zk_user or 'none: no client.toml given'}): an admin creates it and its credentials with "
+                f"({self.security.zk_user or 'none: no client.toml given'}): an admin creates it and its "
+                f"credentials with "
                 f"`dlog token create --namespace {self.name} ...`") from exc
         return self
 
@@ -183,7 +197,7 @@ class Namespace:
     async def _check_stream_quota(self, name: str) -> None:
         if self.zk is None:  # stores other than ZooKeeper's hold no quotas
             return
-        found = await self.zk.get_or_none(layout.quota_path(self.bookkeeper_root, self.name))  # type: ignore[union-attr]
+        found = await self.zk.get_or_none(layout.quota_path(self.bookkeeper_root, self.name))
         if found is None:
             return
         quota = Quota.from_bytes(found[0])

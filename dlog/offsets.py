@@ -56,7 +56,7 @@ class Offset:
             and 0 <= ledger_id <= LEDGER_ID_MAX and 0 <= entry_id <= ENTRY_ID_MAX and 0 <= slot <= SLOT_MAX
             and (position is None or (type(position) is int and 0 <= position <= POSITION_MAX))
         ):  # fmt: skip
-            for (what, largest), value in zip(_FIELD_LIMITS, (ledger_id, entry_id, slot)):
+            for (what, largest), value in zip(_FIELD_LIMITS, (ledger_id, entry_id, slot), strict=True):
                 if type(value) is not int or not 0 <= value <= largest:
                     raise ConfigError(f"bad offset {what} {value!r}: use an integer in 0..{largest}")
             check_position(position, "offset position")
@@ -68,7 +68,7 @@ class Offset:
         if matched is None:
             raise ConfigError(f"bad offset {shown_input(text)}: {_OFFSET_RULE}")
         numbers = [int(group) if group else 0 for group in matched.groups()]
-        for (what, largest), value in zip(_FIELD_LIMITS, numbers):
+        for (what, largest), value in zip(_FIELD_LIMITS, numbers, strict=True):
             if value > largest:
                 raise ConfigError(f"bad offset {shown_input(text)}: {what} {value} is over {largest}; {_OFFSET_RULE}")
         return cls(*numbers)

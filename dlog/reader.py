@@ -66,7 +66,7 @@ READ_AHEAD_BYTES = 64 * 2**20  # decoded Arrow bytes a reader holds ahead of its
 class Record:
     offset: Offset  # with its `position` when known
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None only in a typed stream without a `value` column
     timestamp_ms: int
     headers: list[tuple[str, bytes | None]] | None = None  # only from a reader opened with headers=True
 
@@ -138,9 +138,8 @@ class StreamReader:
         self._unwatch = self.context.store.watch_segments(self.name, self._on_change)
         try:
             start = self.start
-            if isinstance(start, int):
-                start = await self._start_at_position(start)
-            self.run(self.machine.start(start, self.now_ms()))
+            resolved = await self._start_at_position(start) if isinstance(start, int) else start
+            self.run(self.machine.start(resolved, self.now_ms()))
             await self._opened
         except BaseException:
             await self.close()
@@ -354,7 +353,7 @@ class StreamReader:
             try:
                 async with asyncio.timeout(remaining_s):
                     await self._queued.wait()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
         if item == END:
             self._done = True
@@ -462,7 +461,7 @@ def _first_ms_at_or_after(moment: datetime.datetime) -> int:
     way); a naive datetime is local time, as on the command line."""
     if moment.tzinfo is None:
         moment = moment.astimezone()
-    elapsed = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    elapsed = moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
     return -(-elapsed // datetime.timedelta(milliseconds=1))
 
 

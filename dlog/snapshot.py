@@ -91,7 +91,7 @@ class SegmentReads:
     async def handle(self, ledger_id: int, password: bytes, confirmed_through: int | None = None) -> Any:
         """A read handle of a ledger (shared: reads of it may run at once), allowed to read up to
         `confirmed_through`, an entry the caller knows is confirmed."""
-        handle = self._handles.get(ledger_id)
+        handle: Any = self._handles.get(ledger_id)
         if handle is None:
             handle = await self._step(self.client.open_ledger(ledger_id, password=password, recovery=False))
             _remember(self._handles, ledger_id, handle, self.handles_max)

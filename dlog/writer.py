@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -120,7 +120,8 @@ class _BatchWaiter:
     __slots__ = ("future", "entries", "left", "ledger_id", "first_position")
 
     def __init__(self, future: asyncio.Future[WrittenBatch], pieces: int) -> None:
-        self.future, self.entries, self.left, self.ledger_id = future, [], pieces, -1
+        self.entries: list[tuple[int, int]] = []
+        self.future, self.left, self.ledger_id = future, pieces, -1
         self.first_position: int | None = None
 
     def piece_done(self, ledger_id: int, entry_id: int, records: int, position: int | None) -> None:
@@ -358,7 +359,7 @@ class StreamWriter:
         """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
             return self.codec.encode_entry(items[0], first_record_index)
-        values, keys, timestamps, headers = zip(*items)
+        values, keys, timestamps, headers = zip(*items, strict=True)
         if any(headers):
             return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
                                            first_record_index)
@@ -372,20 +373,19 @@ class StreamWriter:
 
     def run(self, effects: Sequence[WriterEffect]) -> None:
         for effect in effects:
-            kind = type(effect)
-            if kind is AppendEntry:
+            if type(effect) is AppendEntry:
                 self._append(effect)
-            elif kind is CompleteChunks:
+            elif type(effect) is CompleteChunks:
                 self._complete(effect)
-            elif kind is WakeWriters:
+            elif type(effect) is WakeWriters:
                 self._room.set()
                 if self.machine.ended:
                     self._on_ended()
-            elif kind is SetTimer:
+            elif type(effect) is SetTimer:
                 self._set_timer(effect.at_ms)
-            elif kind is FailChunks:
+            elif type(effect) is FailChunks:
                 _fail_waiters(effect.waiters, effect.error)
-            elif kind is CompleteFlushes:
+            elif type(effect) is CompleteFlushes:
                 self._flushed(effect.waiters)
             else:
                 self._run_other(effect)
@@ -557,7 +557,7 @@ class StreamWriter:
 
     def _complete(self, effect: CompleteChunks) -> None:
         ledger_id, entry_id, slot, first_position = effect.ledger_id, effect.entry_id, 0, effect.first_position
-        for waiter, records in zip(effect.waiters, effect.records):
+        for waiter, records in zip(effect.waiters, effect.records, strict=True):
             if waiter is None:  # an offered record
                 pass
             elif type(waiter) is _BatchWaiter:

@@ -24,8 +24,8 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 if [ -x "$VENV/bin/python" ]; then
     if ! "$VENV/bin/python" -c "import redis" >/dev/null 2>&1; then
-        echo "python package redis not found in $VENV: installing redis and hiredis (its C parser) with pip" >&2
-        "$VENV/bin/python" -m pip install --quiet redis hiredis || status=1
+        echo "python package redis not found in $VENV: installing the bench extra (redis, hiredis) with pip" >&2
+        "$VENV/bin/python" -m pip install --quiet -e '.[bench]' || status=1
     fi
 else
     echo "no virtualenv at $VENV: run make install first, then this script again" >&2

@@ -16,7 +16,8 @@ import atexit
 import logging
 import os
 import threading
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from dlog.bridge import CALL_TIMEOUT_S, LoopThread
 from dlog.namespace import Namespace

@@ -70,6 +70,8 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     document = dict(pairs)
     if len(document) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"key {duplicate!r} appears more than once")
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {key!r} appears more than once")
+            seen.add(key)
     return document

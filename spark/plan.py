@@ -75,7 +75,7 @@ Budget = tuple[int, Measure]  # at most this much of what the measure counts
 
 def _within(span: Range, entry_id: int, budgets: Sequence[Budget], used: Sequence[int]) -> bool:
     return all(measure(span, entry_id) - measure(span, span.first_entry) <= limit - spent
-               for (limit, measure), spent in zip(budgets, used))
+               for (limit, measure), spent in zip(budgets, used, strict=True))
 
 
 def cut(ranges: Sequence[Range], budget: int | Sequence[Budget],
@@ -93,9 +93,9 @@ def cut(ranges: Sequence[Range], budget: int | Sequence[Budget],
     used = [0] * len(budgets)
     for span in ranges:
         whole = [measure(span, span.last_entry + 1) - measure(span, span.first_entry) for _, measure in budgets]
-        if all(spent + amount <= limit for (limit, _), spent, amount in zip(budgets, used, whole)):
+        if all(spent + amount <= limit for (limit, _), spent, amount in zip(budgets, used, whole, strict=True)):
             taken.append(span)
-            used = [spent + amount for spent, amount in zip(used, whole)]
+            used = [spent + amount for spent, amount in zip(used, whole, strict=True)]
             continue
         low, high = span.first_entry, span.last_entry + 1  # largest end within every budget
         while high - low > 1:
@@ -108,7 +108,7 @@ def cut(ranges: Sequence[Range], budget: int | Sequence[Budget],
             taken.append(Range(span.stream, span.sequence, span.ledger_id, span.first_entry, low - 1,
                                span.first_slot))
             used = [spent + measure(span, low) - measure(span, span.first_entry)
-                    for spent, (_, measure) in zip(used, budgets)]
+                    for spent, (_, measure) in zip(used, budgets, strict=True)]
         break
     return taken, used[0] if used else 0
 
@@ -141,13 +141,13 @@ def admit(backlogs: Mapping[str, list[Range]], max_records: int | None, records_
         return Admission({name: list(ranges) for name, ranges in backlogs.items()}, sum(record_sizes.values()))
     sizes = [{name: count(ranges, measure) for name, ranges in backlogs.items()} for _, measure in limits]
     totals = [sum(size.values()) for size in sizes]
-    if all(total <= limit for total, (limit, _) in zip(totals, limits)):
+    if all(total <= limit for total, (limit, _) in zip(totals, limits, strict=True)):
         return Admission({name: list(ranges) for name, ranges in backlogs.items()}, sum(record_sizes.values()))
     taken: dict[str, list[Range]] = {}
     admitted = 0
     for name in sorted(backlogs):
         shares = [(limit * size[name] // total if total else 0, measure)
-                  for (limit, measure), size, total in zip(limits, sizes, totals)]
+                  for (limit, measure), size, total in zip(limits, sizes, totals, strict=True)]
         ranges, _ = cut(backlogs[name], shares)
         taken[name] = ranges
         admitted += count(ranges, records_before)

@@ -86,7 +86,7 @@ class BatchShaper:
         self._timestamp_index = index if has_timestamp else -1
         own = [name for name in output.names if name not in METADATA_NAMES]
         self._own = [(stream_schema.get_field_index(name), output.field(name).type) for name in own]
-        missing = [name for name, (position, _) in zip(own, self._own) if position < 0]
+        missing = [name for name, (position, _) in zip(own, self._own, strict=True) if position < 0]
         if missing:
             raise ConfigError(f"stream {stream!r} has no column {missing[0]!r} of the read schema; its "
                               f"schema is ({describe_schema(stream_schema)})")

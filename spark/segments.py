@@ -8,9 +8,10 @@ then creates one COMPLETED segment per ledger after `max_sequence` and records t
 the sink, in ONE compare-and-set change of the segment store (a `SegmentChange` with a
 `SinkCommit`). The new segments get their stream positions one after the other, in partition
 order, after the last segment (`changes.append_change`, which also assigns positions to a stream
-written before they existed, as a writer's open does; V4). A lost compare-and-set (truncation or retention changed the list) plans again. A batch id at or below the one
-recorded is a replay: nothing is appended and the replay's ledgers are deleted, unless the list
-already holds them (a retried commit whose first try went through).
+written before they existed, as a writer's open does; V4). A lost compare-and-set (truncation or
+retention changed the list) plans again. A batch id at or below the one recorded is a replay:
+nothing is appended and the replay's ledgers are deleted, unless the list already holds them (a
+retried commit whose first try went through).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
     for stream in streams:
         config = await store.config(stream)
         listing = await recover_in_progress(namespace, config, await store.segments(stream))
-        ledgers = tuple(m.ledger_id for m in batches[stream])
+        ledgers = tuple(m.ledger for m in batches[stream])
         if any(listing.by_ledger(ledger_id) is not None for ledger_id in ledgers):
             return True  # an earlier try of this very commit went through (in every stream)
         sink = None
@@ -116,7 +117,7 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
     except MetadataVersionError as exc:
         raise MetadataContentionError(f"a segment list of {streams} changed meanwhile") from exc
     log.info("dlog sink: batch %s appended ledgers %s", batch_id,
-             {stream: [m.ledger_id for m in batches[stream]] for stream in streams})
+             {stream: [m.ledger for m in batches[stream]] for stream in streams})
     return True
 
 
@@ -129,7 +130,7 @@ async def _routed_replay(namespace: Namespace, batches: Mapping[str, Sequence[Dl
         recorded = await namespace.store.sink_batch(stream, sink_id)
         if recorded is not None and recorded.batch_id >= batch_id:
             for target, messages in sorted(batches.items()):
-                await _drop_replay(namespace, target, [m.ledger_id for m in messages], batch_id, recorded.batch_id)
+                await _drop_replay(namespace, target, [m.ledger for m in messages], batch_id, recorded.batch_id)
             return True
     return False
 
@@ -177,7 +178,7 @@ async def _drop_replay(namespace: Namespace, stream: str, ledgers: list[int], ba
 
 
 def _segment(sequence: int, message: DlogCommitMessage, now_ms: int) -> Segment:
-    return Segment(sequence, message.ledger_id, state=SegmentState.COMPLETED, first_entry=0,  # type: ignore[arg-type]
+    return Segment(sequence, message.ledger, state=SegmentState.COMPLETED, first_entry=0,
                    last_entry=message.last_entry, records=message.records, bytes=message.bytes,
                    first_timestamp_ms=message.first_timestamp_ms, last_timestamp_ms=message.last_timestamp_ms,
                    created_ms=message.created_ms, completed_ms=now_ms)

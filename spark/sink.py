@@ -37,10 +37,10 @@ from pyspark.sql.datasource import (
 
 from bookkeeper.client.ledger import LedgerHandle
 from bookkeeper.clock import wall_ms
-from bookkeeper.errors import ConfigError
+from bookkeeper.errors import ConfigError, known
 from dlog.names import check_stream_name
-from dlog.segments.store import StreamNotFoundError
 from dlog.segments.codec import RecordSetCodec, split_batch
+from dlog.segments.store import StreamNotFoundError
 from spark.connection import Connection, connection
 from spark.options import ROUTE_COLUMN, SinkOptions, StreamCreation
 from spark.schema import sink_batch
@@ -65,6 +65,11 @@ class DlogCommitMessage(WriterCommitMessage):
     first_timestamp_ms: int = 0
     last_timestamp_ms: int = 0
     created_ms: int = 0
+
+    @property
+    def ledger(self) -> int:
+        """The ledger written: only asked of a task's message that wrote one (`_written`)."""
+        return known(self.ledger_id, f"a commit message of stream {self.stream!r} without a ledger")
 
 
 # ------------------------------------------------------------------------------ the stream
@@ -305,6 +310,6 @@ def _abort(options: SinkOptions, messages: list[WriterCommitMessage | None]) -> 
         return
     conn = connection(options.connection)
     for stream in sorted({m.stream for m in written}):
-        ledgers = [m.ledger_id for m in written if m.stream == stream]
+        ledgers = [m.ledger for m in written if m.stream == stream]
         conn.call(delete_ledgers(conn.namespace, ledgers, stream=stream))
         log.info("dlog sink: aborted; deleted ledgers %s of stream %s", ledgers, stream)

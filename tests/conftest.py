@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import signal
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings

@@ -11,9 +11,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Awaitable, Callable, Iterator, TypeVar
+from typing import TypeVar
 
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper
 from tools.cluster import LocalCluster

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any, cast
 
 import click
 
@@ -14,7 +15,7 @@ from tools.cli import main
 
 WIDTH = 100
 # fixed, so the text does not depend on the terminal it is generated in
-SETTINGS = {"terminal_width": WIDTH, "max_content_width": WIDTH, "help_option_names": ["-h", "--help"]}
+SETTINGS: dict[str, Any] = {"terminal_width": WIDTH, "max_content_width": WIDTH, "help_option_names": ["-h", "--help"]}
 
 
 def _commands(command: click.Command, path: list[str]) -> Iterator[tuple[list[str], click.Command]]:
@@ -31,10 +32,10 @@ def render() -> str:
              "command that prints data takes `--json`, and every error is one line on stderr with a "
              "non-zero exit status.\n"]
     for path, command in _commands(main, ["dlog"]):
-        parent = None
+        parent: click.Context | None = None
         for depth in range(1, len(path)):
-            parent = click.Context(main if depth == 1 else parent.command.commands[path[depth - 1]],  # type: ignore[union-attr]
-                                   info_name=path[depth - 1], parent=parent, **SETTINGS)
+            group = main if parent is None else cast(click.Group, parent.command).commands[path[depth - 1]]
+            parent = click.Context(group, info_name=path[depth - 1], parent=parent, **SETTINGS)
         context = click.Context(command, info_name=path[-1], parent=parent, **SETTINGS)
         heading = "#" * min(len(path) + 1, 4)
         parts.append(f"{heading} `{' '.join(path)}`\n\n```\n{command.get_help(context)}\n```\n")

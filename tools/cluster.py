@@ -87,7 +87,7 @@ class DirectoryLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        handle = open(self.path, "a+")
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open while the lock is held; release() closes it
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -259,6 +259,7 @@ class LocalCluster:
         bookie.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if extra_args is not None:
             bookie.extra_args = list(extra_args)
+        _release_output(bookie.process)
         # private like the rest of the bookie's directory (the bookie's umask is 077)
         log_file: IO[str] = os.fdopen(os.open(bookie.data_dir / "bookie.log",
                                               os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
@@ -330,10 +331,12 @@ class LocalCluster:
             os.kill(bookie.process.pid, signum)  # type: ignore[union-attr]
             if signum in (signal.SIGKILL, signal.SIGTERM):
                 bookie.process.wait(timeout=30)  # type: ignore[union-attr]
+                _release_output(bookie.process)
 
     def stop_bookie(self, index: int, timeout_s: float = 30.0) -> int | None:
         bookie = self.bookies[index]
         if not bookie.running:
+            _release_output(bookie.process)
             return None if bookie.process is None else bookie.process.returncode
         bookie.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         try:
@@ -341,6 +344,8 @@ class LocalCluster:
         except subprocess.TimeoutExpired:
             bookie.process.kill()  # type: ignore[union-attr]
             return bookie.process.wait()  # type: ignore[union-attr]
+        finally:
+            _release_output(bookie.process)
 
     def stop(self) -> None:
         for bookie in self.bookies:
@@ -358,6 +363,12 @@ class LocalCluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _release_output(process: subprocess.Popen[str] | None) -> None:
+    """Close our end of an exited child's stdout pipe (else the file stays open until collected)."""
+    if process is not None and process.poll() is not None and process.stdout is not None:
+        process.stdout.close()
 
 
 class LineReader:

@@ -15,8 +15,8 @@ The account (`Produced`). Each record's future says how it ended: durable at an 
 ledger deleted under the writer (LedgerDeletedError names it, and records acknowledged into it
 earlier are moved from durable to lost), not written, or unknown (any other failure: it may have
 reached an ack quorum). Acknowledgements come in order, so durable records are a prefix of the
-input (what a deleted ledger took aside) and the last durable offset is where to resume. The first Ctrl-C closes the writer, flushing it; the second aborts it
-(tools/interrupts.py), and what was in flight is unknown.
+input (what a deleted ledger took aside) and the last durable offset is where to resume. The first
+Ctrl-C closes the writer, flushing it; the second aborts it (tools/interrupts.py), and what was in flight is unknown.
 
 Formats. `lines`: one record per line, as bytes (any encoding, no decoding); `raw`: all of
 standard input is one record; `base64`: one base64-encoded value per line; `jsonl`: one JSON
@@ -36,9 +36,9 @@ import binascii
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from bookkeeper.errors import ConfigError, DlogError
 from dlog.core.errors import LedgerDeletedError, WriterAbortedError

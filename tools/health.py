@@ -26,7 +26,6 @@ from bookkeeper.errors import DlogError
 CHECK_ENTRIES = 3
 CHECK_ENTRY_BYTES = 1024
 CHECK_TIMEOUT_S = 30.0  # per bookie, for its whole write-read-delete
-PING_COUNT_MAX = 100
 BOOKIE_CONNECT_TIMEOUT_S = 5.0
 
 
@@ -51,7 +50,7 @@ async def _check_bookie(client: Any, info: dict[str, Any], entries: int) -> dict
     try:
         async with asyncio.timeout(CHECK_TIMEOUT_S):
             await _write_and_read(client, str(info.get("id")), entries, row)
-    except (DlogError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, DlogError) as exc:
         row["note"] = f"{'timed out' if isinstance(exc, asyncio.TimeoutError) else exc}"
     row["ok"] = row["write"] == "ok" and row["read"] == "ok"
     return row
@@ -125,7 +124,7 @@ async def _ping_bookie(info: dict[str, Any], count: int, security: Any) -> dict[
             trips = [await _timed(connection.info(), BOOKIE_CONNECT_TIMEOUT_S) for _ in range(count)]
         finally:
             await connection.close()
-    except (DlogError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, DlogError) as exc:
         return {**row, "error": str(exc) or "timed out"}
     return {**row, **_summary(trips), "error": None}
 

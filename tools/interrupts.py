@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 ABORT_EXIT_S = 10.0  # after the second Ctrl-C, what is still pending is cancelled this much later
 

@@ -37,7 +37,7 @@ def parse_start(text: str, now_ms: int | None = None, flag: str = "--from") -> s
             moment_ms = max(0, now_ms - parse_duration_ms(relative.group(1)))
         except ConfigError:
             raise ConfigError(f"bad {flag} {text!r}: {_FROM_RULE}") from None
-        return datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(milliseconds=moment_ms)
+        return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(milliseconds=moment_ms)
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:

@@ -201,9 +201,11 @@ async def _reacl_segment_ledgers(client: Any, path: str, namespace: str, bookkee
     for stream in streams:
         segments = f"{path}/streams/{stream}/segments"
         for name in await client.children(segments) if await client.exists(segments) else []:
-            ledger = ledger_path(bookkeeper_root, Segment.from_bytes((await client.get(f"{segments}/{name}"))[0]).ledger_id)
+            segment = Segment.from_bytes((await client.get(f"{segments}/{name}"))[0])
+            ledger = ledger_path(bookkeeper_root, segment.ledger_id)
             metadata = await client.get_or_none(ledger)
-            if metadata is not None and dict(LedgerMetadata.from_bytes(metadata[0]).custom).get("namespace") == namespace:
+            custom = dict(LedgerMetadata.from_bytes(metadata[0]).custom) if metadata is not None else {}
+            if custom.get("namespace") == namespace:
                 await client.set_acls(ledger, policy.acl_for(ledger, writers))
 
 
@@ -257,7 +259,7 @@ def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
 # ------------------------------------------------------------------------------ certificates
 
 
-def make_ca(name: str):  # type: ignore[no-untyped-def]
+def make_ca(name: str):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -279,7 +281,7 @@ def make_ca(name: str):  # type: ignore[no-untyped-def]
     return key, cert
 
 
-def make_certificate(ca_key, ca_cert, name: str, *, hosts: tuple[str, ...] = (),  # type: ignore[no-untyped-def]
+def make_certificate(ca_key, ca_cert, name: str, *, hosts: tuple[str, ...] = (),
                      roles: tuple[str, ...] = (), days: int = CERT_DAYS):
     """A certificate signed by the CA: server names in `hosts` (IPs and DNS names), client roles
     as `dlog-role=<role>` organizational units."""
@@ -309,14 +311,14 @@ def make_certificate(ca_key, ca_cert, name: str, *, hosts: tuple[str, ...] = (),
     return key, builder.sign(ca_key, hashes.SHA256())
 
 
-def private_pem(key) -> bytes:  # type: ignore[no-untyped-def]
+def private_pem(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 
 
-def certificate_pem(cert) -> bytes:  # type: ignore[no-untyped-def]
+def certificate_pem(cert) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return cert.public_bytes(serialization.Encoding.PEM)

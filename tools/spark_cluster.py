@@ -34,9 +34,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Callable
 
 from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError, DlogError

@@ -41,9 +41,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -263,7 +264,7 @@ class Collector:
             async with self._http.get(url + "/metrics") as response:  # type: ignore[union-attr]
                 response.raise_for_status()
                 text = (await response.content.read(METRICS_BYTES_MAX)).decode(errors="replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             row["admin"] = "unreachable"
             return row
         samples = parse_metrics(text)
@@ -345,7 +346,7 @@ class Collector:
         alive = [s for s in segments if s["state"] != "truncated"]
         found = await asyncio.gather(*(self._zk.exists(layout.ledger_path(self.options.bookkeeper_root,
                                                                            s["ledger"])) for s in alive))
-        for segment, exists in zip(alive, found):
+        for segment, exists in zip(alive, found, strict=True):
             if not exists:
                 segment["damaged"] = True
                 segment["note"] = f"DAMAGED: ledger {segment['ledger']} is missing, its records are lost"
@@ -361,7 +362,7 @@ class Collector:
             item["bytes"] = None  # a ledger's length is known once it is closed
             try:
                 item["last_entry"], item["records"] = await self._tail(segment, password)
-            except (DlogError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, DlogError) as exc:
                 self._reads.forget(segment.ledger_id)
                 item["last_entry"] = item["records"] = None
                 item["note"] = f"records unknown: {exc or type(exc).__name__}"
@@ -396,7 +397,7 @@ async def _cluster(request: web.Request) -> web.Response:
     try:
         async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
             result = await request.app[COLLECTOR_KEY].snapshot()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return web.json_response({"errors": [f"collecting took over {SNAPSHOT_TIMEOUT_S:.0f} s"]},
                                  status=504)
     return web.json_response(result, dumps=lambda value: json.dumps(value, sort_keys=True))

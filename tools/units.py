@@ -98,7 +98,7 @@ def format_time_ms(time_ms: int | None, timespec: str = "milliseconds") -> str:
     unknown in segment metadata). `timespec` as datetime.isoformat's ("seconds" for tables)."""
     if not time_ms:
         return "-"
-    moment = datetime.datetime.fromtimestamp(time_ms / 1000, tz=datetime.timezone.utc).astimezone()
+    moment = datetime.datetime.fromtimestamp(time_ms / 1000, tz=datetime.UTC).astimezone()
     return moment.isoformat(sep=" ", timespec=timespec)
 
 

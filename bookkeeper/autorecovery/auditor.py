@@ -265,7 +265,7 @@ class Auditor:
             await asyncio.wait(tasks)
         self._tasks.clear()
 
-    async def _ledgers(self, after: int, bucket: TokenBucket):  # type: ignore[no-untyped-def]
+    async def _ledgers(self, after: int, bucket: TokenBucket):
         """(ledger id, metadata) of every ledger above `after`, paged and paced."""
         while page := await self.client.store.list_ledgers_page(after, SCAN_PAGE):
             for ledger_id in page:

@@ -83,7 +83,7 @@ class EntryCopier:
     async def copy(self, jobs: Iterable[tuple[int, Sequence[str]]], target: str,
                    on_progress: Callable[[int], None] = lambda copied: None) -> CopyResult:
         """Copy every (entry id, sources) to `target`; returns what was copied."""
-        in_flight: set[asyncio.Task[int]] = set()
+        in_flight: set[asyncio.Future[int]] = set()
         copied = size_bytes = 0
         try:
             for entry_id, sources in jobs:
@@ -138,7 +138,7 @@ class EntryCopier:
                         self.pool.next_request_id(), self.ledger_id, entry_id))
                 verify(answer.packed_entry, self.ledger_id, entry_id, self.digest)
                 return answer.packed_entry
-            except (DlogError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, DlogError) as exc:
                 problems.append(f"{source}: {type(exc).__name__} {exc}".strip())
         raise EntryUnavailableError(
             f"no good copy of entry {self.ledger_id}:{entry_id} on "

@@ -80,9 +80,8 @@ def fragments(metadata: LedgerMetadata) -> list[Fragment]:
     result = []
     for index, (first, bookies) in enumerate(metadata.ensembles):
         if index + 1 < len(metadata.ensembles):
-            last: int | None = metadata.ensembles[index + 1][0] - 1
-            if closed:
-                last = min(last, metadata.last_entry_id)
+            before_next = metadata.ensembles[index + 1][0] - 1
+            last: int | None = min(before_next, metadata.last_entry_id) if closed else before_next
         else:
             last = metadata.last_entry_id if closed else None
         if index > 0 and last is not None and last < first:

@@ -42,7 +42,7 @@ async def check_chunk(pool: BookiePool, ledger_id: int, fragment: Fragment, writ
     members = [bookie for bookie in fragment.bookies if bookie in live]
     answers = await asyncio.gather(*(_ask(pool, bookie, ledger_id, first, count, timeout_s)
                                      for bookie in members))
-    by_bookie = dict(zip(members, answers))
+    by_bookie = dict(zip(members, answers, strict=True))
     size = len(fragment.bookies)
     verdicts, good, asked = {}, {}, 0
     for offset in range(count):
@@ -67,6 +67,6 @@ async def _ask(pool: BookiePool, bookie: str, ledger_id: int, first: int, count:
             answer = await pool.send(bookie, request)
     except NoSuchLedgerError:
         return [(ReplicaState.ABSENT, 0)] * count
-    except (DlogError, asyncio.TimeoutError):
+    except (TimeoutError, DlogError):
         return [(ReplicaState.UNREACHABLE, 0)] * count
     return [(STATES[state], crc) for state, crc in answer.entries]

@@ -93,7 +93,6 @@ class ReplicationWorker:
         self._wake = asyncio.Event()
         self._not_before_s: dict[int, float] = {}
         self._failures: dict[int, int] = {}
-        self._last_progress_s = 0.0
 
     def wake(self) -> None:
         self._wake.set()
@@ -115,7 +114,7 @@ class ReplicationWorker:
             try:
                 async with asyncio.timeout(self.settings.marks_poll_interval_s):
                     await self._wake.wait()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def repair_next(self) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from typing import cast
 
 from bookkeeper.bookie.ports import CoreParts, Reply
 from bookkeeper.errors import BookieIOError
@@ -227,7 +228,7 @@ def _header_problem(ledger_id: int, request_entry_id: int | None, header_ledger:
 
 def _answer(argument: object) -> None:
     """Journal callback of the last record of an add: it is durable, send the answer."""
-    reply, frame = argument  # type: ignore[misc]
+    reply, frame = cast("tuple[Reply, bytes]", argument)  # what journal_adds gave the journal
     reply.send(frame)
     reply.request_done()
 

@@ -36,7 +36,7 @@ from bookkeeper.bookie.adds import AddHandlers, journaled_entries
 from bookkeeper.bookie.batching import BatchHandlers
 from bookkeeper.bookie.ports import JournalPort, LedgerState, Reply, StoragePort, Waiter
 from bookkeeper.bookie.storage import LedgerData
-from bookkeeper.errors import BookieIOError, invariant
+from bookkeeper.errors import BookieIOError, known
 from bookkeeper.protocol import wire
 from bookkeeper.protocol.batch import ReadRangeRequest
 from bookkeeper.protocol.entry import DIGEST_BYTES, ENTRY_HEADER, ENTRY_HEADER_BYTES, DigestType
@@ -202,8 +202,7 @@ class BookieCore(AddHandlers, BatchHandlers):
             return
         if request.lac > ledger.explicit_lac:
             ledger.explicit_lac = request.lac
-            state = self.storage.get_state(request.ledger_id)
-            invariant(state is not None, "a known ledger has a stored state")
+            state = known(self.storage.get_state(request.ledger_id), "a known ledger has a stored state")
             self.storage.put_state(request.ledger_id, _replace(state, explicit_lac=request.lac))
         # journaled, but answered at once: an explicit LAC is advisory (it only makes entries the
         # writer already saw acknowledged visible to readers sooner; recovery never relies on it),
@@ -376,14 +375,13 @@ class BookieCore(AddHandlers, BatchHandlers):
         ledger.fenced = True
         ledger.fence_pending = [(request, reply)]
         self.fence_count += 1
-        state = self.storage.get_state(ledger_id)
-        invariant(state is not None, "a known ledger has a stored state")
+        state = known(self.storage.get_state(ledger_id), "a known ledger has a stored state")
         self.storage.put_state(ledger_id, _replace(state, fenced=True))
 
         def fenced(_: object) -> None:
             waiting, ledger.fence_pending = ledger.fence_pending or [], None
             for pending_request, pending_reply in waiting:
-                if type(pending_request) is ReadRequest:
+                if isinstance(pending_request, ReadRequest):
                     self._answer_read(pending_request, ledger, pending_reply)
                 else:  # a fencing READ_RANGE (batching.py)
                     self._answer_read_range(pending_request, ledger.lac, pending_reply)

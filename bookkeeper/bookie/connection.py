@@ -87,7 +87,7 @@ class ClientConnection(asyncio.Protocol):
         self._throttled = False  # reading paused: the namespace's write quota (guard)
         self._writes_blocked = False  # parsing and reading stopped: too many unsent answer bytes
         self._transport_full = False  # the transport asked us to stop writing (pause_writing)
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._out_bytes = 0
         self._flush_scheduled = False
         self._partial_since = 0.0
@@ -388,7 +388,7 @@ class ClientConnection(asyncio.Protocol):
     def peer_certificate(self) -> dict[str, Any] | None:
         if self.transport is None:
             return None
-        return self.transport.get_extra_info("peercert")  # type: ignore[no-any-return]
+        return self.transport.get_extra_info("peercert")
 
     # ------------------------------------------------------------------ silent and idle partial frames
 
@@ -456,7 +456,7 @@ class ClientConnection(asyncio.Protocol):
     def abort(self) -> None:
         """Drop the connection now, discarding unsent answers (a client that does not read them)."""
         if self.transport is not None:
-            self.transport.abort()  # type: ignore[attr-defined]
+            self.transport.abort()
         self.closed = True
         self._out, self._out_bytes = [], 0
         self._note_unsent(gone=True)

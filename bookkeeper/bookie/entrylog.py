@@ -28,7 +28,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from bookkeeper.errors import BookieIOError, ConfigError, invariant
+from bookkeeper.errors import BookieIOError, ConfigError, invariant, known
 
 LOG_MAGIC = b"DLEL"
 LOG_FORMAT_VERSION = 1
@@ -47,10 +47,6 @@ def make_location(log_id: int, offset: int) -> int:
     return log_id << 32 | offset
 
 
-def location_log_id(location: int) -> int:
-    return location >> 32
-
-
 def log_file_name(log_id: int) -> str:
     return f"{log_id:016x}{_SUFFIX}"
 
@@ -67,7 +63,7 @@ def decode_ledger_map(blob: bytes) -> tuple[int, dict[int, int]]:
     if len(blob) % 16 != 8:
         raise BookieIOError(f"corrupt entry-log ledger map ({len(blob)} bytes)")
     flat = struct.unpack(f"<{len(blob) // 8}Q", blob)
-    return flat[0], dict(zip(flat[1::2], flat[2::2]))
+    return flat[0], dict(zip(flat[1::2], flat[2::2], strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +108,7 @@ class EntryLogger:
         self.next_log_id = 1
         # Writer state.
         self._fd: int | None = None
-        self._log_id: int | None = None
+        self._log_id = -1  # none yet
         self._position = 0  # logical end of the current log, buffered bytes included
         self._buffer = bytearray()
         self._dirty: set[int] = set()
@@ -127,7 +123,7 @@ class EntryLogger:
                 continue
             log_id = int(stem, 16)
             file_bytes = os.stat(self._directory / name).st_size
-            synced_bytes, ledger_bytes = 0, {}
+            synced_bytes, ledger_bytes = 0, dict[int, int]()
             if log_id in ledger_maps:
                 synced_bytes, ledger_bytes = decode_ledger_map(ledger_maps[log_id])
             self._logs[log_id] = _LogInfo(ledger_bytes, min(synced_bytes, file_bytes), file_bytes)
@@ -148,7 +144,7 @@ class EntryLogger:
 
     @property
     def current_log_id(self) -> int | None:
-        return self._log_id
+        return None if self._log_id < 0 else self._log_id
 
     def append_entries(self, ledger_id: int, entry_ids: list[int], entries: dict[int, bytes]) -> list[int]:
         """Append ``entries[e]`` for each e in ``entry_ids``; returns their locations."""
@@ -209,12 +205,13 @@ class EntryLogger:
             raise BookieIOError(f"cannot roll entry log: {error!r}") from error
 
     def _write_buffer(self) -> None:
+        fd = known(self._fd, "an entry log is open while records are buffered")
         view = memoryview(self._buffer)
         start = self._position - len(view)
         written = 0
         try:
             while written < len(view):
-                count = os.pwrite(self._fd, view[written:], start + written)
+                count = os.pwrite(fd, view[written:], start + written)
                 invariant(count > 0, "pwrite to an entry log wrote nothing")
                 written += count
         except OSError as error:
@@ -230,7 +227,7 @@ class EntryLogger:
 
     def _sync(self) -> None:
         try:
-            os.fdatasync(self._fd)  # type: ignore[arg-type]
+            os.fdatasync(known(self._fd, "an entry log is open when it is synced"))
         except OSError as error:
             self._broken = error
             raise BookieIOError(f"cannot fdatasync entry log {self._log_id:016x}: {error!r}") from error

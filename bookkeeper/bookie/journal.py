@@ -34,7 +34,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from bookkeeper.clock import perf_s
-from bookkeeper.errors import BookieIOError, ConfigError, invariant
+from bookkeeper.errors import BookieIOError, ConfigError, invariant, known
 
 log = logging.getLogger(__name__)
 
@@ -121,20 +121,23 @@ class _Writer:
             os.fsync(fd)
             fsync_directory(self.directory)
 
+    def _open_fd(self) -> int:
+        return known(self.fd, "a journal file is open while it is written")
+
     def ensure_allocated(self, end: int) -> None:
         if self.prealloc_bytes <= 0:
             return
         while end > self.allocated_bytes:
             # Never past the roll size, unless one record alone is bigger than that.
             target = min(self.allocated_bytes + self.prealloc_bytes, max(self.file_bytes_max, end))
-            os.posix_fallocate(self.fd, self.allocated_bytes, target - self.allocated_bytes)
+            os.posix_fallocate(self._open_fd(), self.allocated_bytes, target - self.allocated_bytes)
             self.allocated_bytes = target
 
     def write_all(self, data: bytes | bytearray, offset: int) -> None:
         view = memoryview(data)
         written = 0
         while written < len(view):
-            count = os.pwrite(self.fd, view[written:], offset + written)
+            count = os.pwrite(self._open_fd(), view[written:], offset + written)
             if count <= 0:
                 raise OSError(f"pwrite wrote {count} bytes to journal {self.file_id:016x}")
             written += count
@@ -148,7 +151,7 @@ class _Writer:
             self.ensure_allocated(piece.offset + len(piece.data))
             self.write_all(piece.data, piece.offset)
         if self.sync:
-            os.fdatasync(self.fd)
+            os.fdatasync(self._open_fd())
         return perf_s() - started
 
     def close(self) -> None:
@@ -299,12 +302,15 @@ class Journal:
         self._file_id += 1
         self._offset = self._buffer_offset = HEADER_BYTES
 
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        return known(self._loop, "the journal is open for append")
+
     def _schedule(self) -> None:
         self._scheduled = True
         if self._group_wait_seconds <= 0:
-            self._loop.call_soon(self._flush)
+            self._event_loop().call_soon(self._flush)
         else:
-            self._timer = self._loop.call_later(self._group_wait_seconds, self._on_timer)
+            self._timer = self._event_loop().call_later(self._group_wait_seconds, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -325,7 +331,7 @@ class Journal:
         self._pieces, self._pieces_bytes, self._callbacks = [], 0, []
         self._buffer, self._buffer_offset = bytearray(), self._offset
         self._writing, self._writing_bytes = True, group_bytes
-        future = self._loop.run_in_executor(self._executor, self._writer.write_group, pieces)
+        future = self._event_loop().run_in_executor(self._executor, self._writer.write_group, pieces)
         future.add_done_callback(lambda done: self._on_written(done, callbacks, end, group_bytes))
 
     def _on_written(
@@ -423,7 +429,7 @@ class Journal:
         if mark <= self._durable:
             return
         invariant(mark <= self.mark(), f"wait_durable({mark}) is past the end {self.mark()}")
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[None] = self._event_loop().create_future()
         self._waiters.append((mark, future))
         await future
 
@@ -460,7 +466,7 @@ class Journal:
         self._closed = True
         self._open = False
         if self._executor is not None:
-            await self._loop.run_in_executor(self._executor, self._writer.close)
+            await self._event_loop().run_in_executor(self._executor, self._writer.close)
             self._executor.shutdown(wait=True)
             self._executor = None
 

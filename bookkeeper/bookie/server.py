@@ -39,7 +39,8 @@ import resource
 import socket
 import ssl
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.connection import ClientConnection

@@ -123,7 +123,7 @@ class BookieService:
             directory.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         self.data_dir.chmod(PRIVATE_DIR_MODE)  # one an older version made (0755) becomes private too
         if self.config.zk:
-            await self._check_identity()
+            await self._check_identity(self.config.zk)
         await asyncio.to_thread(self._recover_storage)
         self._storage_open = True
         self.metrics.time_gc_pauses()
@@ -151,7 +151,7 @@ class BookieService:
         log.info("bookie %s ready: port %d, http %s, data %s (replayed %d journal records)",
                  self.bookie_id, self.port, self.http_port, self.data_dir, self.replayed_records)
 
-    async def _check_identity(self) -> None:
+    async def _check_identity(self, zk_hosts: str) -> None:
         if self.config.bookie_id is None and self.config.port == 0:
             raise DlogError("a bookie registered in ZooKeeper needs a fixed --port or a --bookie-id: "
                             "its cookie ties the data directory to that identity")
@@ -164,7 +164,7 @@ class BookieService:
             auth = [("digest", f"{self.config.zk_user}:{self.config.zk_password}")]
             policy = AclPolicy.for_identity(self.config.zk_user, self.config.zk_password,
                                             self.config.zk_root)
-        self.zk = AsyncZooKeeper(self.config.zk, session_timeout_s=self.config.zk_session_timeout_s,
+        self.zk = AsyncZooKeeper(zk_hosts, session_timeout_s=self.config.zk_session_timeout_s,
                                  auth=auth, acl_policy=policy)
         await self.zk.start()
         instance_id = await ensure_cluster(self.zk, self.config.zk_root)

@@ -36,8 +36,10 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from crc32c import crc32c
 from rocksdict import Options, Rdict, WriteBatch
@@ -49,7 +51,7 @@ from bookkeeper.bookie.entrylog import (
     ScannedEntry,
 )
 from bookkeeper.bookie.journal import JournalMark, fsync_directory
-from bookkeeper.errors import BookieIOError, invariant
+from bookkeeper.errors import BookieIOError, invariant, known
 
 _INDEX_KEY = struct.Struct(">BQQ")  # big endian so one ledger's keys are contiguous and sorted
 _INDEX_VALUE = struct.Struct("<QI")  # location, record bytes
@@ -159,9 +161,19 @@ class LedgerStorage:
         for log_id in ledger_maps.keys() - set(self._log.log_ids()):
             self._db.delete(_LEDGER_KEY.pack(_LEDGER_MAP, log_id))  # a crash between unlink and this delete
 
+    def _index(self) -> Rdict:
+        return known(self._db, "ledger storage is open")
+
+    def _entry_logger(self) -> EntryLogger:
+        return known(self._log, "ledger storage is open")
+
+    def _raw_items(self, from_key: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The index's (key, value) pairs from `from_key` on (raw mode: both are bytes)."""
+        return cast("Iterator[tuple[bytes, bytes]]", self._index().items(from_key=from_key))
+
     def _prefix_items(self, prefix: int) -> list[tuple[bytes, bytes]]:
         items = []
-        for key, value in self._db.items(from_key=bytes([prefix])):
+        for key, value in self._raw_items(bytes([prefix])):
             if key[0] != prefix:
                 break
             items.append((key, value))
@@ -170,7 +182,7 @@ class LedgerStorage:
     def _load_last_entries(self) -> dict[int, int]:
         """Highest indexed entry id per ledger: one seek pair per ledger, not a full scan."""
         last_entry: dict[int, int] = {}
-        iterator = self._db.iter()
+        iterator = self._index().iter()
         iterator.seek(bytes([_INDEX]))
         while iterator.valid() and iterator.key()[0] == _INDEX:
             ledger_id = _INDEX_KEY.unpack(iterator.key())[1]
@@ -192,7 +204,7 @@ class LedgerStorage:
                 self.flush_checkpoint(snapshot)
                 self.end_checkpoint(snapshot)
             with self._writer_lock, self._index_lock:
-                self._log.close()
+                self._entry_logger().close()
                 self._db.flush_wal(True)
                 self._db.close()
                 self._db = self._log = None
@@ -243,11 +255,11 @@ class LedgerStorage:
             return None
         key = _index_key(ledger_id, entry_id)
         with self._index_lock:
-            value = self._db.get(key)
+            value = self._index().get(key)
             if value is None:
                 return None
             location, record_bytes = _INDEX_VALUE.unpack(value)
-            return self._log.read(location, record_bytes, ledger_id, entry_id)
+            return self._entry_logger().read(location, record_bytes, ledger_id, entry_id)
 
     def last_entry_id(self, ledger_id: int) -> int:
         return self._last_entry.get(ledger_id, -1)
@@ -270,7 +282,7 @@ class LedgerStorage:
 
     def put_state(self, ledger_id: int, state: LedgerData) -> None:
         self._states[ledger_id] = state
-        self._db.put(_LEDGER_KEY.pack(_STATE, ledger_id), encode_state(state))
+        self._index().put(_LEDGER_KEY.pack(_STATE, ledger_id), encode_state(state))
 
     def ledger_ids(self) -> list[int]:
         return sorted(self._states.keys() | self._last_entry.keys())
@@ -292,17 +304,16 @@ class LedgerStorage:
         with self._index_lock:
             for watcher in self._watchers:
                 watcher.add(ledger_id)
-            self._db.write(batch)
+            self._index().write(batch)
 
     def count_stored_bytes(self) -> None:
         """Count the bytes of the entries indexed before open (a scan of their index records; run
         it on a thread). Entries added since open are counted as they come, and have higher ids
         than any counted here; an entry re-added over an old one (recovery) counts twice."""
-        assert self._db is not None
         base: dict[int, int] = {}
         for ledger_id, last_entry_id in list(self._last_at_open.items()):
             total = 0
-            for key, value in self._db.items(from_key=_index_key(ledger_id, 0)):
+            for key, value in self._raw_items(_index_key(ledger_id, 0)):
                 if key[0] != _INDEX or len(key) != _INDEX_KEY.size:
                     break
                 _, key_ledger, entry_id = _INDEX_KEY.unpack(key)
@@ -349,13 +360,13 @@ class LedgerStorage:
                 all_ids = sorted(entries)
                 for start in range(0, len(all_ids), CHECKPOINT_CHUNK_ENTRIES):
                     entry_ids = all_ids[start: start + CHECKPOINT_CHUNK_ENTRIES]
-                    locations = self._log.append_entries(ledger_id, entry_ids, entries)
-                    for entry_id, location in zip(entry_ids, locations):
+                    locations = self._entry_logger().append_entries(ledger_id, entry_ids, entries)
+                    for entry_id, location in zip(entry_ids, locations, strict=True):
                         record_bytes = RECORD_HEADER_BYTES + len(entries[entry_id])
                         puts.append((ledger_id, pack_key(_INDEX, ledger_id, entry_id),
                                      pack_value(location, record_bytes)))
                     _let_the_loop_run()
-            self._log.flush()
+            self._entry_logger().flush()
             self._commit_index(puts, snapshot.deleted)
             snapshot.flushed = True
 
@@ -381,10 +392,10 @@ class LedgerStorage:
     def _commit_index(self, puts: list[tuple[int, bytes, bytes]], watcher: set[int]) -> None:
         """Writer lock held, entry log flushed: log metadata, then index puts, then sync the WAL."""
         metadata = WriteBatch(raw_mode=True)
-        for log_id, blob in self._log.take_dirty_metadata():
+        for log_id, blob in self._entry_logger().take_dirty_metadata():
             metadata.put(_LEDGER_KEY.pack(_LEDGER_MAP, log_id), blob)
-        metadata.put(_NEXT_LOG_ID_KEY, struct.pack("<Q", self._log.next_log_id))
-        self._db.write(metadata)
+        metadata.put(_NEXT_LOG_ID_KEY, struct.pack("<Q", self._entry_logger().next_log_id))
+        self._index().write(metadata)
         for start in range(0, len(puts), _CHUNK_PUTS):
             chunk = puts[start : start + _CHUNK_PUTS]
             _let_the_loop_run()
@@ -394,8 +405,8 @@ class LedgerStorage:
                 deleted = {ledger_id for ledger_id, _, _ in chunk} & watcher if watcher else None
                 if deleted:
                     batch = _build_batch(chunk, deleted)
-                self._db.write(batch)
-        self._db.flush_wal(True)
+                self._index().write(batch)
+        self._index().flush_wal(True)
 
     def _watch(self) -> set[int]:
         watcher: set[int] = set()
@@ -442,35 +453,36 @@ class LedgerStorage:
             watcher = self._watch()
             try:
                 with self._writer_lock:
-                    current = self._log.current_log_id
-                    candidates = [log_id for log_id in self._log.log_ids() if current is None or log_id < current]
+                    logger = self._entry_logger()
+                    current = logger.current_log_id
+                    candidates = [log_id for log_id in logger.log_ids() if current is None or log_id < current]
                 return sum(self._compact_log(log_id, live_fraction_max, watcher) for log_id in candidates)
             finally:
                 self._unwatch(watcher)
 
     def _compact_log(self, log_id: int, live_fraction_max: float, watcher: set[int]) -> int:
-        file_bytes = self._log.file_bytes(log_id)
-        ledger_bytes = self._log.ledger_bytes(log_id)
+        file_bytes = self._entry_logger().file_bytes(log_id)
+        ledger_bytes = self._entry_logger().ledger_bytes(log_id)
         live_bytes = sum(count for ledger_id, count in ledger_bytes.items() if self._ledger_exists(ledger_id))
         if live_bytes > 0 and live_bytes >= live_fraction_max * file_bytes:
             return 0
         copied = self._relocate(log_id, watcher) if live_bytes > 0 else 0
         # Index deletes (delete_ledger) and the moves above must be durable before the unlink.
-        self._db.flush_wal(True)
+        self._index().flush_wal(True)
         with self._writer_lock, self._index_lock:
-            self._log.delete_log(log_id)
-            self._db.delete(_LEDGER_KEY.pack(_LEDGER_MAP, log_id))
+            self._entry_logger().delete_log(log_id)
+            self._index().delete(_LEDGER_KEY.pack(_LEDGER_MAP, log_id))
         return max(file_bytes - copied, 0)
 
     def _relocate(self, log_id: int, watcher: set[int]) -> int:
         """Copy the live entries of ``log_id`` into the current log; returns bytes copied."""
         copied, pending, pending_bytes = 0, [], 0
-        for scanned in self._log.scan(log_id):
+        for scanned in self._entry_logger().scan(log_id):
             if not self._ledger_exists(scanned.ledger_id):
                 continue
             key = _index_key(scanned.ledger_id, scanned.entry_id)
             value = _INDEX_VALUE.pack(scanned.location, scanned.record_bytes)
-            if self._db.get(key) != value:
+            if self._index().get(key) != value:
                 continue  # superseded by a newer copy, or deleted
             pending.append((scanned, key, value))
             pending_bytes += scanned.record_bytes
@@ -486,13 +498,13 @@ class LedgerStorage:
             puts, copied = [], 0
             for scanned, key, value in pending:
                 # Under the writer lock only delete_ledger can still change the key (watcher).
-                if self._db.get(key) != value:
+                if self._index().get(key) != value:
                     continue
                 ledger_id, entry_id = scanned.ledger_id, scanned.entry_id
-                [location] = self._log.append_entries(ledger_id, [entry_id], {entry_id: scanned.data})
+                [location] = self._entry_logger().append_entries(ledger_id, [entry_id], {entry_id: scanned.data})
                 puts.append((ledger_id, key, _INDEX_VALUE.pack(location, scanned.record_bytes)))
                 copied += scanned.record_bytes
-            self._log.flush()
+            self._entry_logger().flush()
             self._commit_index(puts, watcher)
         return copied
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Hashable, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 
 SWEEP_INTERVAL_S = 0.05
-Key = TypeVar("Key", bound=Hashable)
+Key = TypeVar("Key")
 
 
 class Holder(Protocol):

@@ -17,6 +17,7 @@ range with stride 1 whose extra entries are ignored; anything sparser stays plai
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -63,7 +64,6 @@ class AddBatcher:
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
         self.frames_sent = 0
-        self.entries_sent = 0
 
     def add(self, sink: AddSink, ledger_id: int, master_key: bytes, recovery: bool, entry_id: int,
             packed_entry: bytes) -> None:
@@ -91,7 +91,6 @@ class AddBatcher:
         frame = encode_add_batch(request_id, [(group.ledger_id, group.master_key, group.recovery,
                                                group.entries) for group in groups])
         self.frames_sent += 1
-        self.entries_sent += sum(len(group.entry_ids) for group in groups)
         bookie = self.bookie
 
         def answered(outcome: Any) -> None:
@@ -136,7 +135,7 @@ def plan_range_reads(entry_ids: list[int]) -> tuple[list[tuple[int, int, int]], 
     first, last = ordered[0], ordered[-1]
     stride = ordered[1] - first
     if stride <= READ_RANGE_STRIDE_MAX and all(
-            later - earlier == stride for earlier, later in zip(ordered, ordered[1:])):
+            later - earlier == stride for earlier, later in itertools.pairwise(ordered)):
         return [(first, last, stride)], []
     if last - first + 1 <= 2 * len(ordered):
         return [(first, last, 1)], []

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from bookkeeper.client.connection import ConnectSecurity, Dial
 from bookkeeper.client.ledger import LedgerHandle, ReadHandle, RecoveryDriver
 from bookkeeper.client.placement import choose_ensemble
-from bookkeeper.client.connection import ConnectSecurity, Dial
 from bookkeeper.client.pool import BookiePool
 from bookkeeper.client.settings import ClientSettings, DriverContext
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
@@ -79,11 +79,10 @@ class BookKeeper:
 
     async def start(self) -> BookKeeper:
         if self.store is None:
+            from bookkeeper.meta.acl import zk_options
             from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
 
-            from bookkeeper.meta.acl import zk_options
-
-            self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,  # type: ignore[arg-type]
+            self.store = await ZooKeeperMetadataStore.connect(self._zk, self._root,
                                                               timeout_s=self.settings.zk_timeout_s,
                                                               **zk_options(self.security, self._root))
         self.context = DriverContext(self.pool, self.store, self.settings, self.watch_writable,

@@ -12,9 +12,9 @@ import asyncio
 import itertools
 import socket
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import (
@@ -134,7 +134,7 @@ class BookieConnection(asyncio.Protocol):
         except ssl.SSLError as exc:
             raise BookieUnavailableError(f"TLS with bookie {address} failed: {exc.reason or exc} (does "
                                          "it serve TLS?)") from exc
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise BookieUnavailableError(f"cannot connect to bookie {address}: {exc!r}") from exc
         if security.authenticates:
             await connection.authenticate(security)
@@ -304,13 +304,13 @@ class BookieConnection(asyncio.Protocol):
         long_poll = previous_lac is not None
         return await self.request(ReadRequest(
             self.next_request_id(), ledger_id, entry_id, fence_key is not None, fence_key or b"",
-            long_poll, previous_lac if long_poll else -1, timeout_ms), wait_s=timeout_ms / 1000)
+            long_poll, previous_lac if previous_lac is not None else -1, timeout_ms), wait_s=timeout_ms / 1000)
 
     async def read_lac(self, ledger_id: int, *, previous_lac: int | None = None,
                        timeout_ms: int = 0) -> ReadLacResponse:
         long_poll = previous_lac is not None
         return await self.request(ReadLacRequest(self.next_request_id(), ledger_id, long_poll,
-                                                 previous_lac if long_poll else -1, timeout_ms),
+                                                 previous_lac if previous_lac is not None else -1, timeout_ms),
                                   wait_s=timeout_ms / 1000)
 
     async def write_lac(self, ledger_id: int, master_key: bytes, lac: int) -> WriteLacResponse:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from bookkeeper.client.batcher import plan_range_reads
 from bookkeeper.errors import (
@@ -183,7 +184,7 @@ class EffectDriver:
         self.run(effects)
 
     def read_ok(self, bookie: str, entry_id: int, lac: int, packed_entry: bytes) -> list[Effect]:
-        return self.machine.on_read_ok(bookie, entry_id, packed_entry, self.now_ms())  # type: ignore[no-any-return]
+        return self.machine.on_read_ok(bookie, entry_id, packed_entry, self.now_ms())
 
     # ------------------------------------------------------------------ explicit LAC
 

@@ -117,9 +117,8 @@ class LedgerHandle(EffectDriver):
                 _, future = futures.pop()
                 if not future.done():
                     future.set_exception(effect.error)
-        elif isinstance(effect, Finished):
-            if self._closed is not None and not self._closed.done():
-                self._closed.set_result(effect)
+        elif isinstance(effect, Finished) and self._closed is not None and not self._closed.done():
+            self._closed.set_result(effect)
         if not self._room.is_set() and self.machine.pending_count < self.pending_max:
             self._room.set()
 
@@ -268,9 +267,9 @@ class ReadHandle:
                     yield entry
                 next_entry_id = last + 1
                 continue
-            entry = await self.wait_for_entry(next_entry_id, poll_timeout_ms)
-            if entry is not None:
-                yield entry
+            polled = await self.wait_for_entry(next_entry_id, poll_timeout_ms)
+            if polled is not None:
+                yield polled
                 next_entry_id += 1
 
     async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> LedgerEntry | None:

@@ -15,7 +15,8 @@ over its simulated network.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bookkeeper.client.batcher import AddBatcher, AddSink
 from bookkeeper.client.connection import (
@@ -106,11 +107,6 @@ class BookiePool:
     def add_frames_sent(self) -> int:
         """ADD_BATCH frames sent so far, to every bookie."""
         return sum(batcher.frames_sent for batcher in self._batchers.values())
-
-    @property
-    def add_entries_sent(self) -> int:
-        """Adds sent so far in ADD_BATCH frames (entries to bookies, so Qw per entry)."""
-        return sum(batcher.entries_sent for batcher in self._batchers.values())
 
     async def _connect(self, bookie_id: str) -> None:
         try:

@@ -49,8 +49,7 @@ from typing import Any
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Id, Permissions, make_digest_acl_credential
 
 from bookkeeper.meta import layout
-from bookkeeper.security.settings import (NAMESPACE_ZK_ROLES, SecuritySettings, parse_role_zk_user,
-                                          role_zk_user)
+from bookkeeper.security.settings import NAMESPACE_ZK_ROLES, SecuritySettings, parse_role_zk_user, role_zk_user
 
 TOMBSTONE = b'{"deleted": true}'
 READ, WRITE, CREATE, DELETE, ADMIN = (Permissions.READ, Permissions.WRITE, Permissions.CREATE,
@@ -73,7 +72,6 @@ _OWNED_BY = {
 _READ_ONLY = {"admin": ALL, "produce": READ, "consume": READ}
 _NAMESPACE_NODE = {"admin": READ, "produce": READ, "consume": READ}
 LEDGER_WRITER_ROLES = ("produce", "admin")
-LEDGER_WRITERS_MAX = 8
 
 
 def digest_id(user: str, password: str) -> str:

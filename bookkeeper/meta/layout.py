@@ -78,10 +78,6 @@ def split_ledger_id_parts(ledger_id: int) -> list[str]:
     return split_ledger_id(ledger_id).split("/")
 
 
-def underreplication_path(root: str) -> str:
-    return f"{root}/underreplication"
-
-
 def marks_path(root: str) -> str:
     return f"{root}/underreplication/ledgers"
 

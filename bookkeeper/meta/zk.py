@@ -15,14 +15,15 @@ import asyncio
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
-    NoAuthError,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -157,12 +158,13 @@ async def refuse_unreachable(hosts: str, timeout_s: float = PROBE_TIMEOUT_S) -> 
         try:
             async with asyncio.timeout(timeout_s):
                 _, writer = await asyncio.open_connection(host, port)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         except socket.gaierror as exc:
             return f"cannot resolve host {host!r} ({exc.strerror})"
         except OSError as exc:
-            return f"{host}:{port} {'refused the connection' if isinstance(exc, ConnectionRefusedError) else exc.strerror}"
+            why = "refused the connection" if isinstance(exc, ConnectionRefusedError) else exc.strerror
+            return f"{host}:{port} {why}"
         writer.close()
         return None
 

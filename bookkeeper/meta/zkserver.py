@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Callable
 
 from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError, MetadataError
@@ -213,7 +213,6 @@ class EmbeddedZooKeeper:
         self._port = port
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
-        self.last_start_s: float | None = None
 
     @property
     def port(self) -> int:
@@ -241,7 +240,6 @@ class EmbeddedZooKeeper:
         is chosen on the first start."""
         if self.running:
             return
-        self._started_at = monotonic_s()
         java, classpath = find_java(), find_classpath()
         if self._port == 0:
             self._port = pick_free_port(self.host)
@@ -259,9 +257,7 @@ class EmbeddedZooKeeper:
 
     def wait_until_serving(self, timeout_s: float = 30.0) -> None:
         """Return once the server answers requests; MetadataError with its log's tail if it does not."""
-        started_at = getattr(self, "_started_at", monotonic_s())
         self._wait_until_serving(monotonic_s() + timeout_s, timeout_s)
-        self.last_start_s = monotonic_s() - started_at
 
     def kill(self, signum: int = signal.SIGKILL) -> None:
         """Signal our process (by its pid) and, for a signal that ends it, reap it."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bookkeeper.errors import (
     LedgerIdsExhaustedError,
@@ -230,28 +231,32 @@ class ZooKeeperMetadataStore:
                           directory, why, next_id)
                 await self._move_counter(next_id)
                 continue
-            path = layout.ledger_path(self.root, ledger_id)
-            acl = self.zk.acl_policy.acl_for(path, writers) if self.zk.acl_policy is not None else None
-            uncertain = False
-
-            async def attempt() -> bool:
-                nonlocal uncertain
-                try:
-                    await self.zk.create(path, data, makepath=True, acl=acl)
-                except MetadataExistsError:
-                    found = await self.zk.get_or_none(path) if uncertain else None
-                    return found is not None and found[0] == data  # ours, or a squatter's
-                except MetadataError as exc:
-                    uncertain = uncertain or exc.retryable
-                    raise
-                return True
-
-            if await retry(attempt, METADATA_RETRY, what=f"creation of ledger {ledger_id}"):
+            if await self._create_ledger_node(ledger_id, data, writers):
                 return ledger_id, 0
             await self._skip_squatters(ledger_id)
         raise MetadataError(f"{ID_SQUATTED_RETRIES} allocated ledger ids in a row already had metadata or lay in "
                             "directories others could write (see the log; an admin may delete the squatted "
                             f"nodes under {layout.ledgers_path(self.root)})")
+
+    async def _create_ledger_node(self, ledger_id: int, data: bytes, writers: list[str] | None) -> bool:
+        """Create ledger `ledger_id`'s node holding `data`, retried; False if a squatter has it."""
+        path = layout.ledger_path(self.root, ledger_id)
+        acl = self.zk.acl_policy.acl_for(path, writers) if self.zk.acl_policy is not None else None
+        uncertain = False
+
+        async def attempt() -> bool:
+            nonlocal uncertain
+            try:
+                await self.zk.create(path, data, makepath=True, acl=acl)
+            except MetadataExistsError:
+                found = await self.zk.get_or_none(path) if uncertain else None
+                return found is not None and found[0] == data  # ours, or a squatter's
+            except MetadataError as exc:
+                uncertain = uncertain or exc.retryable
+                raise
+            return True
+
+        return await retry(attempt, METADATA_RETRY, what=f"creation of ledger {ledger_id}")
 
     async def read_ledger(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
         path = layout.ledger_path(self.root, ledger_id)
@@ -330,8 +335,8 @@ class ZooKeeperMetadataStore:
             names = await self.trusted(names)
         found = await asyncio.gather(*(self.zk.get_or_none(layout.bookie_path(self.root, name))
                                        for name in names))
-        return sorted((_bookie_info(name, item[0]) for name, item in zip(names, found) if item is not None),
-                      key=lambda info: info.bookie_id)
+        infos = (_bookie_info(name, item[0]) for name, item in zip(names, found, strict=True) if item is not None)
+        return sorted(infos, key=lambda info: info.bookie_id)
 
     async def trusted(self, names: list[str]) -> list[str]:
         """The registrations nobody but their owner could have written (S3): the directory and the
@@ -343,7 +348,7 @@ class ZooKeeperMetadataStore:
         acls = await asyncio.gather(*(self.zk.get_acls(layout.bookie_path(self.root, name))
                                       for name in names), return_exceptions=True)
         trusted = []
-        for name, acl in zip(names, acls):
+        for name, acl in zip(names, acls, strict=True):
             if isinstance(acl, MetadataNotFoundError):
                 continue
             if isinstance(acl, BaseException):

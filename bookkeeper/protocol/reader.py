@@ -43,7 +43,7 @@ class ReadOp:
     def __init__(self, ledger_id: int, metadata: LedgerMetadata, digest: Digest, first_entry_id: int,
                  last_entry_id: int, *, speculative_ms: int = 2000, read_timeout_ms: int = 5000,
                  window: int = 256, down: frozenset[str] = frozenset()) -> None:
-        invariant(0 <= first_entry_id, f"first entry id {first_entry_id} is negative")
+        invariant(first_entry_id >= 0, f"first entry id {first_entry_id} is negative")
         self.ledger_id = ledger_id
         self.metadata = metadata
         self.digest = digest

@@ -36,6 +36,7 @@ from bookkeeper.errors import (
     RequestTimeoutError,
     UnauthorizedError,
     invariant,
+    known,
 )
 from bookkeeper.protocol.effects import (
     Effect,
@@ -122,15 +123,15 @@ class RecoveryOp:
         if self.phase is Phase.MARKING:
             self.metadata, self.version = current, version
             return self.start(now_ms)  # closed meanwhile, or in recovery by someone else, or retry
-        invariant(self.phase is Phase.CLOSING and self._closing_metadata is not None,
-                  f"metadata conflict during {self.phase.value}")
+        invariant(self.phase is Phase.CLOSING, f"metadata conflict during {self.phase.value}")
+        closing = known(self._closing_metadata, f"metadata conflict during {self.phase.value}")
         if current.state is LedgerState.CLOSED:
-            if current.last_entry_id == self._closing_metadata.last_entry_id:
+            if current.last_entry_id == closing.last_entry_id:
                 return self._finish(Finished(current, version))
             return self._finish(Finished(None, version, LedgerClosedError(
                 f"ledger {self.ledger_id} was closed at entry {current.last_entry_id} by another "
-                f"recovery, which this recovery saw end at {self._closing_metadata.last_entry_id}")))
-        self._closing_metadata = replace(self._closing_metadata, custom=current.custom)
+                f"recovery, which this recovery saw end at {closing.last_entry_id}")))
+        self._closing_metadata = replace(closing, custom=current.custom)
         return [WriteMetadata(self._closing_metadata, version)]
 
     def on_metadata_failed(self, error: DlogError) -> list[Effect]:

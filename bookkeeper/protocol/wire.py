@@ -108,7 +108,8 @@ class AuthRequest:
     credentials: bytes = b""
 
     def __repr__(self) -> str:  # never print a token
-        return f"AuthRequest(request_id={self.request_id}, mechanism={self.mechanism}, credentials=<{len(self.credentials)} bytes>)"
+        return (f"AuthRequest(request_id={self.request_id}, mechanism={self.mechanism}, "
+                f"credentials=<{len(self.credentials)} bytes>)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ class CheckEntriesRequest:
 
 
 Request = (AddRequest | ReadRequest | ReadLacRequest | WriteLacRequest | BookieInfoRequest | AuthRequest
-           | CheckEntriesRequest)
+           | CheckEntriesRequest | _batch.AddBatchRequest | _batch.ReadRangeRequest | _create.CreateLedgerRequest)
 
 # ---------------------------------------------------------------- responses
 
@@ -195,7 +196,8 @@ class AuthResponse:
 
 
 Response = (AddResponse | ReadResponse | ReadLacResponse | WriteLacResponse | BookieInfoResponse
-            | AuthResponse | CheckEntriesResponse | ErrorResponse)
+            | AuthResponse | CheckEntriesResponse | ErrorResponse | _batch.AddBatchResponse | _batch.ReadRangeResponse
+            | _create.CreateLedgerResponse)
 
 # ---------------------------------------------------------------- body layouts
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from bookkeeper.errors import (
     AuthenticationError,
-    BookieError,
     ConfigError,
     DlogError,
     ForbiddenError,
@@ -39,6 +38,7 @@ from bookkeeper.errors import (
     QuotaExceededError,
     UnauthorizedError,
     invariant,
+    known,
 )
 from bookkeeper.protocol.effects import (
     CompleteAdds,
@@ -287,7 +287,7 @@ class LedgerWriter:
             return self._fail_all(NotEnoughBookiesError(
                 f"ledger {self.ledger_id}: bookies {', '.join(failed)} failed and only "
                 f"{len(candidates)} writable bookies are left to replace them"))
-        replacements = dict(zip(failed, self.rng.sample(candidates, len(failed))))
+        replacements = dict(zip(failed, self.rng.sample(candidates, len(failed)), strict=True))
         ensemble = tuple(replacements.get(bookie, bookie) for bookie in self.ensemble)
         proposed = self.metadata.with_ensemble(self.lac + 1, ensemble)
         if self.recovery:
@@ -352,9 +352,9 @@ class LedgerWriter:
                     f"ledger {self.ledger_id} was closed at entry {current.last_entry_id} by another "
                     f"client; this writer's last entry is {self.lac}"), version)
             return self._retry(WriteMetadata(current.closed(self.lac, self.lac_length), version), version)
-        invariant(self.state is WriterState.CHANGING_ENSEMBLE and self._proposed is not None,
-                  f"metadata conflict while {self.state.value}")
-        proposed_first, proposed_ensemble = self._proposed.last_ensemble
+        invariant(self.state is WriterState.CHANGING_ENSEMBLE, f"metadata conflict while {self.state.value}")
+        proposed = known(self._proposed, f"metadata conflict while {self.state.value}")
+        proposed_first, proposed_ensemble = proposed.last_ensemble
         if current.last_ensemble == (proposed_first, proposed_ensemble):
             return self.on_metadata_written(current, version, now_ms)  # our earlier write landed
         self._proposed = current.with_ensemble(proposed_first, proposed_ensemble)
@@ -395,8 +395,3 @@ class LedgerWriter:
 
 # refusals about the writer (its key, its principal, its namespace's quota), not about the bookie
 REFUSALS_OF_THE_WRITER = (UnauthorizedError, AuthenticationError, ForbiddenError, QuotaExceededError)
-
-
-def is_bookie_failure(error: BaseException) -> bool:
-    """Errors that mean 'this bookie cannot take the add' (ensemble change), not 'stop writing'."""
-    return isinstance(error, BookieError) and not isinstance(error, (LedgerFencedError, *REFUSALS_OF_THE_WRITER))

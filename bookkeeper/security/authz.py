@@ -81,7 +81,7 @@ def parse_role(text: str) -> Role:
 def parse_roles(items: object) -> frozenset[Role]:
     if not isinstance(items, (list, tuple)) or len(items) > ROLES_MAX:
         raise ConfigError(f"roles must be a list of at most {ROLES_MAX} role strings")
-    return frozenset(parse_role(item) for item in items)  # type: ignore[arg-type]
+    return frozenset(parse_role(item) for item in items)
 
 
 # namespace-scoped actions and the namespace roles that grant them
@@ -95,7 +95,8 @@ _NAMESPACE_GRANTS: dict[Action, frozenset[str]] = {
     Action.METADATA_ADMIN: frozenset({"admin"}),
 }
 # what bookies may do: registration, and copies between bookies for re-replication
-_BOOKIE_GRANTS = frozenset({Action.REGISTER, Action.READ, Action.ADD, Action.FENCE, Action.INFO})  # FENCE: auto-recovery closes abandoned ledgers
+# FENCE: auto-recovery closes abandoned ledgers
+_BOOKIE_GRANTS = frozenset({Action.REGISTER, Action.READ, Action.ADD, Action.FENCE, Action.INFO})
 
 
 def decide(principal: Principal, action: Action, namespace: str | None = None) -> str | None:
@@ -116,7 +117,3 @@ def decide(principal: Principal, action: Action, namespace: str | None = None) -
         return None
     needed = " or ".join(f"{name}:{namespace}" for name in sorted(grants))
     return f"{principal.describe()} may not {action.value} in namespace {namespace!r}: it needs {needed}"
-
-
-def namespaces_of(principal: Principal) -> frozenset[str]:
-    return frozenset(role.namespace for role in principal.roles if role.namespace is not None)

@@ -256,7 +256,8 @@ def load_client_settings(path: str | Path | None = None, *, token: str | None = 
 def _identities(value: object, path: str | None) -> tuple[tuple[str, str], ...]:
     if value is None:
         return ()
-    rule = f"zk_identities in [security] of {path} must be a list of at most {ZK_IDENTITIES_MAX} \"user:password\" strings"
+    rule = (f"zk_identities in [security] of {path} must be a list of at most {ZK_IDENTITIES_MAX} "
+            "\"user:password\" strings")
     if not isinstance(value, list) or len(value) > ZK_IDENTITIES_MAX:
         raise ConfigError(rule)
     identities = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jwt
 
@@ -57,8 +58,7 @@ class TokenKey:
     def verifying_key(self) -> bytes | object:
         if self.algorithm == "HS256":
             return self.key
-        from cryptography.hazmat.primitives.serialization import (load_pem_private_key,
-                                                                  load_pem_public_key)
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
         if b"PRIVATE KEY" in self.key:
             return load_pem_private_key(self.key, None).public_key()
         return load_pem_public_key(self.key)
@@ -126,7 +126,7 @@ class TokenVerifier:
         return Principal(subject, roles, float(expires) if isinstance(expires, (int, float)) else None)
 
 
-def certificate_principal(peer_certificate: dict[str, object] | None) -> Principal:
+def certificate_principal(peer_certificate: dict[str, Any] | None) -> Principal:
     """The principal of a verified TLS client certificate: its subject's common name, and roles
     from its organizational unit entries written `dlog-role=<role>` (as BookKeeper's certificate
     roles come from the OU)."""
@@ -135,7 +135,7 @@ def certificate_principal(peer_certificate: dict[str, object] | None) -> Princip
                                   "must require client certificates for certificate authentication)")
     name = ""
     roles: list[str] = []
-    for rdn in peer_certificate.get("subject", ()):  # type: ignore[union-attr]
+    for rdn in peer_certificate.get("subject", ()):
         for key, value in rdn:
             if key == "commonName":
                 name = value

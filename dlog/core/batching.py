@@ -198,7 +198,7 @@ class EntryBatcher:
         ledger_id = progress.ledger_id
         assert ledger_id is not None
         chunks = [self.buffer.popleft() for _ in range(taken)]
-        chunk_ids, items, counts, _, alone, waiters = zip(*chunks)
+        chunk_ids, items, counts, _, alone, waiters = zip(*chunks, strict=True)
         if alone[0] and taken == 1:
             self.group_end_chunk_id = max(self.group_end_chunk_id, self._group_end(chunk_ids[0]))
         self.sent_chunk_id = chunk_ids[-1]

@@ -99,7 +99,8 @@ def append_change(listing: SegmentList, created: Sequence[Segment], sink: SinkCo
     (a writer's open, a sink's commit)."""
     invariant(listing.in_progress is None, "segments are appended only after the in-progress one is sealed")
     filled = positioned(listing.segments)
-    migrated = tuple(new for new, old in zip(filled, listing.segments) if new.first_position != old.first_position)
+    migrated = tuple(new for new, old in zip(filled, listing.segments, strict=True)
+                     if new.first_position != old.first_position)
     position = next_position(filled)
     placed = []
     for segment in created:

@@ -63,10 +63,28 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bookkeeper.errors import ConfigError, CorruptMetadataError, InvariantError, invariant
-from dlog.core.sequences import (ACCEPTED, EPOCH_MAX, NATIVE_SEQUENCE_MAX, Accepted, Batch, Duplicate, Fenced,
-                                 InFlight, OutOfOrder, PendingBatch, ProducerState, Refused, SequenceRule, Verdict,
-                                 classify, kafka_producer, malformed, native_producer, position,
-                                 sequence_rule)
+from dlog.core.sequences import (
+    ACCEPTED,
+    EPOCH_MAX,
+    NATIVE_SEQUENCE_MAX,
+    Accepted,
+    Batch,
+    Duplicate,
+    Fenced,
+    InFlight,
+    OutOfOrder,
+    PendingBatch,
+    ProducerState,
+    Refused,
+    SequenceRule,
+    Verdict,
+    classify,
+    kafka_producer,
+    malformed,
+    native_producer,
+    position,
+    sequence_rule,
+)
 
 PRODUCER_CHARS_MAX = 256
 SNAPSHOT_VERSION = 1

@@ -38,17 +38,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from bookkeeper.errors import DlogError, invariant
+from dlog.core import snapshot
 from dlog.core.effects import (
     CancelWait,
     OpenSegment,
-    ReaderOpened,
     ReadEntries,
+    ReaderOpened,
     ReadSegments,
     SetTimer,
     WaitForEntry,
     WakeReaders,
 )
-from dlog.core import snapshot
 from dlog.core.errors import OffsetOutOfRangeError, TruncatedError
 from dlog.core.snapshot import Cursor
 from dlog.offsets import Offset
@@ -418,7 +418,7 @@ class ReaderMachine:
             return []
         listed = listing.by_ledger(gone)
         position = self._position()
-        if snapshot.removed_by_truncation(listed, position.entry_id, position.slot):
+        if listed is None or snapshot.removed_by_truncation(listed, position.entry_id, position.slot):
             return []
         if not self.settings.skip_truncated:
             return self.end(TruncatedError(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Union
 
 from bookkeeper.errors import ConfigError, invariant
 
@@ -132,7 +131,7 @@ class Refused:
     message: str
 
 
-Verdict = Union[Accepted, Duplicate, InFlight, OutOfOrder, Fenced, Refused]
+Verdict = Accepted | Duplicate | InFlight | OutOfOrder | Fenced | Refused
 ACCEPTED = Accepted()
 
 

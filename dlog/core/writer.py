@@ -58,7 +58,7 @@ from typing import Any
 
 from bookkeeper.errors import DlogError, LedgerFencedError, NoSuchLedgerError, invariant
 from dlog.core import changes
-from dlog.core.batching import EntryBatcher, Encoder
+from dlog.core.batching import Encoder, EntryBatcher
 from dlog.core.effects import (
     ApplyRetention,
     CloseLedger,

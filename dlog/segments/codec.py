@@ -230,6 +230,7 @@ class RecordSetCodec:
                 f"record batch is {message.size} bytes in Arrow IPC, over uncompressed_bytes_max "
                 f"{self.uncompressed_bytes_max}: use split_batch to cut it into smaller entries"
             )
+        payload: bytes | memoryview
         if self.compress and message.size >= COMPRESS_BYTES_MIN:
             codec, payload = Compression.ZSTD, self._compressor().compress(message)
         else:
@@ -291,9 +292,10 @@ class RecordSetCodec:
                                             f"({describe_schema(self.schema)}); only untyped streams have headers")
             schema = self._headers_schema
         payload = memoryview(data)[HEADER_BYTES:]
+        ipc: bytes | memoryview = payload
         if header.codec == Compression.ZSTD:
-            payload = self._decompress(payload, header.uncompressed_bytes)
-        batch = _read_batch(pa.py_buffer(payload), schema)
+            ipc = self._decompress(payload, header.uncompressed_bytes)
+        batch = _read_batch(pa.py_buffer(ipc), schema)
         if batch.num_rows != header.record_count:
             raise CorruptRecordSetError(
                 f"record set header says {header.record_count} records, batch has {batch.num_rows}"
@@ -608,7 +610,7 @@ def _payload_budget_bytes(batch: pa.RecordBatch, entry_bytes_max: int) -> int:
     ipc_overhead_bytes = one_row.serialize().size - one_row.nbytes + 8 * buffer_count + IPC_SLACK_BYTES
     # zstd's worst case on incompressible input, frame header included: n + n/256 + 64.
     ipc_bytes_max = (entry_bytes_max - HEADER_BYTES - 64) * 256 // 257
-    return ipc_bytes_max - ipc_overhead_bytes
+    return int(ipc_bytes_max - ipc_overhead_bytes)  # pyarrow is untyped: say it is an int
 
 
 # ------------------------------------------------------------------------------ schema text

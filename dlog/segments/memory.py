@@ -171,7 +171,7 @@ class MemorySegmentStore:
                 result = change.applied_to(stream.listing)
                 check_segment_list(list(result.segments))
                 results.append(result)
-            for (name, _, change), result in zip(commits, results):
+            for (name, _, change), result in zip(commits, results, strict=True):
                 stream = self.metadata.stream(name)
                 stream.listing = result
                 sink = change.sink
@@ -225,7 +225,7 @@ class MemorySegmentStore:
             try:
                 async with asyncio.timeout(remaining_s):
                     await stream.lock_changed.wait()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def unlock(self, token: str) -> None:
@@ -238,10 +238,6 @@ class MemorySegmentStore:
                 stream.lock_changed.set()
 
         await self._operation("unlock", name, apply)
-
-    def lock_holders(self, name: str) -> list[int]:
-        """Sessions holding or waiting for the stream's lock, in lock order (tests)."""
-        return [session for _, _, session in sorted(self.metadata.stream(name).locks)]
 
     # ------------------------------------------------------------------ subscriptions and sinks
 

@@ -20,6 +20,7 @@ maybe a Spark sink's batch id recorded with them). Both are pure values: the seg
 
 from __future__ import annotations
 
+import builtins
 import enum
 import json
 from collections.abc import Iterable
@@ -86,11 +87,11 @@ class Segment:
         document["format"] = FORMAT_VERSION
         return document
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self) -> builtins.bytes:  # builtins: `bytes` is also a field of Segment
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Segment:
+    def from_bytes(cls, data: builtins.bytes) -> Segment:
         document = _load(data, "segment")
         document.setdefault("first_position", None)  # a node written before positions existed
         try:
@@ -268,14 +269,11 @@ class SegmentChange:
                 return False
         if any(listing.by_sequence(s.sequence) is not None for s in self.delete):
             return False
-        if self.sink is not None and (sink is None or sink.batch_id < self.sink.batch_id):
-            return False
-        return True
+        return self.sink is None or (sink is not None and sink.batch_id >= self.sink.batch_id)
 
 
 PROGRESS_FIELDS = ("state", "ledger_id", "first_entry", "last_entry", "records", "bytes",
                    "first_timestamp_ms", "last_timestamp_ms", "completed_ms", "first_position")
-TRUNCATION_FIELDS = ("min_active_entry", "min_active_slot")
 
 
 def same_progress(a: Segment, b: Segment) -> bool:

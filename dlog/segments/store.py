@@ -27,8 +27,8 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from bookkeeper.clock import SYSTEM_CLOCK, Clock, wall_ms
 from bookkeeper.errors import (
@@ -218,7 +218,7 @@ class ZooKeeperSegmentStore:
                 try:
                     async with asyncio.timeout(min(remaining_s, LOCK_POLL_S)):
                         await changed.wait()
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         except BaseException:
             await _quietly(self.unlock(ours))
@@ -272,7 +272,7 @@ class ZooKeeperSegmentStore:
         except MetadataNotFoundError as exc:
             raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
         found = await asyncio.gather(*(self.zk.get_or_none(f"{base}/{child}") for child in children))
-        return {child: json.loads(item[0]) for child, item in zip(children, found) if item is not None}
+        return {child: json.loads(item[0]) for child, item in zip(children, found, strict=True) if item is not None}
 
     async def commit_subscription(self, name: str, subscription: str, offset_json: dict[str, int]) -> None:
         path = self.subscriber_path(name, subscription)

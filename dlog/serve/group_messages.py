@@ -7,7 +7,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Union
 
 from bookkeeper.errors import ConfigError
 from dlog.serve.kafka.errors import ErrorCode
@@ -140,7 +139,7 @@ class LeaveResult:
     error: ErrorCode
 
 
-Result = Union[JoinResult, SyncResult, HeartbeatResult, LeaveResult]
+Result = JoinResult | SyncResult | HeartbeatResult | LeaveResult
 
 
 @dataclass(frozen=True, slots=True)

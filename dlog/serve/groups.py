@@ -57,9 +57,25 @@ from collections.abc import Hashable
 
 from bookkeeper.errors import InvariantError, invariant
 from dlog.serve.group_members import Due, Group, Member
-from dlog.serve.group_messages import (NO_MEMBER, CommitResult, GroupLimits, GroupState, GroupView, Heartbeat,
-                                       HeartbeatResult, JoinGroup, JoinResult, LeaveGroup, LeaveResult, OffsetCommit,
-                                       Outcome, Reply, Result, SyncGroup, SyncResult)
+from dlog.serve.group_messages import (
+    NO_MEMBER,
+    CommitResult,
+    GroupLimits,
+    GroupState,
+    GroupView,
+    Heartbeat,
+    HeartbeatResult,
+    JoinGroup,
+    JoinResult,
+    LeaveGroup,
+    LeaveResult,
+    OffsetCommit,
+    Outcome,
+    Reply,
+    Result,
+    SyncGroup,
+    SyncResult,
+)
 from dlog.serve.kafka.errors import ErrorCode
 
 CLIENT_ID_CHARS_KEPT = 100  # of a client id, in the member ids made from it

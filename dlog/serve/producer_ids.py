@@ -43,7 +43,7 @@ class ProducerIdBlock:
 def block_after(claimed: ProducerIdBlock | None, size: int = PRODUCER_ID_BLOCK_SIZE) -> ProducerIdBlock:
     """The block to claim after the last one claimed (None: no block was ever claimed)."""
     first = 0 if claimed is None else claimed.last + 1
-    invariant(0 < size and first + size - 1 <= PRODUCER_ID_MAX,  # 2**63 ids: not in this universe's lifetime
+    invariant(size > 0 and first + size - 1 <= PRODUCER_ID_MAX,  # 2**63 ids: not in this universe's lifetime
               f"no producer id block of {size} is left after {first - 1}")
     return ProducerIdBlock(first, first + size - 1)
 

@@ -9,8 +9,18 @@ import json
 import pytest
 
 from bookkeeper.errors import ConfigError, CorruptMetadataError, InvariantError
-from dlog.core.dedup import (Accepted, DedupLimits, DedupTable, Duplicate, Fenced, InFlight, OutOfOrder, Refused,
-                             kafka_producer, native_producer)
+from dlog.core.dedup import (
+    Accepted,
+    DedupLimits,
+    DedupTable,
+    Duplicate,
+    Fenced,
+    InFlight,
+    OutOfOrder,
+    Refused,
+    kafka_producer,
+    native_producer,
+)
 from dlog.core.sequences import KAFKA_SEQUENCE_MAX, SequenceRule, position, sequence_rule
 
 KAFKA = kafka_producer(7)

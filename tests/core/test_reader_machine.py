@@ -9,8 +9,8 @@ from dataclasses import replace
 from dlog.core.effects import (
     CancelWait,
     OpenSegment,
-    ReaderOpened,
     ReadEntries,
+    ReaderOpened,
     ReadSegments,
     SetTimer,
     WaitForEntry,

@@ -3,8 +3,8 @@ a ZooKeeper of their own when the test pauses or restarts it) and the history fi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 

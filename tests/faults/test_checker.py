@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from tests.harness import history as h
-from tests.harness.history import promises
-from tests.harness.history import History, check, check_file
+from tests.harness.history import History, check, check_file, promises
 
 # Stream order is segment order: ledger 20 is segment 1, ledger 10 is segment 2, so ledger-id
 # order would be wrong here on purpose.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 import pytest

@@ -14,7 +14,7 @@ import pytest
 
 from bookkeeper.meta.zkensemble import ZooKeeperEnsemble
 from bookkeeper.protocol.metadata import LedgerState
-from dlog import Offset, WriterFencedError
+from dlog import WriterFencedError
 from tests.harness.faults.faults import (
     CapabilityMissing,
     Nemesis,

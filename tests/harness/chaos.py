@@ -42,11 +42,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bookkeeper.errors import DlogError
+from bookkeeper.meta.zkensemble import ZooKeeperEnsemble
 from tests.harness.faults.autorecovery import RecoveryProcess
 from tests.harness.faults.clients import STUCK_ERRORS_MAX
 from tests.harness.faults.faults import (
@@ -58,7 +60,6 @@ from tests.harness.faults.faults import (
 )
 from tests.harness.faults.network import NetnsCluster, NetnsLab
 from tests.harness.faults.workload import Settings, Workload, WriterProcess
-from bookkeeper.meta.zkensemble import ZooKeeperEnsemble
 from tests.harness.history import History, Report
 from tools.cluster import LocalCluster
 
@@ -117,7 +118,7 @@ async def ensemble_bookie(run: Run, position: int) -> int:
     try:
         ensemble = await asyncio.wait_for(run.workload.current_ensemble(), 10)
         return run.nemesis.index_of(ensemble[position % len(ensemble)])
-    except (AssertionError, asyncio.TimeoutError, DlogError, KeyError):  # no segment now: any bookie
+    except (TimeoutError, AssertionError, DlogError, KeyError):  # no segment now: any bookie
         return run.rng.randrange(len(run.cluster.bookies))
 
 

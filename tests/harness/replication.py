@@ -83,6 +83,6 @@ async def _read(client: Any, bookie: str, ledger_id: int, entry_id: int) -> byte
     try:
         answer = await asyncio.wait_for(pool.send(bookie, ReadRequest(pool.next_request_id(), ledger_id,
                                                                        entry_id)), 10)
-    except (DlogError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, DlogError) as exc:
         return f"{type(exc).__name__}: {exc}"[:120]
     return bytes(answer.packed_entry)

@@ -16,8 +16,14 @@ import aiohttp
 import pytest
 
 from bookkeeper.client.connection import BookieConnection, EncodedRequest
-from bookkeeper.errors import (BookieIOError, BookieReadOnlyError, LedgerFencedError, NoSuchEntryError,
-                               NoSuchLedgerError, UnauthorizedError)
+from bookkeeper.errors import (
+    BookieIOError,
+    BookieReadOnlyError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
 from bookkeeper.meta import layout
 from bookkeeper.meta.zk import AsyncZooKeeper
 from bookkeeper.protocol.batch import AddBatchResponse, encode_add_batch

@@ -11,11 +11,16 @@ import time
 import pytest
 
 from bookkeeper.client.connection import BookieConnection
-from bookkeeper.errors import (BadRequestError, EntryExistsError, EntryTooLargeError,
-                               LedgerFencedError, NoSuchLedgerError, UnauthorizedError)
+from bookkeeper.errors import (
+    BadRequestError,
+    EntryExistsError,
+    EntryTooLargeError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import (BookieInfoRequest, ErrorResponse,
-                                      ResponseDecoder, Status, encode_request)
+from bookkeeper.protocol.wire import BookieInfoRequest, ErrorResponse, ResponseDecoder, Status, encode_request
 
 KEY = master_key(b"pw")
 DIGEST = Digest.for_ledger(DigestType.CRC32C, b"pw")
@@ -51,7 +56,7 @@ def raw_exchange(address: str, data: bytes, *, close_write: bool = True,
         while time.monotonic() < deadline:
             try:
                 chunk = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             if not chunk:
                 closed = True

@@ -13,8 +13,15 @@ from pathlib import Path
 import pytest
 
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import (AddRequest, BookieInfoRequest, ReadLacRequest, ReadRequest,
-                                      ResponseDecoder, Status, encode_request)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    BookieInfoRequest,
+    ReadLacRequest,
+    ReadRequest,
+    ResponseDecoder,
+    Status,
+    encode_request,
+)
 from tests.helpers import eventually_blocking
 
 KEY = master_key(b"pw")
@@ -87,7 +94,7 @@ def closed_by_peer(sock: socket.socket, timeout_s: float) -> bool:
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -112,7 +119,7 @@ def test_a_client_that_never_reads_its_answers_is_bounded_then_closed(bookie):
     while sent < len(reads) and time.monotonic() < deadline:  # the bookie stops reading: sends stall
         try:
             sent += attacker.send(reads[sent:])
-        except socket.timeout:
+        except TimeoutError:
             continue
         except (BrokenPipeError, ConnectionResetError):
             break

@@ -9,11 +9,18 @@ import socket
 import ssl
 import struct
 
-
 from bookkeeper.client.connection import BookieConnection, ConnectSecurity
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import (AddRequest, AuthMechanism, AuthRequest, BookieInfoRequest,
-                                      ReadLacRequest, ReadRequest, WriteLacRequest, encode_request)
+from bookkeeper.protocol.wire import (
+    AddRequest,
+    AuthMechanism,
+    AuthRequest,
+    BookieInfoRequest,
+    ReadLacRequest,
+    ReadRequest,
+    WriteLacRequest,
+    encode_request,
+)
 from bookkeeper.security.tls import ClientTls
 
 FRAMES = 3000

@@ -75,6 +75,7 @@ async def test_kill_9_of_the_writer_then_recovery_keeps_every_acknowledged_entry
     finally:
         os.kill(writer.pid, signal.SIGKILL)  # the writer dies without closing its ledger
         writer.wait(timeout=30)
+        writer.stdout.close()
     assert ledger_id is not None and len(acked) >= 500
     async with client_for(cluster) as client:
         reader = await client.open_ledger(ledger_id, password=b"pw", recovery=True)

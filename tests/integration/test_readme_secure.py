@@ -47,3 +47,4 @@ def test_the_secure_quick_start_works_as_printed(tmp_path):
     finally:
         standalone.send_signal(signal.SIGTERM)
         standalone.wait(timeout=60)
+        standalone.stdout.close()

@@ -17,13 +17,26 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from bookkeeper.client import BookKeeper
 from bookkeeper.client.connection import BookieConnection, ConnectSecurity
-from bookkeeper.errors import (AuthenticationError, BookieUnavailableError, ForbiddenError,
-                               MetadataPermissionError, NoSuchLedgerError)
+from bookkeeper.errors import (
+    AuthenticationError,
+    BookieUnavailableError,
+    ForbiddenError,
+    MetadataPermissionError,
+    NoSuchLedgerError,
+)
 from bookkeeper.meta import layout
 from bookkeeper.meta.acl import world_writable
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import (AuthMechanism, AuthRequest, BookieInfoRequest, ErrorResponse,
-                                      ReadRequest, ResponseDecoder, Status, encode_request)
+from bookkeeper.protocol.wire import (
+    AuthMechanism,
+    AuthRequest,
+    BookieInfoRequest,
+    ErrorResponse,
+    ReadRequest,
+    ResponseDecoder,
+    Status,
+    encode_request,
+)
 from bookkeeper.security.settings import SEALED_PREFIX
 from bookkeeper.security.tls import ClientTls
 from dlog import Namespace
@@ -55,7 +68,7 @@ def raw_tls(address: str, context: ssl.SSLContext, data: bytes, timeout_s: float
             while time.monotonic() < deadline:
                 try:
                     chunk = sock.recv(65536)
-                except (socket.timeout, ssl.SSLError, ConnectionResetError):
+                except (TimeoutError, ssl.SSLError, ConnectionResetError):
                     break
                 if not chunk:
                     closed = True

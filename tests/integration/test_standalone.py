@@ -35,7 +35,8 @@ def start_standalone(directory: Path, zk_port: int, bookies: int) -> tuple[subpr
     line = LineReader(process).line_starting("dlog standalone ready", 90)
     if line is None:
         process.kill()
-        raise AssertionError(f"standalone not ready (status {process.wait()}): {process.stderr.read()}")
+        with process.stdout, process.stderr:
+            raise AssertionError(f"standalone not ready (status {process.wait()}): {process.stderr.read()}")
     match = READY.match(line)
     assert match, line
     addresses = [] if match.group(2) == "-" else match.group(2).split(",")
@@ -58,7 +59,10 @@ def one_line(result: subprocess.CompletedProcess) -> str:
 
 def stop_standalone(process: subprocess.Popen) -> int:
     process.send_signal(signal.SIGTERM)
-    return process.wait(timeout=60)
+    status = process.wait(timeout=60)
+    process.stdout.close()
+    process.stderr.close()
+    return status
 
 
 def list_bookies(zk: str) -> list[dict]:

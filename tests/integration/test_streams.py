@@ -17,8 +17,7 @@ import pyarrow as pa
 import pytest
 
 from bookkeeper.errors import ConfigError, NoSuchLedgerError
-from dlog import (Namespace, Offset, OffsetOutOfRangeError, TruncatedError, WriterFencedError,
-                  WriterLockedError)
+from dlog import Namespace, Offset, OffsetOutOfRangeError, TruncatedError, WriterFencedError, WriterLockedError
 from dlog.segments.metadata import SegmentState
 from tests.helpers import eventually
 from tools.cluster import LineReader
@@ -114,6 +113,7 @@ async def test_kill_9_of_the_writer_then_a_new_writer_recovers(stream_cluster):
     finally:
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait(timeout=30)
+        writer.stdout.close()
     async with namespace(cluster) as ns:
         async with ns.open_writer("killed", lock_timeout_s=0.5, takeover=True) as second:
             await second.write(b"after")
@@ -306,6 +306,6 @@ async def test_read_from_a_timestamp(stream_cluster):
             for index, value in enumerate(values(100)):
                 writer.write_nowait(value, timestamp_ms=1_000_000 + index * 10)
             await writer.flush()
-        moment = datetime.datetime.fromtimestamp(1_000.555, datetime.timezone.utc)
+        moment = datetime.datetime.fromtimestamp(1_000.555, datetime.UTC)
         records = await read_all(ns, "clock", start=moment)  # a time is a datetime; an int is a stream position
         assert [r.value for r in records] == values(44, 56)

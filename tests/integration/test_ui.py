@@ -261,7 +261,9 @@ async def test_standalone_serves_the_page_and_prints_its_url(tmp_path):
         assert answer["errors"] == [] and answer["bookies"][0]["admin"] == "ok"
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0, process.stderr.read()
+        status = process.wait(timeout=60)
+        with process.stdout, process.stderr:
+            assert status == 0, process.stderr.read()
 
 
 # ------------------------------------------------------------------------------ the page in a browser
@@ -282,7 +284,7 @@ async def run_chromium(binary: str, profile: Path, *arguments: str) -> str:
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), CHROMIUM_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         process.kill()
         await process.wait()
         raise AssertionError(f"chromium did not finish within {CHROMIUM_TIMEOUT_S} s") from None

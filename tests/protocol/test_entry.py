@@ -6,8 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookkeeper.protocol.entry import (DigestMismatchError, Digest, DigestType, master_key,
-                                       pack_entry, peek_header, unpack_entry)
+from bookkeeper.protocol.entry import (
+    Digest,
+    DigestMismatchError,
+    DigestType,
+    master_key,
+    pack_entry,
+    peek_header,
+    unpack_entry,
+)
 
 digest_types = st.sampled_from([DigestType.CRC32C, DigestType.HMAC_SHA256])
 

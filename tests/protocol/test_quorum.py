@@ -8,8 +8,14 @@ import pytest
 
 from bookkeeper.errors import ConfigError
 from bookkeeper.protocol.metadata import check_quorum
-from bookkeeper.protocol.quorum import (ack_quorum_reached, coverage_count, entry_missing,
-                                        fencing_covered, fencing_impossible, write_set)
+from bookkeeper.protocol.quorum import (
+    ack_quorum_reached,
+    coverage_count,
+    entry_missing,
+    fencing_covered,
+    fencing_impossible,
+    write_set,
+)
 
 
 @pytest.mark.parametrize("entry_id, ensemble, write_quorum, expected", [

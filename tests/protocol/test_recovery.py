@@ -5,8 +5,14 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from bookkeeper.errors import (BookieIOError, LedgerClosedError, LedgerRecoveryError,
-                               NoSuchEntryError, NoSuchLedgerError, UnauthorizedError)
+from bookkeeper.errors import (
+    BookieIOError,
+    LedgerClosedError,
+    LedgerRecoveryError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
 from bookkeeper.protocol.effects import Finished, SendAdd, SendRead, WriteMetadata
 from bookkeeper.protocol.entry import Digest, DigestType, pack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState

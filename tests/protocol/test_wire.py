@@ -9,14 +9,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bookkeeper.protocol import wire
-from bookkeeper.protocol.wire import (CHECK_ENTRIES_MAX, CheckEntriesRequest, CheckEntriesResponse,
-                                      PROTOCOL_VERSION, EntryCheck)
-from bookkeeper.protocol.wire import (AddRequest, AddResponse, BookieInfoRequest,
-                                      BookieInfoResponse, BookieState, ErrorResponse, FrameError,
-                                      OpCode, ReadLacRequest, ReadLacResponse, ReadRequest,
-                                      ReadResponse, RequestDecoder, ResponseDecoder, Status,
-                                      WriteLacRequest, WriteLacResponse, encode_request,
-                                      encode_response)
+from bookkeeper.protocol.wire import (
+    CHECK_ENTRIES_MAX,
+    PROTOCOL_VERSION,
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    BookieState,
+    CheckEntriesRequest,
+    CheckEntriesResponse,
+    EntryCheck,
+    ErrorResponse,
+    FrameError,
+    OpCode,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    RequestDecoder,
+    ResponseDecoder,
+    Status,
+    WriteLacRequest,
+    WriteLacResponse,
+    encode_request,
+    encode_response,
+)
 
 ids = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 request_ids = st.integers(min_value=0, max_value=2**64 - 1)

@@ -7,12 +7,21 @@ from dataclasses import replace
 
 import pytest
 
-from bookkeeper.errors import (BookieIOError, BookieUnavailableError, InvariantError, LedgerClosedError, LedgerFencedError,
-                               MetadataError, NotEnoughBookiesError, RequestTimeoutError,
-                               UnauthorizedError)
-from bookkeeper.errors import AuthenticationError, ForbiddenError, QuotaExceededError
-from bookkeeper.protocol.effects import (CompleteAdds, FailAdds, Finished, SendAdd, SendWriteLac,
-                                         WriteMetadata)
+from bookkeeper.errors import (
+    AuthenticationError,
+    BookieIOError,
+    BookieUnavailableError,
+    ForbiddenError,
+    InvariantError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataError,
+    NotEnoughBookiesError,
+    QuotaExceededError,
+    RequestTimeoutError,
+    UnauthorizedError,
+)
+from bookkeeper.protocol.effects import CompleteAdds, FailAdds, Finished, SendAdd, SendWriteLac, WriteMetadata
 from bookkeeper.protocol.entry import Digest, DigestType, pack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState
 from bookkeeper.protocol.writer import LedgerWriter, WriterState

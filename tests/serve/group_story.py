@@ -5,8 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from dlog.serve.group_messages import (NO_MEMBER, CommitOffset, GroupLimits, GroupState, Heartbeat, JoinGroup,
-                                       LeaveGroup, OffsetCommit, Protocol, Result, SyncGroup)
+from dlog.serve.group_messages import (
+    NO_MEMBER,
+    CommitOffset,
+    GroupLimits,
+    GroupState,
+    Heartbeat,
+    JoinGroup,
+    LeaveGroup,
+    OffsetCommit,
+    Protocol,
+    Result,
+    SyncGroup,
+)
 from dlog.serve.groups import GroupCoordinator
 from dlog.serve.kafka.errors import ErrorCode
 

@@ -13,9 +13,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlog.serve.kafka import (BatchRefused, ErrorCode, Record, Request, RequestDecoder,
-                              RequestRefused, api_versions_response, decode_produce_records,
-                              encode_record_batch, encode_response)
+from dlog.serve.kafka import (
+    BatchRefused,
+    ErrorCode,
+    Record,
+    Request,
+    RequestDecoder,
+    RequestRefused,
+    api_versions_response,
+    decode_produce_records,
+    encode_record_batch,
+    encode_response,
+)
 
 EARLIEST, LATEST = -2, -1
 

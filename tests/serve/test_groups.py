@@ -8,8 +8,15 @@ from __future__ import annotations
 import pytest
 
 from bookkeeper.errors import ConfigError
-from dlog.serve.group_messages import (NO_GENERATION, NO_MEMBER, GroupLimits, GroupState, JoinResult, Protocol,
-                                       SyncResult)
+from dlog.serve.group_messages import (
+    NO_GENERATION,
+    NO_MEMBER,
+    GroupLimits,
+    GroupState,
+    JoinResult,
+    Protocol,
+    SyncResult,
+)
 from dlog.serve.kafka.errors import ErrorCode
 from tests.serve.group_story import DELAY_MS, GROUP, REBALANCE_MS, SESSION_MS, Story
 
@@ -143,7 +150,7 @@ def test_sync_answers_wrong_members_generations_and_states_as_kafka():
 
 def test_a_rebalance_starting_while_syncs_are_parked_answers_them_and_clears_assignments():
     story = Story()
-    a, b = story.join_new("a"), story.join_new("b")
+    _a, b = story.join_new("a"), story.join_new("b")
     story.advance(2 * DELAY_MS)
     sync_b = story.sync(b, 1)
     late = story.join_new("c")  # before the leader assigned

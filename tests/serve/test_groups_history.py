@@ -11,8 +11,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from dlog.serve.group_messages import (NO_MEMBER, CommitOffset, Heartbeat, JoinGroup, JoinResult, LeaveGroup,
-                                       OffsetCommit, Protocol, SyncGroup, SyncResult)
+from dlog.serve.group_messages import (
+    NO_MEMBER,
+    CommitOffset,
+    Heartbeat,
+    JoinGroup,
+    JoinResult,
+    LeaveGroup,
+    OffsetCommit,
+    Protocol,
+    SyncGroup,
+    SyncResult,
+)
 from dlog.serve.kafka.errors import ErrorCode
 from tests.serve.group_story import GROUP, Story
 

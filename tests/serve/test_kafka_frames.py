@@ -7,14 +7,22 @@ import struct
 
 import pytest
 from kafka.protocol.consumer import FetchRequest
-from kafka.protocol.metadata import (ApiVersionsRequest, ApiVersionsResponse,
-                                     FindCoordinatorRequest, MetadataRequest)
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 
 from bookkeeper.errors import InvariantError
-from dlog.serve.kafka import (SUPPORTED_APIS, ErrorCode, Request, RequestDecoder, RequestHeader,
-                              RequestRefused, SaslToken, api_versions_response, encode_response,
-                              encode_sasl_token)
+from dlog.serve.kafka import (
+    SUPPORTED_APIS,
+    ErrorCode,
+    Request,
+    RequestDecoder,
+    RequestHeader,
+    RequestRefused,
+    SaslToken,
+    api_versions_response,
+    encode_response,
+    encode_sasl_token,
+)
 from dlog.serve.kafka.apis import API_VERSIONS, PRODUCE
 from tests.serve.samples import framed_request, sample_message
 

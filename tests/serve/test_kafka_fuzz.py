@@ -9,9 +9,17 @@ import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlog.serve.kafka import (SUPPORTED_APIS, BatchRefused, ProducedBatch, Record, Request,
-                              RequestDecoder, RequestRefused, decode_produce_records,
-                              encode_record_batch)
+from dlog.serve.kafka import (
+    SUPPORTED_APIS,
+    BatchRefused,
+    ProducedBatch,
+    Record,
+    Request,
+    RequestDecoder,
+    RequestRefused,
+    decode_produce_records,
+    encode_record_batch,
+)
 from tests.serve.samples import framed_request, sample_message
 
 VALID_FRAMES = [framed_request(sample_message(api.request, version), 1)

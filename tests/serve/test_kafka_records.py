@@ -10,8 +10,7 @@ import crc32c
 import pytest
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from dlog.serve.kafka import (BatchRefused, ErrorCode, ProducedBatch, Record, decode_produce_records,
-                              encode_record_batch)
+from dlog.serve.kafka import BatchRefused, ErrorCode, ProducedBatch, Record, decode_produce_records, encode_record_batch
 from dlog.serve.kafka.compression import CODEC_NAMES, GZIP, LZ4, NONE, SNAPPY, ZSTD
 
 RECORDS = [Record(1_700_000_000_000 + n * 7, None if n % 4 == 0 else b"key-%d" % n,

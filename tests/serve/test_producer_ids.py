@@ -45,7 +45,7 @@ def test_servers_racing_for_blocks_never_hand_out_an_id_twice():
             if block is not None:
                 server.on_block(block)
     assert len(handed) == len(set(handed)) > PRODUCER_ID_BLOCK_SIZE
-    assert all(0 <= producer_id for producer_id in handed)
+    assert all(producer_id >= 0 for producer_id in handed)
 
 
 def test_a_server_asks_for_a_block_when_its_own_runs_out():

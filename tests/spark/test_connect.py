@@ -6,7 +6,8 @@ and a streaming query (dlog -> dlog, exactly the records written)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

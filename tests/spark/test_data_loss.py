@@ -29,7 +29,8 @@ def test_rolls_and_truncation_of_read_records_do_not_stop_a_running_query(spark,
              .option("stream", "rolling").option("startingOffsets", "earliest").load()
              .selectExpr("value").writeStream.format("memory").queryName("rolling_seen")
              .trigger(processingTime="300 milliseconds").start())
-    seen = lambda: spark.sql("select count(*) as n from rolling_seen").collect()[0].n
+    def seen():
+        return spark.sql("select count(*) as n from rolling_seen").collect()[0].n
     try:
         dlog_ns.write("rolling", values(900))  # three segments, rolled while the query runs
         eventually_blocking(lambda: seen() >= 900, message="the first 900 records")

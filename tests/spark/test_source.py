@@ -103,7 +103,8 @@ def test_a_processing_time_query_tails_records_written_while_it_runs(spark, dlog
                 writer.write(b"new-%04d" % index)
                 if index % 100 == 99:
                     writer.flush()
-            seen = lambda: spark.sql("select count(*) as n from tail_live").collect()[0].n
+            def seen():
+                return spark.sql("select count(*) as n from tail_live").collect()[0].n
             eventually_blocking(lambda: seen() >= 1000, timeout_s=90, message="records written while the query runs")
         values_seen = [row.value for row in spark.sql("select value from tail_live").collect()]
         assert sorted(values_seen) == [f"new-{i:04d}" for i in range(1000)]

@@ -19,8 +19,9 @@ def test_the_sink_and_source_work_with_security_options(spark, secure_cluster, t
                       zk_identities=settings.zk_identities, namespace_key=settings.namespace_key)
     options = {"namespace": "orders", "config": str(config)}
     rows = spark.createDataFrame([(b"k", f"v{i}".encode()) for i in range(20)], "key binary, value binary")
-    from dlog import Namespace
     import asyncio
+
+    from dlog import Namespace
 
     async def create() -> None:
         async with Namespace(secure_cluster.zk_address, "orders", security=settings) as ns:

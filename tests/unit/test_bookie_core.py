@@ -9,7 +9,7 @@ import pytest
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.bookie.storage import LedgerStorage
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from bookkeeper.protocol.wire import (AddRequest, ErrorResponse, ReadRequest, ResponseDecoder, Status)
+from bookkeeper.protocol.wire import AddRequest, ErrorResponse, ReadRequest, ResponseDecoder, Status
 
 KEY = master_key(b"pw")
 DIGEST = Digest.for_ledger(DigestType.CRC32C, b"pw")

@@ -12,9 +12,9 @@ import pytest
 
 from bookkeeper.errors import ConfigError
 from bookkeeper.meta.zk import parse_hosts
+from dlog import LedgerDeletedError, Offset, WriterAbortedError
 from dlog.describe import subscription_lag
 from tools.cli.common import cli_wording
-from dlog import LedgerDeletedError, Offset, WriterAbortedError
 from tools.console import RECORD_BYTES_MAX, BadInputError, Produced, RecordParser
 from tools.positions import parse_start
 from tools.units import format_duration_ms, parse_duration_ms, plural
@@ -122,7 +122,7 @@ def test_from_texts():
     assert parse_start("-15m", now_ms=now_ms).timestamp() * 1000 == now_ms - 15 * 60_000
     local = datetime.datetime(2026, 11, 20, 10, 0).astimezone()
     assert parse_start("2026-11-20T10:00") == local
-    assert parse_start("2026-11-20T10:00+00:00") == datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.timezone.utc)
+    assert parse_start("2026-11-20T10:00+00:00") == datetime.datetime(2026, 11, 20, 10, tzinfo=datetime.UTC)
     with pytest.raises(ConfigError, match="bad --from position 9999999999999999999: use an integer in 0.."):
         parse_start("9999999999999999999")  # over 2**63 - 1
     with pytest.raises(ConfigError, match="bad --to 'soon'"):

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper.clock import ManualClock
-from bookkeeper.errors import (ConfigError, InvariantError, MetadataError, MetadataNotFoundError,
-                               TooManyRequestsError)
+from bookkeeper.errors import ConfigError, InvariantError, MetadataError, MetadataNotFoundError, TooManyRequestsError
 from bookkeeper.retry import Backoff, retry
 from dlog.bridge import LoopThread
 

@@ -1,5 +1,6 @@
 """The package map in docs/design.md is true: every import follows it, shipped code never imports
-the test harness, no module reaches for another's private names, no modules of the stream layer,
+the test harness, no module reaches for another's private names (imported, or as attributes of
+the module), no modules of the stream layer,
 the bookie or the protocol codec import each other in a circle, each package says its role."""
 
 from __future__ import annotations
@@ -53,13 +54,18 @@ def imports_of(file: Path, module: str) -> Iterator[tuple[str, list[str], int]]:
             for alias in node.names:
                 yield alias.name, [], node.lineno
         elif isinstance(node, ast.ImportFrom):
-            target = node.module or ""
-            if node.level:
-                base = module.split(".")
-                base = base if is_package else base[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([target] if target else []))
-            yield target, [alias.name for alias in node.names], node.lineno
+            yield imported_from(node, module, is_package), [alias.name for alias in node.names], node.lineno
+
+
+def imported_from(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from ... import` names, a relative one resolved against `module`."""
+    target = node.module or ""
+    if node.level:
+        base = module.split(".")
+        base = base if is_package else base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([target] if target else []))
+    return target
 
 
 def owner(module: str, packages: set[str]) -> str | None:
@@ -177,6 +183,85 @@ def test_no_module_imports_another_modules_private_names():
             if private:
                 offenders.append(f"{file.relative_to(ROOT)}:{line}: {private} from {target}")
     assert not offenders, "private names used across modules:\n" + "\n".join(offenders)
+
+
+def module_bindings(tree: ast.AST, module: str, is_package: bool, modules: set[str]) -> dict[str, str]:
+    """Local name -> the module of ours it stands for, from every import in the file: `import a.b`
+    binds `a`, `import a.b as m` binds `m`, and `from a import b` binds `b` when `a.b` is a module."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PROJECT:
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        bound[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            target = imported_from(node, module, is_package)
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    bound[alias.asname or alias.name] = f"{target}.{alias.name}"
+    return bound
+
+
+def private_attribute_uses(source: str, module: str, modules: set[str],
+                           is_package: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, `module._name`) for each private name of another module of ours reached as an
+    attribute of that module (`import a.b as m; m._x`, `a.b._x`, `from a import b; b._x`)."""
+    tree = ast.parse(source)
+    bound = module_bindings(tree, module, is_package, modules)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain: list[str] = []
+        base: ast.expr = node
+        while isinstance(base, ast.Attribute):
+            chain.insert(0, base.attr)
+            base = base.value
+        if not isinstance(base, ast.Name) or base.id not in bound or len(chain) < 1:
+            continue
+        owner_module = bound[base.id]
+        for index, name in enumerate(chain):
+            if f"{owner_module}.{name}" in modules:
+                owner_module = f"{owner_module}.{name}"
+                continue
+            if index == len(chain) - 1 and name.startswith("_") and not name.startswith("__") \
+                    and owner_module != module:
+                yield node.lineno, f"{owner_module}.{name}"
+            break
+
+
+def test_no_module_reaches_for_another_modules_private_names_as_attributes():
+    modules = {module for module, _ in module_files()}
+    offenders = [f"{file.relative_to(ROOT)}:{line}: {used}"
+                 for module, file in module_files()
+                 for line, used in private_attribute_uses(file.read_text(), module, modules,
+                                                          file.name == "__init__.py")]
+    assert not offenders, "private names used across modules:\n" + "\n".join(sorted(set(offenders)))
+
+
+def test_the_private_attribute_check_finds_each_way_of_reaching_in():
+    modules = {"dlog", "dlog.core", "dlog.core.reader", "bookkeeper", "bookkeeper.errors"}
+    source = """
+import bookkeeper.errors
+import dlog.core.reader as reader_module
+from dlog.core import reader
+from bookkeeper.errors import DlogError
+
+bookkeeper.errors._BY_STATUS[1]
+reader_module._position(1)
+reader._helper
+reader.public_name
+reader.__name__
+DlogError._not_a_module
+"""
+    found = [used for _, used in private_attribute_uses(source, "dlog.writer", modules)]
+    assert sorted(found) == ["bookkeeper.errors._BY_STATUS", "dlog.core.reader._helper",
+                             "dlog.core.reader._position"]
+    # a module may use its own private names however it reaches them
+    assert list(private_attribute_uses("import dlog.core.reader as me\nme._own\n", "dlog.core.reader",
+                                       modules)) == []
 
 
 @pytest.mark.parametrize("package", ["bookkeeper", "bookkeeper/protocol", "bookkeeper/meta",

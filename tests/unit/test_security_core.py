@@ -10,8 +10,7 @@ import pytest
 
 from bookkeeper.errors import AuthenticationError, ConfigError
 from bookkeeper.security.authz import ANONYMOUS, Action, Principal, Role, decide, parse_role
-from bookkeeper.security.settings import (SEALED_PREFIX, SecuritySettings, seal_new_password,
-                                          unseal_password)
+from bookkeeper.security.settings import SEALED_PREFIX, SecuritySettings, seal_new_password, unseal_password
 from bookkeeper.security.tokens import TokenKey, TokenVerifier, certificate_principal, create_token
 
 SECRET = TokenKey("HS256", b"s" * 32)

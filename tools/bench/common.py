@@ -9,9 +9,10 @@ import os
 import random
 import statistics
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from bookkeeper.clock import process_s
 from bookkeeper.errors import DlogError

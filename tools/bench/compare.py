@@ -9,12 +9,13 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from bookkeeper.clock import monotonic_s, perf_s
-from bookkeeper.errors import DlogError
+from bookkeeper.errors import DlogError, known
 from tools.bench.common import (
     DLOG_DURABILITY,
     DLOG_NO_FSYNC,
@@ -39,8 +40,9 @@ def _check_redis() -> str:
     try:
         import redis  # noqa: F401
     except ImportError:
-        raise DlogError(f"dlog bench compare needs the Python package redis in this environment: "
-                        f"run {ENSURE_REDIS} (it installs redis-server and the redis package)") from None
+        raise DlogError("dlog bench compare needs the Python package redis in this environment: install the "
+                        f"bench extra with pip install 'dlog[bench]' (or run {ENSURE_REDIS}, which also "
+                        "installs redis-server)") from None
     if server is None:
         raise DlogError(f"dlog bench compare needs Debian's redis-server on PATH: run {ENSURE_REDIS}")
     return server
@@ -114,7 +116,7 @@ async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_rec
                            for start in range(0, len(values), batch_records)))
     write_s = perf_s() - started
     stored_records = await client.xlen("events")
-    memory_bytes = await client.memory_usage("events", samples=0)
+    memory_bytes = known(await client.memory_usage("events", samples=0), "redis holds the stream just written")
     # Redis 7 keeps a multi-part AOF: a base file (RDB after an automatic rewrite) plus increments
     aof_bytes = sum(path.stat().st_size for path in directory.rglob("*") if path.is_file()
                     and path.name != "redis.log")
@@ -123,7 +125,7 @@ async def _redis_runs(port: int, directory: Path, values: list[bytes], batch_rec
     last_id, read, read_bytes = b"0-0", 0, 0
     pages: list[list[Any]] = []
     while read < stored_records:
-        answer = await client.xread({"events": last_id}, count=REDIS_READ_COUNT)
+        answer: Any = await client.xread({"events": last_id}, count=REDIS_READ_COUNT)  # [[name, [(id, fields)]]]
         if not answer:
             raise DlogError(f"redis XREAD returned nothing after {read} of {stored_records} entries")
         entries = answer[0][1]
@@ -272,12 +274,12 @@ def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight
         return runs
 
     runs = run_streams(fsync, dlog_side)
-    with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch:
-        with redis_server(server, Path(scratch), fsync) as port:
-            runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
-            if sequential:
-                runs.append(asyncio.run(_redis_sequential(port, sequential)))
-            runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
+    with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch, \
+            redis_server(server, Path(scratch), fsync) as port:
+        runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
+        if sequential:
+            runs.append(asyncio.run(_redis_sequential(port, sequential)))
+        runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
     return {"mode": "compare", "fsync": fsync, "record_bytes": 100, "batch_records": batch_records,
             "in_flight": in_flight,
             "dlog": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from bookkeeper.clock import perf_s
+from bookkeeper.errors import DlogError
 from bookkeeper.protocol.batch import encode_add_batch
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
 from bookkeeper.protocol.wire import (
@@ -67,7 +69,7 @@ class _RawAdder(asyncio.Protocol):
         now = perf_s()
         answered = 0
         while (response := self.decoder.next_message()) is not None:
-            if isinstance(response, ErrorResponse) or getattr(response, "failures", ()):
+            if isinstance(response, ErrorResponse) or getattr(response, "failures", None):
                 self.done.set_exception(RuntimeError(f"add failed: {response}"))
                 return
             self.latencies += [now - self.sent_at[response.request_id]] * self.per_frame
@@ -224,9 +226,11 @@ def _checkpoints(cluster: LocalCluster) -> int:
         if bookie.http is None:
             continue
         with urllib.request.urlopen(f"{bookie.http}/metrics", timeout=10) as answer:
-            for line in answer.read().decode().splitlines():
-                if line.startswith("dlog_bookie_checkpoints_total "):
-                    total += int(float(line.split()[1]))
+            found = [line for line in answer.read().decode().splitlines()
+                     if line.startswith("dlog_bookie_checkpoints_total ")]
+        if not found:  # a renamed metric would otherwise read as "no checkpoint ran"
+            raise DlogError(f"bookie at {bookie.http} has no dlog_bookie_checkpoints_total metric")
+        total += int(float(found[0].split()[1]))
     return total
 
 

@@ -7,8 +7,9 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bookkeeper.clock import perf_s
 from tools.bench.common import mb_per_s, percentiles

@@ -9,7 +9,7 @@ from typing import Any
 from bookkeeper.errors import DlogError
 
 MATPLOTLIB_MISSING = ("--plot needs matplotlib, which is not installed in this environment: "
-                      "install it with `.venv/bin/pip install matplotlib`, or run without --plot")
+                      "install the bench extra with pip install 'dlog[bench]', or run without --plot")
 
 
 def pyplot_module() -> Any:

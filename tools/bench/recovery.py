@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from bookkeeper.autorecovery.policy import bookies_named
 from bookkeeper.autorecovery.store import RecoveryStore
@@ -26,6 +26,9 @@ from bookkeeper.errors import DlogError
 from bookkeeper.protocol.quorum import write_set
 from tools.bench.common import PASSWORD, bookie_args, event_payload, local_cluster, percentiles
 from tools.cluster import LocalCluster
+
+if TYPE_CHECKING:
+    from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
 
 BOOKIES = 4
 SESSION_S = 4
@@ -67,12 +70,14 @@ async def _run(cluster: LocalCluster, size_bytes: int, entry_bytes: int, writer_
         stop = asyncio.Event()
         during = asyncio.ensure_future(_writer(client, writer_rate, RECOVERY_TIMEOUT_S, stop))
         try:
-            await _until_replicated(client, RecoveryStore(client.store.zk, cluster.zk_root), ledgers, victim)
+            zk = cast("ZooKeeperMetadataStore", client.store).zk  # BookKeeper's store when started without one
+            await _until_replicated(client, RecoveryStore(zk, cluster.zk_root), ledgers, victim)
         finally:
             stop.set()
         done_at = monotonic_s()
         during_run = await during
-    copied = [after - before for after, before in zip(await asyncio.to_thread(_copied, cluster), copied_before)]
+    copied_after = await asyncio.to_thread(_copied, cluster)
+    copied = [after - before for after, before in zip(copied_after, copied_before, strict=True)]
     recovery_s = max(done_at - detected_at, 1e-6)
     return {"victim_entries": held_entries, "victim_bytes": held_bytes, "data_ledgers": len(ledgers),
             "entries_copied": int(copied[0]), "bytes_copied": int(copied[1]),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from bookkeeper.clock import perf_s
 from bookkeeper.errors import DlogError

@@ -70,12 +70,11 @@ async def _serve(zk: str, zk_root: str, session_timeout_s: float, settings: Any,
     from bookkeeper.autorecovery.service import AutoRecovery
     from bookkeeper.autorecovery.status import add_routes
     from bookkeeper.jsonbody import JSON_BODY_BYTES_MAX
-    from bookkeeper.meta.zk import AsyncZooKeeper
-    from tools.config import zk_timeout_s
-
     from bookkeeper.meta.acl import zk_options
+    from bookkeeper.meta.zk import AsyncZooKeeper
     from bookkeeper.security.settings import load_client_settings
     from bookkeeper.security.tls import is_loopback
+    from tools.config import zk_timeout_s
 
     if http_port >= 0 and not is_loopback(host):
         raise ConfigError(f"the admin endpoint of `dlog autorecovery` has no TLS nor tokens: serve it on a "
@@ -249,11 +248,11 @@ async def _http_put_json(url: str, body: dict[str, Any]) -> Any:
     import aiohttp
 
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            async with session.put(url, json=body) as response:
-                answer = await response.json()
-                if response.status != 200:
-                    raise DlogError(f"{url} answered {response.status}: {answer.get('error', answer)}")
-                return answer
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+                session.put(url, json=body) as response:
+            answer = await response.json()
+            if response.status != 200:
+                raise DlogError(f"{url} answered {response.status}: {answer.get('error', answer)}")
+            return answer
+    except (TimeoutError, aiohttp.ClientError) as exc:
         raise DlogError(f"cannot reach {url}: {exc!r}") from exc

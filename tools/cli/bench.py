@@ -3,8 +3,9 @@ this module presents the result: one table per list of runs, or with `--json` on
 and with `--plot DIR` PNG charts.
 
 Every mode takes `--no-fsync` (figures without fdatasync, NOT durable; every result says which)
-and `--json`. `--plot` needs matplotlib, which the project does not depend on; without it the
-mode refuses before measuring anything.
+and `--json`. `--plot` needs matplotlib and `compare` the redis client, both in the `bench` extra
+(pip install 'dlog[bench]') rather than in dlog's dependencies; without it those refuse with one
+line before measuring anything.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import shutil
 import sys
 import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 

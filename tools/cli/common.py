@@ -8,7 +8,8 @@ import asyncio
 import functools
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -124,10 +125,10 @@ async def http_get_json(url: str) -> Any:
     headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
     ssl_context = settings.tls.context() if settings.tls is not None else None
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-            async with session.get(url, headers=headers, ssl=ssl_context or True) as response:
-                return await response.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session, \
+                session.get(url, headers=headers, ssl=ssl_context or True) as response:
+            return await response.json()
+    except (TimeoutError, aiohttp.ClientError) as exc:
         raise DlogError(f"cannot reach {url}: {exc!r}") from exc
 
 
@@ -148,7 +149,7 @@ def print_table(columns: list[str], rows: list[dict[str, Any]]) -> None:
         for index, row_cells in enumerate(cells):
             if index:
                 click.echo("")
-            for column, cell in zip(columns, row_cells):
+            for column, cell in zip(columns, row_cells, strict=True):
                 click.echo(f"{column:<{width}}  {cell}")
         return
     console.print(table)

@@ -40,7 +40,7 @@ def quota_set(namespace: str, streams_max: int | None, write_bytes_per_s: int | 
     check_subscription_name(namespace)
     path = layout.quota_path(zk_root, namespace)
 
-    async def change(client):  # type: ignore[no-untyped-def]
+    async def change(client):
         found = await client.get_or_none(path)
         current = Quota.from_bytes(found[0]) if found is not None else UNLIMITED
         updated = Quota(current.streams_max if streams_max is None else streams_max,
@@ -66,7 +66,7 @@ def quota_show(namespace: str, zk: str, zk_root: str, as_json: bool) -> None:
     from bookkeeper.meta.usage import stored_bytes_of
     from bookkeeper.security.quota import UNLIMITED, Quota
 
-    async def read(client):  # type: ignore[no-untyped-def]
+    async def read(client):
         found = await client.get_or_none(layout.quota_path(zk_root, namespace))
         return found, await stored_bytes_of(client, zk_root, namespace)
 

@@ -32,7 +32,8 @@ def retention() -> None:
 @cluster_options
 @json_option
 @fails_cleanly
-def retention_set(name: str, age: int | None, size: int | None, keep_unconsumed: bool | None, cluster: tuple[str, str, str], as_json: bool) -> None:
+def retention_set(name: str, age: int | None, size: int | None, keep_unconsumed: bool | None,
+                  cluster: tuple[str, str, str], as_json: bool) -> None:
     """Change a stream's retention policy."""
     if age is None and size is None and keep_unconsumed is None:
         raise ConfigError("nothing to set: give --age, --size or --keep-unconsumed/--ignore-subscribers")
@@ -41,8 +42,9 @@ def retention_set(name: str, age: int | None, size: int | None, keep_unconsumed:
     result = {"stream": name, "retention_age_ms": config.retention_age_ms,
               "retention_bytes": config.retention_bytes,
               "keeps_unconsumed": config.retention_keeps_unconsumed}
+    age_text = format_duration_ms(config.retention_age_ms) if config.retention_age_ms else "off"
     click.echo(json.dumps(result) if as_json else
-               f"{name}: retention age {format_duration_ms(config.retention_age_ms) if config.retention_age_ms else 'off'}"
+               f"{name}: retention age {age_text}"
                f", size {format_size(config.retention_bytes) if config.retention_bytes else 'off'}, "
                f"{'keeps' if config.retention_keeps_unconsumed else 'ignores'} what subscribers have not read")
 

@@ -42,8 +42,8 @@ def stream_create(name: str, ensemble: int, write_quorum: int, ack_quorum: int, 
                   retention_size: int | None, if_not_exists: bool, cluster: tuple[str, str, str],
                   as_json: bool) -> None:
     """Create a stream (default schema: key, value, timestamp)."""
+    from bookkeeper.protocol.metadata import check_quorum
     from dlog.names import check_stream_name
-    from dlog.segments.metadata import check_quorum
 
     check_stream_name(name)
     check_quorum(ensemble, write_quorum, ack_quorum)

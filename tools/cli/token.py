@@ -59,7 +59,7 @@ def token_create(roles: tuple[str, ...], namespace: str | None, subject: str | N
     click.echo(text)
 
 
-def _write_client_config(path: Path, settings, namespace: str | None, roles: tuple[str, ...], text: str,  # type: ignore[no-untyped-def]
+def _write_client_config(path: Path, settings, namespace: str | None, roles: tuple[str, ...], text: str,
                          zk: str, zk_root: str) -> None:
     from bookkeeper.security.settings import namespace_settings
     from tools.secure import provision_namespace, write_client_toml

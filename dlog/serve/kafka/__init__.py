@@ -15,13 +15,26 @@ messages and records in, bytes out. No sockets, no clock, no asyncio, no stream 
 
 from dlog.serve.kafka.apis import SUPPORTED_APIS, Api, api_versions_response
 from dlog.serve.kafka.errors import ErrorCode
-from dlog.serve.kafka.frames import (REQUEST_BYTES_MAX_DEFAULT, Request, RequestDecoder,
-                                     RequestHeader, RequestRefused, SaslToken, decode_request,
-                                     encode_response, encode_sasl_token)
-from dlog.serve.kafka.records import (BATCH_BYTES_MAX_DEFAULT,
-                                      BATCH_DECOMPRESSED_BYTES_MAX_DEFAULT, BatchRefused,
-                                      ProducedBatch, Record, decode_produce_records,
-                                      encode_record_batch)
+from dlog.serve.kafka.frames import (
+                                     REQUEST_BYTES_MAX_DEFAULT,
+                                     Request,
+                                     RequestDecoder,
+                                     RequestHeader,
+                                     RequestRefused,
+                                     SaslToken,
+                                     decode_request,
+                                     encode_response,
+                                     encode_sasl_token,
+)
+from dlog.serve.kafka.records import (
+                                     BATCH_BYTES_MAX_DEFAULT,
+                                     BATCH_DECOMPRESSED_BYTES_MAX_DEFAULT,
+                                     BatchRefused,
+                                     ProducedBatch,
+                                     Record,
+                                     decode_produce_records,
+                                     encode_record_batch,
+)
 
 __all__ = [
     "BATCH_BYTES_MAX_DEFAULT", "BATCH_DECOMPRESSED_BYTES_MAX_DEFAULT", "REQUEST_BYTES_MAX_DEFAULT",

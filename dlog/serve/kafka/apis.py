@@ -20,23 +20,48 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kafka.protocol.admin import (CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
-                                  DeleteTopicsResponse, DescribeConfigsRequest,
-                                  DescribeConfigsResponse)
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+)
 from kafka.protocol.api_message import ApiMessage
-from kafka.protocol.consumer import (FetchRequest, FetchResponse, HeartbeatRequest,
-                                     HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
-                                     LeaveGroupRequest, LeaveGroupResponse, ListOffsetsRequest,
-                                     ListOffsetsResponse, OffsetCommitRequest,
-                                     OffsetCommitResponse, OffsetFetchRequest,
-                                     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse)
-from kafka.protocol.metadata import (ApiVersionsRequest, ApiVersionsResponse,
-                                     FindCoordinatorRequest, FindCoordinatorResponse,
-                                     MetadataRequest, MetadataResponse)
-from kafka.protocol.producer import (InitProducerIdRequest, InitProducerIdResponse,
-                                     ProduceRequest, ProduceResponse)
-from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse,
-                                 SaslHandshakeRequest, SaslHandshakeResponse)
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
+from kafka.protocol.metadata import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 from dlog.serve.kafka.errors import ErrorCode
 

@@ -112,7 +112,7 @@ def _snappy_block(block: bytes, bytes_max: int) -> bytes:
 def _lz4(data: bytes, bytes_max: int) -> bytes:
     decompressor = lz4.frame.LZ4FrameDecompressor()
     try:
-        output = decompressor.decompress(data, max_length=bytes_max + 1)
+        output: bytes = decompressor.decompress(data, max_length=bytes_max + 1)
     except RuntimeError as exc:  # the lz4 package reports a bad frame as RuntimeError
         raise DecompressionError(f"lz4 records do not decompress: {exc}") from exc
     if len(output) > bytes_max:

@@ -211,7 +211,7 @@ def _decode_body(api: Api, header: RequestHeader, frame: bytes, body_start: int)
     # place the codec reaches into kafka-python (pinned below 3.1) is this call to the same
     # generated decoder, which returns the end position too.
     version = header.api_version
-    decode = api.request._struct.compiled_decode_from(  # type: ignore[attr-defined]
+    decode = api.request._struct.compiled_decode_from(
         version, compact=False, tagged=False, data_class=api.request)
     try:
         body, end = decode(memoryview(frame), body_start)
@@ -235,7 +235,7 @@ def _malformed(api: Api, header: RequestHeader, body_bytes: int, problem: str) -
 def encode_response(header: RequestHeader, response: ApiMessage) -> bytes:
     """The framed answer to the request with `header`: size, response header v0 (its correlation
     id), and `response` encoded at the request's version."""
-    invariant(response.API_KEY == header.api_key,
+    invariant(header.api_key == response.API_KEY,
               f"a {api_name(response.API_KEY)} response cannot answer a {api_name(header.api_key)} request")
     body = response.encode(version=header.api_version)
     return _SIZE.pack(len(body) + 4) + struct.pack(">i", header.correlation_id) + bytes(body)

@@ -51,6 +51,12 @@ class RecoveryProcess:
         if self.running:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+        self._release_output()
+
+    def _release_output(self) -> None:
+        """Close our end of the exited process's stdout pipe (else it stays open until collected)."""
+        if not self.running and self.process.stdout is not None:
+            self.process.stdout.close()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.running:
@@ -59,3 +65,4 @@ class RecoveryProcess:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._release_output()

@@ -221,7 +221,7 @@ class WriterLoop:
         try:
             await asyncio.wait_for(writer.close(), STOP_TIMEOUT_S)
             self.history.complete(op, name, "close_writer", "ok")
-        except (DlogError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, DlogError) as exc:
             self.history.complete(op, name, "close_writer", "fail", error=error_text(exc))
         futures = self._in_flight.get(name, {})
         deadline = time.monotonic() + ORPHAN_WAIT_S
@@ -444,3 +444,5 @@ class WriterProcess:
         if self.process.poll() is None:
             self.signal(signals.SIGCONT)
             self.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()

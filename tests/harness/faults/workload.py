@@ -179,7 +179,7 @@ class Workload:
             if task is not None:
                 try:
                     await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_S + ORPHAN_WAIT_S + 5)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     task.cancel()
                     self.history.record(family, "liveness", "fail", what=f"writer {family} did not stop")
 

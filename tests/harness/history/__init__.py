@@ -10,8 +10,9 @@ the stream simulator alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .ledger import LedgerRecorder, check_ledger, has_ledger_events
 from .recorder import Anomaly, History, Report, load, offset_list

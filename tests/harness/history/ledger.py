@@ -12,8 +12,9 @@ history can hold ledger and stream events side by side.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState
 from bookkeeper.protocol.quorum import write_set

@@ -49,8 +49,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from . import positions, promises
 from .recorder import Anomaly, Report
@@ -409,8 +410,8 @@ class _Checker:
                 previous = (key, offset)
 
     def _check_stale_writes(self, writes: list[_Op]) -> None:
-        opened = sorted(((op.complete_t, op.process) for op in self.ops.values()
-                         if op.f == "open_writer" and op.type == "ok" and op.complete_t is not None))
+        opened = sorted((op.complete_t, op.process) for op in self.ops.values()
+                         if op.f == "open_writer" and op.type == "ok" and op.complete_t is not None)
         if not opened:
             return
         opened_at = {process: t for t, process in opened}

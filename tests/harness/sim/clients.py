@@ -24,10 +24,10 @@ from bookkeeper.errors import DlogError
 from bookkeeper.protocol.effects import Effect, Finished
 from bookkeeper.protocol.recovery import Phase
 from bookkeeper.security.settings import SecuritySettings
+from tests.harness.history.ledger import Operation
 
 from .metastore import ClientStore
 from .transport import Dialer
-from tests.harness.history.ledger import Operation
 
 if TYPE_CHECKING:
     from .simulation import Simulation

@@ -16,6 +16,7 @@ from bookkeeper.bookie.adds import AddHandlers
 from bookkeeper.protocol import recovery, writer
 from bookkeeper.protocol.wire import Status
 
+
 def _answer_before_the_fsync(core: Any, records: list[bytes], reply: Any, answer: bytes) -> None:
     reply.send(answer)
     reply.request_done()

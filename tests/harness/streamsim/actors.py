@@ -96,7 +96,7 @@ class WriterFamily:
     async def _pause(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self.stop.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _open(self, **overrides: Any) -> Any:
@@ -176,7 +176,7 @@ class WriterFamily:
             await asyncio.wait_for(self._unless_killed(writer.wait_writable()), STUCK_S)
         except (DlogError, asyncio.CancelledError):
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if writer.error is not None and not self.killed.is_set():
                 self.history.record(self.session_name, "liveness", "fail",
                                     what=f"a caller of wait_writable of {self.session_name} was never woken after "

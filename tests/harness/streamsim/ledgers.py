@@ -354,7 +354,7 @@ class SimReadHandle:
             ledger.waiters.append(waiter)
             try:
                 await asyncio.wait_for(waiter, timeout_ms / 1000)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await asyncio.sleep(self.client.ledgers.latency_s())
         ledger = self._check()
