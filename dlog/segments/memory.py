@@ -44,6 +44,7 @@ class _Stream:
     locks: list[tuple[int, str, int]] = field(default_factory=list)  # (sequence, token, session)
     subscriptions: dict[str, dict[str, int]] = field(default_factory=dict)
     sinks: dict[str, SinkBatch] = field(default_factory=dict)
+    runner: tuple[int, str] | None = None  # (session, runner id) of the policy runner's claim
     lock_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -75,6 +76,8 @@ class MemoryMetadata:
                 gone += len(stream.locks) - len(kept)
                 stream.locks = kept
                 stream.lock_changed.set()
+            if stream.runner is not None and stream.runner[0] == session:
+                stream.runner = None
         return gone
 
     def stream(self, name: str) -> _Stream:
@@ -238,6 +241,15 @@ class MemorySegmentStore:
                 stream.lock_changed.set()
 
         await self._operation("unlock", name, apply)
+
+    async def claim_runner(self, name: str, runner: str) -> str | None:
+        def apply() -> str | None:
+            stream = self.metadata.stream(name)
+            if stream.runner is None:
+                stream.runner = (self.session, runner)
+            return None if stream.runner[1] == runner else stream.runner[1]
+
+        return await self._operation("claim_runner", name, apply)
 
     # ------------------------------------------------------------------ subscriptions and sinks
 

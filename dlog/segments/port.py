@@ -80,6 +80,11 @@ class SegmentStore(Protocol):
     async def unlock(self, token: str) -> None:
         """Release a lock; releasing one that is gone (session lost) is no error."""
 
+    async def claim_runner(self, stream: str, runner: str) -> str | None:
+        """Claim the running of the stream's policies for `runner` (one runner per stream): None
+        when `runner` holds the claim now (taken, or held already), else the holder's id. The claim
+        lives as long as this client's session; asking again after a lost answer is safe."""
+
     async def subscriptions(self, stream: str) -> dict[str, dict[str, int]]: ...
 
     async def commit_subscription(self, stream: str, subscription: str, offset_json: dict[str, int]) -> None: ...
@@ -187,6 +192,10 @@ class RetryingSegmentStore:
     async def lock(self, stream: str, timeout_s: float) -> str | None:
         # implementations make the lock node findable after a lost answer (see store.py)
         return await self._retry(f"writer lock of stream {stream!r}", lambda: self.inner.lock(stream, timeout_s))
+
+    async def claim_runner(self, stream: str, runner: str) -> str | None:
+        return await self._retry(f"policy runner claim of stream {stream!r}",
+                                 lambda: self.inner.claim_runner(stream, runner))
 
     async def commit(self, stream: str, based_on: SegmentList, change: SegmentChange) -> SegmentList:
         """One compare-and-set; after a lost answer, read back before trying again."""

@@ -89,6 +89,9 @@ class ZooKeeperSegmentStore:
     def lock_path(self, name: str) -> str:
         return f"{self.stream_path(name)}/lock"
 
+    def runner_path(self, name: str) -> str:
+        return f"{self.stream_path(name)}/runner"
+
     def subscriber_path(self, name: str, subscription: str) -> str:
         return f"{self.stream_path(name)}/subscribers/{check_subscription_name(subscription)}"
 
@@ -256,6 +259,22 @@ class ZooKeeperSegmentStore:
                 description = {}
             return description if isinstance(description, dict) else {}
         return None
+
+    async def claim_runner(self, name: str, runner: str) -> str | None:
+        """An ephemeral `runner` node holding the runner's id: whoever made it holds the claim."""
+        path = self.runner_path(name)
+        try:
+            await self.zk.create(path, runner.encode(), ephemeral=True)
+            return None
+        except MetadataExistsError:
+            pass
+        except MetadataNotFoundError as exc:
+            raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
+        found = await self.zk.get_or_none(path)
+        if found is None:  # its holder's session ended as we looked: the next round takes it
+            return "(none)"
+        holder = found[0].decode(errors="replace")
+        return None if holder == runner else holder
 
     async def unlock(self, lock_node: str) -> None:
         try:

@@ -13,6 +13,7 @@ import click
 from bookkeeper.errors import DlogError
 from tools.bookie_settings import delay_option
 from tools.cli.common import fails_cleanly, zk_option
+from tools.units import DURATION
 
 ZK_PORT_DEFAULT = 2181
 
@@ -28,11 +29,17 @@ ZK_PORT_DEFAULT = 2181
 @click.option("--secure", is_flag=True, help="TLS and tokens on bookies and admin endpoints, ZooKeeper "
               "credentials and ACLs; makes a CA, certificates, an admin token and client.toml under "
               "DIR/secure/")
+@click.option("--policy-check-interval", "policy_interval_ms", type=DURATION, default="1min", show_default=True,
+              help="look at each stream's retention at least this often (a stream with an age limit is "
+                   "looked at every quarter of it, at least every second)")
 @delay_option
 @fails_cleanly
 def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int, secure: bool,
-               lost_bookie_recovery_delay: int) -> None:
+               policy_interval_ms: int, lost_bookie_recovery_delay: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
+
+    Streams' retention policies are applied by themselves while it runs (about every quarter of
+    a stream's retention age, at least every second, and at least every --policy-check-interval).
 
     A directory runs one cluster at a time (a second start on it is refused), every part must
     listen on its own port (one that another process holds is named and refused), and
@@ -57,14 +64,17 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int,
     except DlogError as exc:  # a bookie's failure comes with its log's tail: the first line says it
         cluster.stop()
         raise type(exc)(str(exc).splitlines()[0]) from exc
-    ui = None
+    ui = policies = None
     try:
         ui_url = None
         if ui_port >= 0:
             ui, ui_url = _start_ui(cluster, ui_port, client_toml)
+        policies = _start_policies(cluster, policy_interval_ms, client_toml)
         _print_ready(cluster, ui_url, client_toml)
         _supervise(cluster, stop)
     finally:
+        if policies is not None:
+            policies.stop()
         if ui is not None:
             ui.stop()
         cluster.stop()
@@ -109,6 +119,21 @@ def _start_ui(cluster: Any, port: int, client_toml: Path | None = None) -> tuple
     security = load_client_settings(client_toml) if client_toml is not None else NO_SECURITY
     ui = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, security=security), port=port)
     return ui, ui.start()
+
+
+def _start_policies(cluster: Any, interval_max_ms: int, client_toml: Path | None = None) -> Any:
+    """Retention (every stream's policies) applied on its schedule, as a broker would."""
+    from bookkeeper.security.settings import NO_SECURITY, load_client_settings
+    from dlog.core.policies import PolicyLimits
+    from tools.policies import PolicyThread
+
+    security = load_client_settings(client_toml) if client_toml is not None else NO_SECURITY
+    limits = PolicyLimits(interval_min_ms=min(1_000, interval_max_ms), interval_max_ms=interval_max_ms,
+                          backoff_max_ms=max(300_000, interval_max_ms))
+    policies = PolicyThread(cluster.zk_address, bookkeeper_root=cluster.zk_root, security=security,
+                            limits=limits)
+    policies.start()
+    return policies
 
 
 def _print_ready(cluster: Any, ui_url: str | None, client_toml: Path | None = None) -> None:

@@ -1,0 +1,114 @@
+"""When each stream's policies run: the schedule of a policy runner (pure).
+
+Retention (and later offload and compaction) is a stream's policy; applying it is a routine
+operation that must happen without anybody typing `dlog retention apply`. A process that already
+runs (`dlog standalone`, a serving-tier server for the streams it owns) keeps one `PolicySchedule`
+per namespace and asks it, each round, which streams are due. The schedule decides by the stream's
+settings and the time it is handed (no clock is read here):
+
+- a stream with an age limit is looked at every quarter of that age, but not more often than
+  `interval_min_ms` nor less often than `interval_max_ms` (so `--age 1s` is enforced within about
+  a second, and a 7-day policy once a minute);
+- a stream with only a size limit, or none (its settings may change), every `interval_max_ms`;
+- a stream whose run failed waits twice as long after each failure, up to `backoff_max_ms`;
+- the stream list is read again every `list_interval_ms`, so a new stream is seen within it;
+- at most `streams_per_round_max` streams per round, the most overdue first, and at most
+  `streams_tracked_max` streams per namespace (the rest are counted, not tracked).
+
+Which process runs a stream's policies is decided outside (one claim per stream in the segment
+store: `dlog.policies`); the schedule only says when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dlog.segments.metadata import StreamConfig
+
+
+@dataclass(frozen=True)
+class PolicyLimits:
+    """The named limits of a policy runner (docs/operations.md, "Policies run by themselves")."""
+
+    interval_min_ms: int = 1_000
+    interval_max_ms: int = 60_000
+    list_interval_ms: int = 5_000  # how often the stream list is read again (new streams are seen)
+    backoff_max_ms: int = 300_000
+    streams_per_round_max: int = 100
+    streams_tracked_max: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval_min_ms <= self.interval_max_ms <= self.backoff_max_ms:
+            raise ValueError("policy intervals must satisfy 0 < interval_min <= interval_max <= backoff_max "
+                             f"(got {self.interval_min_ms}, {self.interval_max_ms}, {self.backoff_max_ms} ms)")
+        if self.list_interval_ms <= 0:
+            raise ValueError(f"the stream list interval must be positive (got {self.list_interval_ms} ms)")
+        if self.streams_per_round_max < 1 or self.streams_tracked_max < 1:
+            raise ValueError("a policy runner must look at one stream or more per round")
+
+
+def has_policy(config: StreamConfig) -> bool:
+    """Whether the stream has a policy a runner applies (today: retention by age or size)."""
+    return bool(config.retention_age_ms or config.retention_bytes)
+
+
+def interval_ms(config: StreamConfig | None, limits: PolicyLimits) -> int:
+    """How long after a run the stream is looked at again."""
+    if config is None or not config.retention_age_ms:
+        return limits.interval_max_ms
+    return min(max(config.retention_age_ms // 4, limits.interval_min_ms), limits.interval_max_ms)
+
+
+class PolicySchedule:
+    """The due times of one namespace's streams. Feed it the stream list (`known`), ask `due`,
+    and tell it how each run went (`ran`, `failed`)."""
+
+    def __init__(self, limits: PolicyLimits | None = None) -> None:
+        self.limits = limits or PolicyLimits()
+        self._due_ms: dict[str, int] = {}
+        self._failures: dict[str, int] = {}
+        self.untracked = 0  # streams beyond streams_tracked_max at the last `known`
+
+    @property
+    def tracked(self) -> int:
+        return len(self._due_ms)
+
+    def known(self, streams: Iterable[str], now_ms: int) -> None:
+        """The streams that exist now: new ones are due at once, gone ones are forgotten."""
+        names = sorted(set(streams))
+        kept = names[:self.limits.streams_tracked_max]
+        self.untracked = len(names) - len(kept)
+        for gone in set(self._due_ms) - set(kept):
+            self.forget(gone)
+        for name in kept:
+            self._due_ms.setdefault(name, now_ms)
+
+    def forget(self, stream: str) -> None:
+        self._due_ms.pop(stream, None)
+        self._failures.pop(stream, None)
+
+    def due(self, now_ms: int) -> list[str]:
+        """The streams to look at now, most overdue first, at most `streams_per_round_max`."""
+        ready = sorted((due_ms, name) for name, due_ms in self._due_ms.items() if due_ms <= now_ms)
+        return [name for _, name in ready[:self.limits.streams_per_round_max]]
+
+    def ran(self, stream: str, config: StreamConfig | None, now_ms: int) -> None:
+        """The stream was looked at (its policy applied, or it has none, or another runner has it)."""
+        if stream in self._due_ms:
+            self._failures.pop(stream, None)
+            self._due_ms[stream] = now_ms + interval_ms(config, self.limits)
+
+    def failed(self, stream: str, now_ms: int) -> int:
+        """The run failed: back off, doubling per failure in a row. Returns the wait in ms."""
+        if stream not in self._due_ms:
+            return 0
+        failures = self._failures.get(stream, 0) + 1
+        self._failures[stream] = failures
+        wait_ms = min(self.limits.interval_min_ms << min(failures, 30), self.limits.backoff_max_ms)
+        self._due_ms[stream] = now_ms + wait_ms
+        return wait_ms
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest tracked stream is due (None when nothing is tracked)."""
+        return min(self._due_ms.values(), default=None)
