@@ -145,8 +145,9 @@ def _supervise(cluster: Any, stop: threading.Event) -> None:
 @fails_cleanly
 def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int,
                insecure_plaintext: bool) -> None:
-    """Serve the cluster status page (bookies, stream segments, subscription lag) until Ctrl-C.
-    With --config (an admin's client.toml) it reads a secure cluster."""
+    """Serve the cluster status page (health, bookies, stream segments, subscription lag) until
+    Ctrl-C; /?q=TEXT shows only the streams whose name contains TEXT. With --config (an admin's
+    client.toml) it reads a secure cluster."""
     from bookkeeper.errors import ConfigError
     from bookkeeper.security.settings import load_client_settings
     from bookkeeper.security.tls import is_loopback
