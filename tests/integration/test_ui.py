@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,9 @@ from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.clock import wall_ms
 from bookkeeper.meta import layout
 from dlog import Namespace
-from tools.cluster import LineReader, LocalCluster, free_port
+from tests.helpers import readme_blocks
+from tools.cli.standalone import UI_PORT_DEFAULT
+from tools.cluster import LineReader, LocalCluster, free_port, load_state
 from tools.ui import (
     HTTP_TIMEOUT_S,
     NO_WRITER_NOTE,
@@ -408,6 +411,43 @@ async def test_standalone_serves_the_page_and_prints_its_url(tmp_path):
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0, process.stderr.read()
+
+
+def start_standalone(directory: Path, *arguments: str) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+                                "--bookies", "1", *arguments],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = LineReader(process)
+    ready = lines.line_starting("dlog standalone ready zk=", 90)
+    ui_line = lines.next_line(10)
+    if ready is None or ui_line is None or not ui_line.startswith("  ui http://127.0.0.1:"):
+        process.kill()
+        raise AssertionError(f"no ready and ui lines ({ready!r}, {ui_line!r}): {process.stderr.read()}")
+    return process, ui_line.split()[1]
+
+
+def test_standalone_keeps_its_status_page_port_as_it_keeps_the_zookeeper_port(tmp_path):
+    assert f"status page http://127.0.0.1:{UI_PORT_DEFAULT}/" in "\n".join(readme_blocks(""))  # the README says where
+    directory = tmp_path / "sa"
+    process, first_url = start_standalone(directory, "--zk-port", str(free_port()), "--ui-port", "0")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    port = load_state(directory)["ui_port"]
+    assert first_url == f"http://127.0.0.1:{port}/" and port not in (0, UI_PORT_DEFAULT)
+
+    process, second_url = start_standalone(directory)  # neither port given: both as last time
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    assert second_url == first_url
+
+    with socket.socket() as holder:  # someone else took it meanwhile: named before anything starts
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        result = subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+                                 "--bookies", "1"], capture_output=True, text=True, timeout=90)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"the status page port 127.0.0.1:{port} is held by" in result.stderr and "--ui-port" in result.stderr
+    assert load_state(directory)["ui_port"] == port
 
 
 # ------------------------------------------------------------------------------ the page in a browser

@@ -15,6 +15,7 @@ from tools.bookie_settings import delay_option
 from tools.cli.common import fails_cleanly, zk_option
 
 ZK_PORT_DEFAULT = 2181
+UI_PORT_DEFAULT = 8080
 
 
 @click.command()
@@ -23,14 +24,15 @@ ZK_PORT_DEFAULT = 2181
 @click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 32))
 @click.option("--zk-port", default=None, type=click.IntRange(0, 65535), help="ZooKeeper client port",
               show_default=f"the port of the last start in --dir, else {ZK_PORT_DEFAULT}")
-@click.option("--ui-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
-              help="status page port on 127.0.0.1 (0: any free port, -1: no status page)")
+@click.option("--ui-port", default=None, type=click.IntRange(-1, 65535),
+              help="status page port on 127.0.0.1 (0: any free port, -1: no status page)",
+              show_default=f"the port of the last start in --dir, else {UI_PORT_DEFAULT}")
 @click.option("--secure", is_flag=True, help="TLS and tokens on bookies and admin endpoints, ZooKeeper "
               "credentials and ACLs; makes a CA, certificates, an admin token and client.toml under "
               "DIR/secure/")
 @delay_option
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int, secure: bool,
+def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int | None, secure: bool,
                lost_bookie_recovery_delay: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
@@ -42,6 +44,9 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int,
     stop = _stop_on_signals()
     if zk_port is None:
         zk_port = load_state(directory).get("zk_port") or ZK_PORT_DEFAULT
+    if ui_port is None:
+        ui_port = load_state(directory).get("ui_port") or UI_PORT_DEFAULT
+    _check_ui_port(ui_port)
     secure_dir = _secure_dir(directory, secure)
     cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port, secure=secure_dir,
                            bookie_args=["--lost-bookie-recovery-delay", f"{lost_bookie_recovery_delay}ms"])
@@ -102,13 +107,26 @@ def _provision_default_namespace(cluster: Any, client_toml: Path) -> None:
                                     bookkeeper_root=cluster.zk_root))
 
 
+def _check_ui_port(port: int) -> None:
+    """Before anything starts: the status page's port (a remembered one too) is free."""
+    from bookkeeper.meta.ports import port_bindable, port_in_use
+
+    if port > 0 and not port_bindable("127.0.0.1", port):
+        raise port_in_use("127.0.0.1", port, "the status page",
+                          "pass --ui-port with another port (0: any free port; -1: no status page)")
+
+
 def _start_ui(cluster: Any, port: int, client_toml: Path | None = None) -> tuple[Any, str]:
+    """Serve the status page on `port` (0: any free one) and remember the port it got in
+    cluster.json, as the ZooKeeper port is: a restart keeps the page's URL."""
     from bookkeeper.security.settings import NO_SECURITY, load_client_settings
     from tools.ui import UiOptions, UiThread
 
     security = load_client_settings(client_toml) if client_toml is not None else NO_SECURITY
     ui = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, security=security), port=port)
-    return ui, ui.start()
+    url = ui.start()
+    cluster.remember_ui_port(int(url.rstrip("/").rsplit(":", 1)[1]))
+    return ui, url
 
 
 def _print_ready(cluster: Any, ui_url: str | None, client_toml: Path | None = None) -> None:
