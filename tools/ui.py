@@ -96,6 +96,7 @@ METRICS_BYTES_MAX = 1 << 20
 METRIC_NAMES = ("dlog_bookie_add_entries_total", "dlog_bookie_disk_used_ratio", "dlog_bookie_read_only",
                 "dlog_autorecovery_bytes_copied_total")
 UNDERREPLICATED_SHOWN_MAX = 50
+SCRAPE_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ValueError)  # a bookie's admin endpoint failing
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +189,11 @@ def describe_writer(holder: dict[str, Any]) -> dict[str, Any]:
 
 def bookie_directories(about_text: str) -> dict[str, dict[str, Any]] | None:
     """A bookie's own directories (path and bytes on disk) from its `/api/v1/bookie/info`; None
-    when it does not say (an older bookie)."""
-    about = json.loads(about_text)
+    when it does not say (an older bookie, or not JSON)."""
+    try:
+        about = json.loads(about_text)
+    except ValueError:
+        return None
     found = about.get("directories") if isinstance(about, dict) else None
     if not isinstance(found, dict):
         return None
@@ -356,12 +360,16 @@ class Collector:
             if info.get("http") and info.get("state") not in ("down", "untrusted"):
                 row["admin"] = "unverified"
             return row
-        try:
-            text, about = await asyncio.gather(self._fetch(url + "/metrics"), self._fetch(url + "/api/v1/bookie/info"))
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        text, about = await asyncio.gather(self._fetch(url + "/metrics"), self._fetch(url + "/api/v1/bookie/info"),
+                                           return_exceptions=True)
+        for found in (text, about):
+            if isinstance(found, BaseException) and not isinstance(found, SCRAPE_ERRORS):
+                raise found
+        if isinstance(about, str):  # it needs a token where /metrics may not: without one, no directories
+            row["directories"] = bookie_directories(about)
+        if not isinstance(text, str):
             row["admin"] = "unreachable"
             return row
-        row["directories"] = bookie_directories(about)
         samples = parse_metrics(text)
         row["admin"] = "ok"
         if "dlog_bookie_read_only" in samples:  # fresher than the registration

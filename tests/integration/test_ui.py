@@ -4,6 +4,7 @@ real bookie processes and ZooKeeper, and the page itself rendered by a real head
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ from tools.ui import (
     Collector,
     RateTracker,
     UiOptions,
+    bookie_directories,
     filter_namespaces,
     health_summary,
     make_app,
@@ -121,6 +123,14 @@ def test_health_names_each_problem_and_counts_them():
         "ledger 11 missing", "stream shop/orders: segment #4 cannot be read", "2 ledgers under-replicated"]}
     assert health_summary({"errors": ["ZooKeeper is unreachable"]})["problems"] == [
         "cannot read the cluster: ZooKeeper is unreachable"]
+
+
+def test_bookie_directories_are_taken_only_as_the_bookie_says_them():
+    about = ('{"directories": {"journal": {"path": "/d/journal", "bytes": 4096}, "index": {"path": 7, "bytes": 1},'
+             ' "other": {"path": "/etc", "bytes": 1}}}')
+    assert bookie_directories(about) == {"journal": {"path": "/d/journal", "bytes": 4096}}
+    for text in ("not json", "[]", '{"directories": null}', '{"id": "a:1"}'):  # an older bookie says none
+        assert bookie_directories(text) is None
 
 
 def test_the_filter_keeps_streams_whose_name_or_namespace_path_matches():
@@ -375,6 +385,18 @@ async def test_each_bookie_shows_its_own_directories_not_the_machines_disk(clust
         assert directories["journal"]["bytes"] > 0 and directories["index"]["bytes"] > 0
         for item in directories.values():
             assert f'<code class="dir-path">{item["path"]}</code>' in html
+
+
+async def test_a_secure_bookies_directories_need_the_pages_token_its_metrics_do_not(secure_cluster):
+    admin = secure_cluster.secure_dir.admin_settings()
+    for security, has_directories in ((admin, True), (dataclasses.replace(admin, token=None), False)):
+        collector = Collector(UiOptions(secure_cluster.zk_address, secure_cluster.zk_root, security=security),
+                              clock=FakeClock())
+        async with TestClient(TestServer(make_app(collector))) as client:
+            answer = await poll_api(client, lambda answer: len(answer["bookies"]) == 2)
+        for bookie in answer["bookies"]:
+            assert bookie["admin"] == "ok" and bookie["disk_used_percent"] is not None, bookie
+            assert (bookie["directories"] is not None) == has_directories, bookie
 
 
 async def test_the_stream_filter_is_a_query_parameter_served_filtered(cluster_factory, zk):

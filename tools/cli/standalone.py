@@ -156,7 +156,7 @@ def _supervise(cluster: Any, stop: threading.Event) -> None:
 @click.option("--namespace-root", default="/dlog", show_default=True,
               help="ZooKeeper node whose children are the namespaces")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=UI_PORT_DEFAULT, show_default=True, type=click.IntRange(0, 65535),
               help="port to listen on (0: any free port)")
 @click.option("--insecure-plaintext", is_flag=True, help="serve the page (plaintext, no login) on a "
               "non-loopback --host anyway")
