@@ -10,8 +10,10 @@ timelines, subscriptions.
 Health. The header says "healthy" (green), or counts and names the problems (red): what could not
 be read, each bookie that is down (it has a cookie, so it joined the cluster, but no registration),
 each stream that lost records (a live segment's ledger is gone) or whose in-progress segment cannot
-be read, and the under-replicated ledgers (auto-recovery's marks). It is `health_summary` of the
-collected data, so the JSON says the same (`health`).
+be read, each subscription that will skip records it never read (truncation or retention removed
+them, by `dlog.core.snapshot.resolve`, the rule readers follow), and the under-replicated ledgers
+(auto-recovery's marks). It is `health_summary` of the collected data, so the JSON says the same
+(`health`).
 
 Theory of operation. A `Collector` owns one ZooKeeper session and one BookKeeper client, made on
 the first poll and made again on a later poll if ZooKeeper was unreachable. Each poll reads the
@@ -75,8 +77,9 @@ from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
 from bookkeeper.meta import layout
 from bookkeeper.security.settings import NO_SECURITY, SecuritySettings, unseal_password
 from bookkeeper.security.tls import host_of
-from dlog.core.snapshot import first_readable
+from dlog.core.snapshot import SegmentView, StreamView, first_readable, resolve
 from dlog.describe import entry_count, subscription_lag
+from dlog.offsets import Offset
 from dlog.snapshot import SegmentReads
 from tools.units import format_duration_ms, format_size, format_time_ms, plural
 
@@ -205,6 +208,16 @@ def bookie_directories(about_text: str) -> dict[str, dict[str, Any]] | None:
     return directories or None
 
 
+def subscription_losses(view: StreamView, committed: dict[str, Any]) -> list[str]:
+    """What a subscription will skip that it never read (truncation or retention removed it), by
+    the snapshot rules readers follow (`dlog.core.snapshot.resolve`)."""
+    try:
+        offset = Offset(committed["ledger"], committed["entry"], committed.get("slot", 0))
+    except (KeyError, DlogError, ValueError, TypeError):
+        return [f"its committed offset {committed!r} is not an offset"]
+    return list(resolve(view, offset).losses)
+
+
 def health_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The cluster in one line: each problem named, none means healthy. Problems: what the page
     could not read, a bookie down (it has a cookie, so it joined this cluster, but is not
@@ -229,6 +242,10 @@ def health_summary(result: dict[str, Any]) -> dict[str, Any]:
             if unreadable:
                 problems.append(f"{where}: segment{'s' if len(unreadable) > 1 else ''} "
                                 f"{', '.join(unreadable)} cannot be read")
+            for sub in stream.get("subscriptions", []):
+                if sub.get("losses"):
+                    problems.append(f"{where}: subscription {sub['name']} will skip records it never read "
+                                    f"({sub['losses'][0]})")
     recovery = result.get("autorecovery") or {}
     count = recovery.get("underreplicated") or 0
     if count:
@@ -443,8 +460,11 @@ class Collector:
         segments = [await self._segment(config, segment, password) for segment in listing.segments]
         await self._mark_damaged(segments[-SEGMENTS_SHOWN_MAX:])
         await self._mark_writer(store, name, segments)
+        view = StreamView(name, tuple(SegmentView.of(segment, item["last_entry"] if segment.is_in_progress else None)
+                                      for segment, item in zip(listing.segments, segments, strict=True)))
         subscriptions = [{"name": sub, "offset": f"{o['ledger']}:{o['entry']}:{o.get('slot', 0)}",
-                          **subscription_lag(segments, o)} for sub, o in sorted(offsets.items())]
+                          **subscription_lag(segments, o), "losses": subscription_losses(view, o)}
+                         for sub, o in sorted(offsets.items())]
         live = [s for s in segments if s["state"] != "truncated"]
         return {"name": name, "error": None, "segments": segments[-SEGMENTS_SHOWN_MAX:],
                 "segments_omitted": max(0, len(segments) - SEGMENTS_SHOWN_MAX),
@@ -536,7 +556,8 @@ def segment_boxes(stream: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     subscription flags), and how many rows the flags take."""
     live_records = sum(s["records"] or 0 for s in stream["segments"] if s["state"] != "truncated")
     point = stream["truncation_point"]
-    boxes, flag_rows = [], 1
+    boxes: list[dict[str, Any]] = []
+    flag_rows = 1
     for segment in stream["segments"]:
         state = segment["state"] if segment["state"] in ("in_progress", "completed", "truncated") else "unknown"
         css = "damaged" if segment["damaged"] else state
@@ -553,7 +574,8 @@ def segment_boxes(stream: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
         shade = None
         if point and point["sequence"] == segment["sequence"] and (point["position"] or 0) > 0:
             shade = percent(point["position"] * 100)
-        flags, placed = [], []
+        flags: list[dict[str, Any]] = []
+        placed: list[float] = []
         for sub in stream["subscriptions"]:
             if sub["segment"] != segment["sequence"] or sub["position"] is None:
                 continue
@@ -631,7 +653,7 @@ async def _snapshot(request: web.Request) -> dict[str, Any] | None:
     try:
         async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
             return await request.app[COLLECTOR_KEY].snapshot()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None
 
 

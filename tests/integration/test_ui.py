@@ -117,10 +117,13 @@ def test_health_names_each_problem_and_counts_them():
     assert health_summary(healthy) == {"ok": True, "problems": []}
     sick = {**healthy, "bookies": [{"id": "a:1", "state": "down"}], "autorecovery": {"underreplicated": 2},
             "namespaces": [{"name": "shop", "error": None, "streams": [{"name": "orders", "error": None, "segments": [
-                {**STREAM[1], "damaged": True}, {**STREAM[3], "unreadable": True}]}]}]}
+                {**STREAM[1], "damaged": True}, {**STREAM[3], "unreadable": True}],
+                "subscriptions": [{"name": "billing", "losses": ["segment 1 was removed"]}]}]}]}
     assert health_summary(sick) == {"ok": False, "problems": [
         "bookie a:1 is down (it joined this cluster but is not registered)", "stream shop/orders lost records: "
-        "ledger 11 missing", "stream shop/orders: segment #4 cannot be read", "2 ledgers under-replicated"]}
+        "ledger 11 missing", "stream shop/orders: segment #4 cannot be read",
+        "stream shop/orders: subscription billing will skip records it never read (segment 1 was removed)",
+        "2 ledgers under-replicated"]}
     assert health_summary({"errors": ["ZooKeeper is unreachable"]})["problems"] == [
         "cannot read the cluster: ZooKeeper is unreachable"]
 
@@ -307,29 +310,36 @@ async def test_a_paused_bookie_shows_as_unreachable_not_as_an_error(cluster_fact
 async def test_the_header_is_green_then_red_counting_and_naming_each_problem(cluster_factory, zk):
     cluster = cluster_factory(bookies=3)
     async with namespace(cluster) as ns:
+        offsets = {}
         for name in ("orders", "lost"):
             await ns.create_stream(name, ensemble=2, write_quorum=2, ack_quorum=2)
             async with await ns.open_writer(name) as writer:
-                await writer.write_batch(values(10))
-        lost_ledger = (await ns.store.segments("lost")).segments[0].ledger_id
-    recovery = RecoveryStore(zk, cluster.zk_root)
-    await recovery.set_enabled(False)  # nothing repairs what the test breaks
-    async with TestClient(TestServer(make_app(Collector(options(cluster), clock=FakeClock())))) as client:
-        html = await poll_page(client, lambda html: "<h4 class=\"stream-name\">lost</h4>" in html)
-        assert '<span id="health" class="health ok">● healthy</span>' in html and 'id="problems"' not in html
+                offsets[name] = list(await writer.write_batch(values(10)))
+            await ns.commit_subscription(name, "late", offsets[name][0])
+        lost_ledger = offsets["lost"][0].ledger_id
+        recovery = RecoveryStore(zk, cluster.zk_root)
+        await recovery.set_enabled(False)  # nothing repairs what the test breaks
+        async with TestClient(TestServer(make_app(Collector(options(cluster), clock=FakeClock())))) as client:
+            html = await poll_page(client, lambda html: "<h4 class=\"stream-name\">lost</h4>" in html)
+            assert '<span id="health" class="health ok">● healthy</span>' in html and 'id="problems"' not in html
 
-        cluster.stop_bookie(2)  # it joined the cluster (its cookie stays): down, not gone
-        await zk.delete(layout.ledger_path(cluster.zk_root, lost_ledger))  # as `dlog ledger delete --force`
-        await recovery.mark(lost_ledger + 1000, [Missing(cluster.bookies[2].address, Reason.LOST, 1)], 1)
-        problems = [f"bookie {cluster.bookies[2].address} is down (it joined this cluster but is not registered)",
-                    f"stream shop/lost lost records: ledger {lost_ledger} missing", "ledger under-replicated"]
-        html = await poll_page(client, lambda html: all(problem in html for problem in problems))
-        answer = await poll_api(client, lambda answer: True)
-    assert answer["health"]["ok"] is False and len(answer["health"]["problems"]) == 3, answer["health"]
-    assert answer["health"]["problems"][:2] == problems[:2]
-    assert re.fullmatch(r"\d+ ledgers? under-replicated", answer["health"]["problems"][2])
-    assert '<span id="health" class="health bad">● 3 problems</span>' in html
-    assert html.count("<li>") == 3
+            cluster.stop_bookie(2)  # it joined the cluster (its cookie stays): down, not gone
+            await zk.delete(layout.ledger_path(cluster.zk_root, lost_ledger))  # as `dlog ledger delete --force`
+            await ns.truncate("orders", offsets["orders"][5])  # "late" has read none of it: it will skip 5 records
+            await recovery.mark(lost_ledger + 1000, [Missing(cluster.bookies[2].address, Reason.LOST, 1)], 1)
+            problems = [f"bookie {cluster.bookies[2].address} is down (it joined this cluster but is not registered)",
+                        "stream shop/orders: subscription late will skip records it never read",
+                        f"stream shop/lost lost records: ledger {lost_ledger} missing", "ledger under-replicated"]
+            html = await poll_page(client, lambda html: all(problem in html for problem in problems))
+            answer = await poll_api(client, lambda answer: True)
+    found = answer["health"]["problems"]
+    assert answer["health"]["ok"] is False and len(found) == 4, answer["health"]
+    assert found[0] == problems[0] and problems[2] in found
+    [skipping] = [problem for problem in found if problem.startswith(problems[1])]
+    assert "records before" in skipping and "were truncated" in skipping  # resolve()'s words
+    assert re.fullmatch(r"\d+ ledgers? under-replicated", found[3])
+    assert '<span id="health" class="health bad">● 4 problems</span>' in html
+    assert html.count("<li>") == 4 and "skips records it never read</span>" in html
 
 
 async def test_a_segment_whose_writer_died_is_not_shown_as_writing(cluster_factory):
@@ -555,16 +565,19 @@ def header_pixels(screenshot: Path, color: tuple[int, int, int]) -> int:
 
     with Image.open(screenshot) as image:
         assert image.size == WINDOW
-        header = image.convert("RGB").crop((0, 0, WINDOW[0], 48))
-        return sum(count for count, pixel in header.getcolors(WINDOW[0] * 48)
-                   if all(abs(a - b) <= 8 for a, b in zip(pixel, color)))
+        colors = image.convert("RGB").crop((0, 0, WINDOW[0], 48)).getcolors(WINDOW[0] * 48)
+    assert colors is not None
+    return sum(count for count, pixel in colors
+               if isinstance(pixel, tuple) and all(abs(a - b) <= 8 for a, b in zip(pixel, color, strict=True)))
 
 
 def distinct_colors(screenshot: Path) -> int:
     from PIL import Image
 
     with Image.open(screenshot) as image:
-        return len(image.convert("RGB").getcolors(WINDOW[0] * WINDOW[1]))
+        colors = image.convert("RGB").getcolors(WINDOW[0] * WINDOW[1])
+    assert colors is not None
+    return len(colors)
 
 
 async def take_screenshot(binary: str, tmp_path: Path, url: str) -> Path:
