@@ -468,9 +468,14 @@ def test_standalone_keeps_its_status_page_port_as_it_keeps_the_zookeeper_port(tm
     assert first_url == f"http://127.0.0.1:{port}/" and port not in (0, UI_PORT_DEFAULT)
 
     process, second_url = start_standalone(directory)  # neither port given: both as last time
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 0, process.stderr.read()
+    try:
+        again = subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory)],
+                               capture_output=True, text=True, timeout=90)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, process.stderr.read()
     assert second_url == first_url
+    assert again.returncode == 1 and f"is in use by pid {process.pid}" in again.stderr, again.stderr  # not "port"
 
     with socket.socket() as holder:  # someone else took it meanwhile: named before anything starts
         holder.bind(("127.0.0.1", port))

@@ -46,10 +46,10 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int 
         zk_port = load_state(directory).get("zk_port") or ZK_PORT_DEFAULT
     if ui_port is None:
         ui_port = load_state(directory).get("ui_port") or UI_PORT_DEFAULT
-    _check_ui_port(ui_port)
     secure_dir = _secure_dir(directory, secure)
     cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port, secure=secure_dir,
                            bookie_args=["--lost-bookie-recovery-delay", f"{lost_bookie_recovery_delay}ms"])
+    _check_ui_port(cluster, ui_port)
     client_toml = None
     if secure_dir is not None:
         from tools.secure import write_admin_config
@@ -107,11 +107,14 @@ def _provision_default_namespace(cluster: Any, client_toml: Path) -> None:
                                     bookkeeper_root=cluster.zk_root))
 
 
-def _check_ui_port(port: int) -> None:
-    """Before anything starts: the status page's port (a remembered one too) is free."""
+def _check_ui_port(cluster: Any, port: int) -> None:
+    """Before anything starts: the status page's port (a remembered one too) is free. When it is
+    not, a cluster already running from this directory (which holds it) is what to say, if so."""
     from bookkeeper.meta.ports import port_bindable, port_in_use
 
     if port > 0 and not port_bindable("127.0.0.1", port):
+        cluster.lock.acquire()  # DirectoryInUseError names that cluster's pid
+        cluster.lock.release()
         raise port_in_use("127.0.0.1", port, "the status page",
                           "pass --ui-port with another port (0: any free port; -1: no status page)")
 
