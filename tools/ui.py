@@ -186,8 +186,9 @@ DIRECTORY_NAMES = ("journal", "entry_logs", "index")
 
 def describe_writer(holder: dict[str, Any]) -> dict[str, Any]:
     """What the page shows of a writer-lock holder (its node's data is the writer's to say)."""
-    return {key: holder[key] for key in ("host", "pid", "started_ms")
-            if isinstance(holder.get(key), (str, int)) and not isinstance(holder.get(key), bool)}
+    kinds = {"host": str, "pid": int, "started_ms": int}
+    return {key: holder[key] for key, kind in kinds.items()
+            if isinstance(holder.get(key), kind) and not isinstance(holder.get(key), bool)}
 
 
 def bookie_directories(about_text: str) -> dict[str, dict[str, Any]] | None:
@@ -586,6 +587,10 @@ def segment_boxes(stream: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
             flag_rows = max(flag_rows, row + 1)
         title = (f"segment {segment['sequence']}, ledger {segment['ledger']}, {label}, min active "
                  f"{segment['min_active']}" + (f"\n{segment['note']}" if segment["note"] else ""))
+        writer = segment.get("writer")
+        if state == "in_progress" and writer is not None:
+            title += (f"\nwriter: pid {writer.get('pid', '?')} on {writer.get('host', '?')} since "
+                      f"{format_time_ms(writer.get('started_ms'), 'seconds')}")
         boxes.append({"segment": segment, "css": css, "label": label, "activity": activity, "grow": grow,
                       "shade": shade, "flags": flags, "title": title})
     return boxes, flag_rows

@@ -36,6 +36,7 @@ from tools.ui import (
     RateTracker,
     UiOptions,
     bookie_directories,
+    describe_writer,
     filter_namespaces,
     health_summary,
     make_app,
@@ -134,6 +135,12 @@ def test_bookie_directories_are_taken_only_as_the_bookie_says_them():
     assert bookie_directories(about) == {"journal": {"path": "/d/journal", "bytes": 4096}}
     for text in ("not json", "[]", '{"directories": null}', '{"id": "a:1"}'):  # an older bookie says none
         assert bookie_directories(text) is None
+
+
+def test_a_writer_lock_holder_is_shown_only_as_far_as_it_is_well_formed():
+    assert describe_writer({"host": "h1", "pid": 42, "started_ms": 1_700_000_000_000, "extra": "x"}) == {
+        "host": "h1", "pid": 42, "started_ms": 1_700_000_000_000}
+    assert describe_writer({"host": 7, "pid": "42", "started_ms": True}) == {}  # a lock node says what it likes
 
 
 def test_the_filter_keeps_streams_whose_name_or_namespace_path_matches():
@@ -358,6 +365,7 @@ async def test_a_segment_whose_writer_died_is_not_shown_as_writing(cluster_facto
         async with TestClient(TestServer(make_app(Collector(options(cluster), clock=FakeClock())))) as client:
             html = await poll_page(client, lambda html: 'class="entries muted activity">writing<' in html)
             assert NO_WRITER_NOTE not in html and 'class="segment in_progress g-' in html
+            assert f"writer: pid {writer.pid} on " in html
             answer = await poll_api(client, lambda answer: True)
             assert streams_of(answer)["orders"]["segments"][0]["writer"]["pid"] == writer.pid
 
