@@ -373,6 +373,11 @@ async def test_a_segment_whose_writer_died_is_not_shown_as_writing(cluster_facto
             writer.wait(timeout=30)
             html = await poll_page(client, lambda html: NO_WRITER_NOTE in html)
             answer = await poll_api(client, lambda answer: True)
+
+            for index in (0, 1):  # its whole ensemble: nobody can read the segment's tail now
+                cluster.stop_bookie(index)
+            unreadable = await poll_api(client, lambda answer: len(answer["health"]["problems"]) == 3)
+            unreadable_html = await poll_page(client, lambda html: True)
     finally:
         if writer.poll() is None:
             os.kill(writer.pid, signal.SIGKILL)
@@ -382,6 +387,9 @@ async def test_a_segment_whose_writer_died_is_not_shown_as_writing(cluster_facto
     [segment] = streams_of(answer)["orders"]["segments"]
     assert (segment["state"], segment["writer"], segment["note"]) == ("in_progress", None, NO_WRITER_NOTE)
     assert answer["health"]["ok"], answer["health"]  # a crashed writer loses nothing acknowledged
+    assert unreadable["health"]["problems"][2] == "stream shop/orders: segment #1 cannot be read"
+    assert "● 3 problems<" in unreadable_html
+    assert "<li>stream shop/orders: segment #1 cannot be read</li>" in unreadable_html
 
 
 async def test_each_bookie_shows_its_own_directories_not_the_machines_disk(cluster_factory):
