@@ -48,7 +48,8 @@ ZooKeeper read each per poll.
 
 Writers. An in-progress segment is "writing" only while the stream's writer lock has a holder (one
 ZooKeeper read per stream with an in-progress segment); otherwise its writer crashed or was cut
-off, and the page says so (NO_WRITER_NOTE): the next writer, or a reader's recovery, seals it.
+off, and the page says so (NO_WRITER_NOTE): the next writer to open the stream (or the Spark
+sink's commit) recovers its ledger and seals it (`dlog.seal`).
 
 Bookie disk. Each bookie's own directories (journal, entry logs, index: where, and the bytes each
 takes on disk) come from its `/api/v1/bookie/info`; the file system's used percent from its
