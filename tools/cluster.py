@@ -137,6 +137,7 @@ class LocalCluster:
         self.lock = DirectoryLock(self.directory)
         state = load_state(self.directory)
         self.zk_port = state.get("zk_port") or zk_port or free_port()
+        self.ui_port: int | None = state.get("ui_port")  # the status page's, when `dlog standalone` served one
         if zk_port and state.get("zk_port") not in (None, zk_port):
             self.zk_port = zk_port
         self.zk = zk_server or EmbeddedZooKeeper(self.directory / "zookeeper", port=self.zk_port,
@@ -157,7 +158,7 @@ class LocalCluster:
     def _save_state(self) -> None:
         """Written to a temporary file, fsynced, renamed: a crash leaves the old or the new file."""
         state = {"zk_port": self.zk_port if self._own_zk else None,
-                 "bookie_ports": [bookie.port for bookie in self.bookies]}
+                 "bookie_ports": [bookie.port for bookie in self.bookies], "ui_port": self.ui_port}
         path = self.directory / STATE_FILE
         temporary = path.with_name(path.name + ".tmp")
         with open(temporary, "w") as handle:
@@ -165,6 +166,11 @@ class LocalCluster:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
+
+    def remember_ui_port(self, port: int) -> None:
+        """After the status page listens on `port`: the next start without --ui-port takes it again."""
+        self.ui_port = port
+        self._save_state()
 
     @property
     def zk_address(self) -> str:

@@ -29,7 +29,7 @@ from bookkeeper.bookie.ledgers import LedgerMetadataAccess
 from bookkeeper.bookie.metrics import BookieMetrics
 from bookkeeper.bookie.registration import Registration, check_cookie, ensure_cluster
 from bookkeeper.bookie.server import BookieServer
-from bookkeeper.bookie.storage import LedgerStorage
+from bookkeeper.bookie.storage import LedgerStorage, allocated_bytes
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import DlogError, ForbiddenError, MetadataError, NoSuchLedgerError
 from bookkeeper.meta import layout
@@ -481,12 +481,19 @@ class BookieService:
     def describe(self) -> dict[str, Any]:
         return {"id": self.bookie_id, "address": f"{self.config.host}:{self.port}",
                 "http": self.http_url, "state": self.state_name, "rack": self.config.rack,
-                "data_dir": str(self.data_dir), "disk": self.disk_usage(),
+                "data_dir": str(self.data_dir), "disk": self.disk_usage(), "directories": self.directories(),
                 "ledgers": len(self.storage.ledger_ids()),
                 "write_cache_bytes": self.storage.write_cache_bytes,
                 "unflushed_bytes": self.storage.unflushed_bytes,
                 "ledger_storage_bytes": self.storage.disk_bytes(),
                 "replayed_records": self.replayed_records}
+
+    def directories(self) -> dict[str, dict[str, Any]]:
+        """This bookie's own directories, where they are and the bytes each takes on disk (the file
+        system's usage, `disk`, is shared with whatever else lives on it)."""
+        return {name: {"path": str(path), "bytes": allocated_bytes(path)} for name, path in (
+            ("journal", self.config.journal_dir), ("entry_logs", self.storage.entry_log_dir),
+            ("index", self.storage.index_dir))}
 
     def _info(self) -> BookieInfoResponse:
         disk = self.disk_usage()

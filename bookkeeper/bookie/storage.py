@@ -146,7 +146,7 @@ class LedgerStorage:
     def open(self) -> None:
         invariant(self._db is None, "LedgerStorage.open called twice")
         self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._db = Rdict(str(self._directory / "index"), Options(raw_mode=True))
+        self._db = Rdict(str(self.index_dir), Options(raw_mode=True))
         self._states = {
             _LEDGER_KEY.unpack(key)[1]: decode_state(value) for key, value in self._prefix_items(_STATE)
         }
@@ -155,7 +155,7 @@ class LedgerStorage:
         next_log_id = struct.unpack("<Q", stored_next)[0] if stored_next is not None else 1
         self._last_entry = self._load_last_entries()
         self._last_at_open = dict(self._last_entry)
-        self._log = EntryLogger(self._directory / "entrylogs", log_bytes_max=self._entry_log_bytes_max,
+        self._log = EntryLogger(self.entry_log_dir, log_bytes_max=self._entry_log_bytes_max,
                                 flush_bytes=self._entry_log_flush_bytes)
         self._log.open(ledger_maps, next_log_id)
         for log_id in ledger_maps.keys() - set(self._log.log_ids()):
@@ -510,10 +510,18 @@ class LedgerStorage:
 
     # --- metrics ----------------------------------------------------------------------------
 
+    @property
+    def entry_log_dir(self) -> Path:
+        return self._directory / "entrylogs"
+
+    @property
+    def index_dir(self) -> Path:
+        return self._directory / "index"
+
     def disk_bytes(self) -> int:
         """Bytes of entry logs plus the index directory."""
         total = self._log.total_file_bytes() if self._log is not None else 0
-        for root, _, names in os.walk(self._directory / "index"):
+        for root, _, names in os.walk(self.index_dir):
             for name in names:
                 try:
                     total += os.stat(os.path.join(root, name)).st_size
@@ -539,3 +547,15 @@ def _let_the_loop_run() -> None:
     """Worker thread: release the GIL long enough for the event loop's thread to take it."""
     time.sleep(CHECKPOINT_PAUSE_S)
 
+
+def allocated_bytes(directory: Path) -> int:
+    """Bytes the files under `directory` take on disk (allocated blocks, as `du` counts them: a
+    preallocated journal file counts in full); 0 when it does not exist."""
+    total = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue  # rolled, compacted or collected meanwhile
+    return total

@@ -23,8 +23,7 @@ FAST = PolicyLimits(interval_min_ms=100, interval_max_ms=1_000, backoff_max_ms=5
 
 
 def test_standalone_enforces_a_retention_age_by_itself(tmp_path):
-    process, zk, _ = start_standalone(tmp_path / "sa", free_port(), 3, "--ui-port", "-1",
-                                      "--policy-check-interval", "2s")
+    process, zk, _ = start_standalone(tmp_path / "sa", free_port(), 3, "--policy-check-interval", "2s")
     try:
         run = dlog_runner(zk, "/bookkeeper")
         run("stream", "create", "clicks")

@@ -31,7 +31,7 @@ def start_standalone(directory: Path, zk_port: int, bookies: int,
                      *options: str) -> tuple[subprocess.Popen, str, list[str]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory), "--bookies",
-         str(bookies), "--zk-port", str(zk_port), *options],
+         str(bookies), "--zk-port", str(zk_port), "--ui-port", "-1", *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = LineReader(process).line_starting("dlog standalone ready", 90)
     if line is None:

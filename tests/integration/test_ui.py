@@ -4,9 +4,12 @@ real bookie processes and ZooKeeper, and the page itself rendered by a real head
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,13 +24,21 @@ from aiohttp.test_utils import TestClient, TestServer
 from bookkeeper.autorecovery.policy import Missing, Reason
 from bookkeeper.autorecovery.store import RecoveryStore
 from bookkeeper.clock import wall_ms
+from bookkeeper.meta import layout
 from dlog import Namespace
-from tools.cluster import LineReader, LocalCluster, free_port
+from tests.helpers import readme_blocks
+from tools.cli.standalone import UI_PORT_DEFAULT
+from tools.cluster import LineReader, LocalCluster, free_port, load_state
 from tools.ui import (
     HTTP_TIMEOUT_S,
+    NO_WRITER_NOTE,
     Collector,
     RateTracker,
     UiOptions,
+    bookie_directories,
+    describe_writer,
+    filter_namespaces,
+    health_summary,
     make_app,
     parse_metrics,
     subscription_lag,
@@ -35,9 +46,11 @@ from tools.ui import (
 )
 
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"  # a ZooKeeper node name the page must show as text
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+# a plain headless chromium: no virtual time budget, no waiting for scripts (the served HTML holds
+# the data); --no-sandbox only because the tests may run as root, where the sandbox cannot start
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox"]
 CHROMIUM_TIMEOUT_S = 90.0
+WINDOW = (1300, 1000)
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -95,6 +108,49 @@ def test_metrics_parsing_and_add_rate():
     assert rates.rate("b1", 100, now_s=10.0) is None  # one scrape gives no rate
     assert rates.rate("b1", 160, now_s=12.0) == 30.0
     assert rates.rate("b1", 10, now_s=14.0) == 5.0  # the bookie restarted: its counter began at 0
+
+
+def test_health_names_each_problem_and_counts_them():
+    healthy = {"errors": [], "bookies": [{"id": "a:1", "state": "writable"}],
+               "namespaces": [{"name": "shop", "error": None, "streams": [
+                   {"name": "orders", "error": None, "segments": [{**STREAM[1], "damaged": False}]}]}],
+               "autorecovery": {"underreplicated": 0}}
+    assert health_summary(healthy) == {"ok": True, "problems": []}
+    sick = {**healthy, "bookies": [{"id": "a:1", "state": "down"}], "autorecovery": {"underreplicated": 2},
+            "namespaces": [{"name": "shop", "error": None, "streams": [{"name": "orders", "error": None, "segments": [
+                {**STREAM[1], "damaged": True}, {**STREAM[3], "unreadable": True}],
+                "subscriptions": [{"name": "billing", "losses": ["segment 1 was removed"]}]}]}]}
+    assert health_summary(sick) == {"ok": False, "problems": [
+        "bookie a:1 is down (it joined this cluster but is not registered)", "stream shop/orders lost records: "
+        "ledger 11 missing", "stream shop/orders: segment #4 cannot be read",
+        "stream shop/orders: subscription billing will skip records it never read (segment 1 was removed)",
+        "2 ledgers under-replicated"]}
+    assert health_summary({"errors": ["ZooKeeper is unreachable"]})["problems"] == [
+        "cannot read the cluster: ZooKeeper is unreachable"]
+
+
+def test_bookie_directories_are_taken_only_as_the_bookie_says_them():
+    about = ('{"directories": {"journal": {"path": "/d/journal", "bytes": 4096}, "index": {"path": 7, "bytes": 1},'
+             ' "other": {"path": "/etc", "bytes": 1}}}')
+    assert bookie_directories(about) == {"journal": {"path": "/d/journal", "bytes": 4096}}
+    for text in ("not json", "[]", '{"directories": null}', '{"id": "a:1"}'):  # an older bookie says none
+        assert bookie_directories(text) is None
+
+
+def test_a_writer_lock_holder_is_shown_only_as_far_as_it_is_well_formed():
+    assert describe_writer({"host": "h1", "pid": 42, "started_ms": 1_700_000_000_000, "extra": "x"}) == {
+        "host": "h1", "pid": 42, "started_ms": 1_700_000_000_000}
+    assert describe_writer({"host": 7, "pid": "42", "started_ms": True}) == {}  # a lock node says what it likes
+
+
+def test_the_filter_keeps_streams_whose_name_or_namespace_path_matches():
+    namespaces = [{"name": "shop", "streams": [{"name": "orders"}, {"name": "sales/eu/Clicks"}], "streams_omitted": 0},
+                  {"name": "ads", "streams": [{"name": "clicks"}], "streams_omitted": 3}]
+    assert filter_namespaces(namespaces, "  ") == (namespaces, 6)
+    shown, count = filter_namespaces(namespaces, "CLICKS")
+    assert count == 2 and [(ns["name"], [s["name"] for s in ns["streams"]]) for ns in shown] == [
+        ("shop", ["sales/eu/Clicks"]), ("ads", ["clicks"])]
+    assert filter_namespaces(namespaces, "shop/ord")[1] == 1 and filter_namespaces(namespaces, "nothing") == ([], 0)
 
 
 # ------------------------------------------------------------------------------ a cluster to show
@@ -160,6 +216,19 @@ async def poll_api(client: Any, ready: Any, timeout_s: float = 30.0) -> dict[str
             assert ready(answer), answer
             return answer
         await asyncio.sleep(0.1)
+
+
+async def poll_page(client: Any, ready: Any, path: str = "/", timeout_s: float = 60.0) -> str:
+    """GET the page (HTML, as served: no script has run) until `ready(html)` holds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        async with client.get(path) as response:
+            assert response.status == 200 and response.content_type == "text/html"
+            html = await response.text()
+        if ready(html) or time.monotonic() > deadline:
+            assert ready(html), html
+            return html
+        await asyncio.sleep(0.2)
 
 
 def streams_of(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -245,9 +314,137 @@ async def test_a_paused_bookie_shows_as_unreachable_not_as_an_error(cluster_fact
     assert [s["records"] for s in streams_of(answer)["orders"]["segments"]] == [10]
 
 
+async def test_the_header_is_green_then_red_counting_and_naming_each_problem(cluster_factory, zk):
+    cluster = cluster_factory(bookies=3)
+    async with namespace(cluster) as ns:
+        offsets = {}
+        for name in ("orders", "lost"):
+            await ns.create_stream(name, ensemble=2, write_quorum=2, ack_quorum=2)
+            async with await ns.open_writer(name) as writer:
+                offsets[name] = list(await writer.write_batch(values(10)))
+            await ns.commit_subscription(name, "late", offsets[name][0])
+        lost_ledger = offsets["lost"][0].ledger_id
+        recovery = RecoveryStore(zk, cluster.zk_root)
+        await recovery.set_enabled(False)  # nothing repairs what the test breaks
+        async with TestClient(TestServer(make_app(Collector(options(cluster), clock=FakeClock())))) as client:
+            html = await poll_page(client, lambda html: "<h4 class=\"stream-name\">lost</h4>" in html)
+            assert '<span id="health" class="health ok">● healthy</span>' in html and 'id="problems"' not in html
+
+            cluster.stop_bookie(2)  # it joined the cluster (its cookie stays): down, not gone
+            await zk.delete(layout.ledger_path(cluster.zk_root, lost_ledger))  # as `dlog ledger delete --force`
+            await ns.truncate("orders", offsets["orders"][5])  # "late" has read none of it: it will skip 5 records
+            await recovery.mark(lost_ledger + 1000, [Missing(cluster.bookies[2].address, Reason.LOST, 1)], 1)
+            problems = [f"bookie {cluster.bookies[2].address} is down (it joined this cluster but is not registered)",
+                        "stream shop/orders: subscription late will skip records it never read",
+                        f"stream shop/lost lost records: ledger {lost_ledger} missing", "ledger under-replicated"]
+            html = await poll_page(client, lambda html: all(problem in html for problem in problems))
+            answer = await poll_api(client, lambda answer: True)
+    found = answer["health"]["problems"]
+    assert answer["health"]["ok"] is False and len(found) == 4, answer["health"]
+    assert found[0] == problems[0] and problems[2] in found
+    [skipping] = [problem for problem in found if problem.startswith(problems[1])]
+    assert "records before" in skipping and "were truncated" in skipping  # resolve()'s words
+    assert re.fullmatch(r"\d+ ledgers? under-replicated", found[3])
+    assert '<span id="health" class="health bad">● 4 problems</span>' in html
+    assert html.count("<li>") == 4 and "skips records it never read</span>" in html
+
+
+async def test_a_segment_whose_writer_died_is_not_shown_as_writing(cluster_factory):
+    cluster = cluster_factory(bookies=2)
+    script = ("import sys, dlog\n"
+              "ns = dlog.connect(sys.argv[1], 'shop', bookkeeper_root=sys.argv[2], root=sys.argv[2] + '-dlog')\n"
+              "ns.create_stream('orders', ensemble=2, write_quorum=2, ack_quorum=2)\n"
+              "w = ns.open_writer('orders')\n"
+              "w.write(b'one')\n"
+              "print('acked', flush=True)\n"
+              "sys.stdin.read()\n")
+    writer = subprocess.Popen([sys.executable, "-c", script, cluster.zk_address, cluster.zk_root],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert LineReader(writer).next_line(60) == "acked"
+        async with TestClient(TestServer(make_app(Collector(options(cluster), clock=FakeClock())))) as client:
+            html = await poll_page(client, lambda html: 'class="entries muted activity">writing<' in html)
+            assert NO_WRITER_NOTE not in html and 'class="segment in_progress g-' in html
+            assert f"writer: pid {writer.pid} on " in html
+            answer = await poll_api(client, lambda answer: True)
+            assert streams_of(answer)["orders"]["segments"][0]["writer"]["pid"] == writer.pid
+
+            os.kill(writer.pid, signal.SIGKILL)  # no close, no seal: its lock goes with its session
+            writer.wait(timeout=30)
+            html = await poll_page(client, lambda html: NO_WRITER_NOTE in html)
+            answer = await poll_api(client, lambda answer: True)
+
+            for index in (0, 1):  # its whole ensemble: nobody can read the segment's tail now
+                cluster.stop_bookie(index)
+            unreadable = await poll_api(client, lambda answer: len(answer["health"]["problems"]) == 3)
+            unreadable_html = await poll_page(client, lambda html: True)
+    finally:
+        if writer.poll() is None:
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.wait(timeout=30)
+    assert 'class="entries muted activity">writing<' not in html
+    assert 'class="segment in_progress no-writer g-' in html and f"segment #1: {NO_WRITER_NOTE}" in html
+    [segment] = streams_of(answer)["orders"]["segments"]
+    assert (segment["state"], segment["writer"], segment["note"]) == ("in_progress", None, NO_WRITER_NOTE)
+    assert answer["health"]["ok"], answer["health"]  # a crashed writer loses nothing acknowledged
+    assert unreadable["health"]["problems"][2] == "stream shop/orders: segment #1 cannot be read"
+    assert "● 3 problems<" in unreadable_html
+    assert "<li>stream shop/orders: segment #1 cannot be read</li>" in unreadable_html
+
+
+async def test_each_bookie_shows_its_own_directories_not_the_machines_disk(cluster_factory):
+    cluster = cluster_factory(bookies=2)
+    async with namespace(cluster) as ns:
+        await ns.create_stream("orders", ensemble=2, write_quorum=2, ack_quorum=2)
+        async with await ns.open_writer("orders") as writer:
+            await writer.write_batch(values(100))
+    async with TestClient(TestServer(make_app(Collector(options(cluster), clock=FakeClock())))) as client:
+        answer = await poll_api(client, lambda answer: all(b["directories"] for b in answer["bookies"]))
+        html = await poll_page(client, lambda html: True)
+    rows = {bookie["id"]: bookie for bookie in answer["bookies"]}
+    for bookie in cluster.bookies:
+        directories = rows[bookie.address]["directories"]
+        expected = {"journal": bookie.data_dir / "journal", "entry_logs": bookie.data_dir / "ledgers" / "entrylogs",
+                    "index": bookie.data_dir / "ledgers" / "index"}
+        assert {name: Path(item["path"]) for name, item in directories.items()} == {
+            name: path.resolve() for name, path in expected.items()}
+        assert directories["journal"]["bytes"] > 0 and directories["index"]["bytes"] > 0
+        for item in directories.values():
+            assert f'<code class="dir-path">{item["path"]}</code>' in html
+
+
+async def test_a_secure_bookies_directories_need_the_pages_token_its_metrics_do_not(secure_cluster):
+    admin = secure_cluster.secure_dir.admin_settings()
+    for security, has_directories in ((admin, True), (dataclasses.replace(admin, token=None), False)):
+        collector = Collector(UiOptions(secure_cluster.zk_address, secure_cluster.zk_root, security=security),
+                              clock=FakeClock())
+        async with TestClient(TestServer(make_app(collector))) as client:
+            answer = await poll_api(client, lambda answer: len(answer["bookies"]) == 2)
+        for bookie in answer["bookies"]:
+            assert bookie["admin"] == "ok" and bookie["disk_used_percent"] is not None, bookie
+            assert (bookie["directories"] is not None) == has_directories, bookie
+
+
+async def test_the_stream_filter_is_a_query_parameter_served_filtered(cluster_factory, zk):
+    cluster = cluster_factory(bookies=2)
+    async with namespace(cluster) as ns:
+        clicks = await populate(ns, zk, cluster)
+        await clicks.close()
+    async with TestClient(TestServer(make_app(Collector(options(cluster), clock=FakeClock())))) as client:
+        everything = await poll_page(client, lambda html: "sales/eu/clicks</h4>" in html)
+        filtered = await poll_page(client, lambda html: True, "/?q=EU%2Fcl")
+        nothing = await poll_page(client, lambda html: True, "/?q=%3Cnone%3E")
+    assert '<h4 class="stream-name">orders</h4>' in everything
+    assert '<span id="stream-count" class="count">(2)' in everything
+    assert '<h4 class="stream-name">sales/eu/clicks</h4>' in filtered and "stream-name\">orders<" not in filtered
+    assert 'name="q" value="EU/cl"' in filtered and "1 stream matches “EU/cl”" in filtered
+    assert "no stream matches “&lt;none&gt;”" in nothing and "<none>" not in nothing
+    assert '<span id="health" class="health bad">● 1 problem</span>' in filtered  # health covers every stream
+
+
 async def test_standalone_serves_the_page_and_prints_its_url(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "sa"),
-                                "--bookies", "1", "--zk-port", str(free_port())],
+                                "--bookies", "1", "--zk-port", str(free_port()), "--ui-port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = LineReader(process)
@@ -264,6 +461,48 @@ async def test_standalone_serves_the_page_and_prints_its_url(tmp_path):
         status = process.wait(timeout=60)
         with process.stdout, process.stderr:
             assert status == 0, process.stderr.read()
+
+
+def start_standalone(directory: Path, *arguments: str) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+                                "--bookies", "1", *arguments],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = LineReader(process)
+    ready = lines.line_starting("dlog standalone ready zk=", 90)
+    ui_line = lines.next_line(10)
+    if ready is None or ui_line is None or not ui_line.startswith("  ui http://127.0.0.1:"):
+        process.kill()
+        raise AssertionError(f"no ready and ui lines ({ready!r}, {ui_line!r}): {process.stderr.read()}")
+    return process, ui_line.split()[1]
+
+
+def test_standalone_keeps_its_status_page_port_as_it_keeps_the_zookeeper_port(tmp_path):
+    assert f"status page http://127.0.0.1:{UI_PORT_DEFAULT}/" in "\n".join(readme_blocks(""))  # the README says where
+    directory = tmp_path / "sa"
+    process, first_url = start_standalone(directory, "--zk-port", str(free_port()), "--ui-port", "0")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    port = load_state(directory)["ui_port"]
+    assert first_url == f"http://127.0.0.1:{port}/" and port not in (0, UI_PORT_DEFAULT)
+
+    process, second_url = start_standalone(directory)  # neither port given: both as last time
+    try:
+        again = subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory)],
+                               capture_output=True, text=True, timeout=90)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    assert second_url == first_url
+    assert again.returncode == 1 and f"is in use by pid {process.pid}" in again.stderr, again.stderr  # not "port"
+
+    with socket.socket() as holder:  # someone else took it meanwhile: named before anything starts
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        result = subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+                                 "--bookies", "1"], capture_output=True, text=True, timeout=90)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"the status page port 127.0.0.1:{port} is held by" in result.stderr and "--ui-port" in result.stderr
+    assert load_state(directory)["ui_port"] == port
 
 
 # ------------------------------------------------------------------------------ the page in a browser
@@ -312,10 +551,8 @@ async def test_the_page_renders_bookies_timelines_and_subscriptions_in_chromium(
             await recovery.mark(ledgers[-1], [Missing("10.0.0.9:3181", Reason.LOST, 1)], 1)
             async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
                 await poll_api(http, lambda answer: answer["autorecovery"]["underreplicated"] == 1)
-            load = ["--virtual-time-budget=5000", "--window-size=1300,1000"]
-            dom = await run_chromium(binary, tmp_path / "profile-dom", *load, "--dump-dom", url)
-            screenshot = tmp_path / "ui.png"
-            await run_chromium(binary, tmp_path / "profile-shot", *load, f"--screenshot={screenshot}", url)
+            dom = await run_chromium(binary, tmp_path / "profile-dom", "--dump-dom", url)
+            screenshot = await take_screenshot(binary, tmp_path, url)
         finally:
             await clicks.close()
             await runner.cleanup()
@@ -329,7 +566,7 @@ async def test_the_page_renders_bookies_timelines_and_subscriptions_in_chromium(
     assert '<h4 class="stream-name">sales/eu/clicks</h4>' in dom
     for ledger_id in ledgers:
         assert f'data-ledger="{ledger_id}"' in dom and f"ledger {ledger_id}</div>" in dom
-    assert dom.count('class="segment truncated"') == 1 and dom.count('class="segment in_progress"') == 1
+    assert dom.count('class="segment truncated g-') == 1 and dom.count('class="segment in_progress g-') == 1
     for name in ("billing", "audit", "dashboard"):
         assert f'<code class="sub-name">{name}</code>' in dom
     assert "≈ 300" in dom and "≈ 25" in dom  # lag of billing and dashboard
@@ -337,3 +574,66 @@ async def test_the_page_renders_bookies_timelines_and_subscriptions_in_chromium(
     assert f'<code class="ledger-id">{ledgers[-1]}</code>' in dom and "10.0.0.9:3181 (lost)" in dom
     assert "DISABLED" in dom and "1 under-replicated" in dom
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
+    assert 'class="health bad">● 2 problems<' in dom and "bookie 10.0.0.9:3181 is down" in dom
+    assert "<li>1 ledger under-replicated</li>" in dom
+
+
+HEALTH_RED = (0xC0, 0x39, 0x2B)  # style.css: --bad, the background of a red health summary
+HEALTH_GREEN = (0xE3, 0xF5, 0xEA)  # style.css: .health.ok
+
+
+def header_pixels(screenshot: Path, color: tuple[int, int, int]) -> int:
+    """How many pixels of the page's header (its top 48 px) have `color`, give or take a little."""
+    from PIL import Image
+
+    with Image.open(screenshot) as image:
+        assert image.size == WINDOW
+        colors = image.convert("RGB").crop((0, 0, WINDOW[0], 48)).getcolors(WINDOW[0] * 48)
+    assert colors is not None
+    return sum(count for count, pixel in colors
+               if isinstance(pixel, tuple) and all(abs(a - b) <= 8 for a, b in zip(pixel, color, strict=True)))
+
+
+def distinct_colors(screenshot: Path) -> int:
+    from PIL import Image
+
+    with Image.open(screenshot) as image:
+        colors = image.convert("RGB").getcolors(WINDOW[0] * WINDOW[1])
+    assert colors is not None
+    return len(colors)
+
+
+async def take_screenshot(binary: str, tmp_path: Path, url: str) -> Path:
+    """`chromium --headless --screenshot` of the page as served: no time for scripts to run."""
+    shot = tmp_path / f"ui-{len(list(tmp_path.glob('ui-*.png')))}.png"
+    await run_chromium(binary, tmp_path / f"profile-{shot.stem}", f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                       f"--screenshot={shot}", url)
+    return shot
+
+
+async def test_a_plain_screenshot_shows_the_health_green_then_red_when_a_bookie_stops(cluster_factory, tmp_path):
+    binary = chromium_binary()
+    cluster = cluster_factory(bookies=2)
+    runner = web.AppRunner(make_app(Collector(options(cluster))), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        async with aiohttp.ClientSession(base_url=url) as http:
+            healthy = await poll_page(http, lambda html: "● healthy" in html)
+            green = await take_screenshot(binary, tmp_path, url)
+            cluster.stop_bookie(1)
+            sick = await poll_page(http, lambda html: "● 1 problem<" in html)
+            red = await take_screenshot(binary, tmp_path, url)
+    finally:
+        await runner.cleanup()
+    if os.environ.get("DLOG_UI_SCREENSHOT"):
+        shutil.copy(red, os.environ["DLOG_UI_SCREENSHOT"])
+    assert 'class="health ok"' in healthy and 'class="health bad"' in sick
+    down = f"bookie {cluster.bookies[1].address} is down (it joined this cluster but is not registered)"
+    assert f"<li>{down}</li>" in sick
+    for shot in (green, red):
+        assert distinct_colors(shot) > 20  # a page, not a blank window
+    assert header_pixels(green, HEALTH_GREEN) > 300 and header_pixels(green, HEALTH_RED) == 0
+    assert header_pixels(red, HEALTH_RED) > 300 and header_pixels(red, HEALTH_GREEN) == 0

@@ -16,6 +16,7 @@ from tools.cli.common import fails_cleanly, zk_option
 from tools.units import DURATION
 
 ZK_PORT_DEFAULT = 2181
+UI_PORT_DEFAULT = 8080
 
 
 @click.command()
@@ -24,8 +25,9 @@ ZK_PORT_DEFAULT = 2181
 @click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 32))
 @click.option("--zk-port", default=None, type=click.IntRange(0, 65535), help="ZooKeeper client port",
               show_default=f"the port of the last start in --dir, else {ZK_PORT_DEFAULT}")
-@click.option("--ui-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
-              help="status page port on 127.0.0.1 (0: any free port, -1: no status page)")
+@click.option("--ui-port", default=None, type=click.IntRange(-1, 65535),
+              help="status page port on 127.0.0.1 (0: any free port, -1: no status page)",
+              show_default=f"the port of the last start in --dir, else {UI_PORT_DEFAULT}")
 @click.option("--secure", is_flag=True, help="TLS and tokens on bookies and admin endpoints, ZooKeeper "
               "credentials and ACLs; makes a CA, certificates, an admin token and client.toml under "
               "DIR/secure/")
@@ -34,7 +36,7 @@ ZK_PORT_DEFAULT = 2181
                    "looked at every quarter of it, at least every second)")
 @delay_option
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int, secure: bool,
+def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int | None, secure: bool,
                policy_interval_ms: int, lost_bookie_recovery_delay: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
@@ -49,9 +51,12 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int,
     stop = _stop_on_signals()
     if zk_port is None:
         zk_port = load_state(directory).get("zk_port") or ZK_PORT_DEFAULT
+    if ui_port is None:
+        ui_port = load_state(directory).get("ui_port") or UI_PORT_DEFAULT
     secure_dir = _secure_dir(directory, secure)
     cluster = LocalCluster(directory, bookies=bookies, zk_port=zk_port, secure=secure_dir,
                            bookie_args=["--lost-bookie-recovery-delay", f"{lost_bookie_recovery_delay}ms"])
+    _check_ui_port(cluster, ui_port)
     client_toml = None
     if secure_dir is not None:
         from tools.secure import write_admin_config
@@ -112,13 +117,29 @@ def _provision_default_namespace(cluster: Any, client_toml: Path) -> None:
                                     bookkeeper_root=cluster.zk_root))
 
 
+def _check_ui_port(cluster: Any, port: int) -> None:
+    """Before anything starts: the status page's port (a remembered one too) is free. When it is
+    not, a cluster already running from this directory (which holds it) is what to say, if so."""
+    from bookkeeper.meta.ports import port_bindable, port_in_use
+
+    if port > 0 and not port_bindable("127.0.0.1", port):
+        cluster.lock.acquire()  # DirectoryInUseError names that cluster's pid
+        cluster.lock.release()
+        raise port_in_use("127.0.0.1", port, "the status page",
+                          "pass --ui-port with another port (0: any free port; -1: no status page)")
+
+
 def _start_ui(cluster: Any, port: int, client_toml: Path | None = None) -> tuple[Any, str]:
+    """Serve the status page on `port` (0: any free one) and remember the port it got in
+    cluster.json, as the ZooKeeper port is: a restart keeps the page's URL."""
     from bookkeeper.security.settings import NO_SECURITY, load_client_settings
     from tools.ui import UiOptions, UiThread
 
     security = load_client_settings(client_toml) if client_toml is not None else NO_SECURITY
     ui = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, security=security), port=port)
-    return ui, ui.start()
+    url = ui.start()
+    cluster.remember_ui_port(int(url.rstrip("/").rsplit(":", 1)[1]))
+    return ui, url
 
 
 def _start_policies(cluster: Any, interval_max_ms: int, client_toml: Path | None = None) -> Any:
@@ -163,15 +184,16 @@ def _supervise(cluster: Any, stop: threading.Event) -> None:
 @click.option("--namespace-root", default="/dlog", show_default=True,
               help="ZooKeeper node whose children are the namespaces")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=UI_PORT_DEFAULT, show_default=True, type=click.IntRange(0, 65535),
               help="port to listen on (0: any free port)")
 @click.option("--insecure-plaintext", is_flag=True, help="serve the page (plaintext, no login) on a "
               "non-loopback --host anyway")
 @fails_cleanly
 def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int,
                insecure_plaintext: bool) -> None:
-    """Serve the cluster status page (bookies, stream segments, subscription lag) until Ctrl-C.
-    With --config (an admin's client.toml) it reads a secure cluster."""
+    """Serve the cluster status page (health, bookies, stream segments, subscription lag) until
+    Ctrl-C; /?q=TEXT shows only the streams whose name contains TEXT. With --config (an admin's
+    client.toml) it reads a secure cluster."""
     from bookkeeper.errors import ConfigError
     from bookkeeper.security.settings import load_client_settings
     from bookkeeper.security.tls import is_loopback
