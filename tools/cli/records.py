@@ -25,7 +25,10 @@ from tools.units import format_size, format_time_ms, plural
 @click.option("--format", "input_format", type=click.Choice(["lines", "raw", "base64", "jsonl"]),
               default="lines", show_default=True,
               help="lines: a value per line (any bytes); raw: all of stdin is one value; base64: a "
-                   "base64 value per line; jsonl: {\"key\", \"value\", \"timestamp\"} objects")
+                   "base64 value per line; jsonl: {\"key\", \"value\", \"timestamp\"} objects, or what "
+                   "`dlog read --json --headers` prints")
+@click.option("--on-oversize", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="a line over 2 MiB (a record's limit): fail the run, or skip it with a warning on stderr")
 @click.option("--key-separator", default=None, metavar="SEP",
               help="with lines or base64: split each line at the first SEP into key and value")
 @click.option("--takeover", is_flag=True, help="fence the stream's current writer and take over")
@@ -34,7 +37,7 @@ from tools.units import format_size, format_time_ms, plural
 @cluster_options
 @json_option
 @fails_cleanly
-def write_command(name: str, input_format: str, key_separator: str | None, takeover: bool,
+def write_command(name: str, input_format: str, on_oversize: str, key_separator: str | None, takeover: bool,
                   header_texts: tuple[str, ...], cluster: tuple[str, str, str], as_json: bool) -> None:
     """Write records from standard input as they arrive, through one writer for the whole run.
 
@@ -45,14 +48,18 @@ def write_command(name: str, input_format: str, key_separator: str | None, takeo
     (the input's first N records: resume after them), and, when the run did not end cleanly, how
     many have an unknown outcome, were lost with a ledger deleted under the writer or were not
     written; then the exit status is 1. In jsonl, a string value is stored as its text and any
-    other JSON value as JSON text; a null value is refused. Empty lines are skipped."""
+    other JSON value as JSON text; a null value is refused. Empty lines are skipped.
+
+    `dlog read a --json --headers | dlog write b --format jsonl` copies records losslessly (keys,
+    values, headers and timestamps; `value_b64`/`key_b64` for bytes that are not UTF-8)."""
     from dlog.names import check_stream_name
     from tools.console import BadInputError, Produced, RecordParser, produce, stdin_chunks
     from tools.interrupts import Interrupts
 
     check_stream_name(name)
     headers = [_parse_header(text) for text in header_texts] or None
-    parser = RecordParser(input_format, key_separator)
+    parser = RecordParser(input_format, key_separator, on_oversize,
+                          on_skip=lambda message: click.echo(f"dlog: {message}", err=True))
     produced = Produced()
     interrupts = Interrupts()
 
@@ -74,8 +81,9 @@ def write_command(name: str, input_format: str, key_separator: str | None, takeo
         if not produced.started:
             raise  # nothing was written: the reason alone
         error = exc
-    result = produced.to_json()
-    click.echo(json.dumps(result) if as_json else produced.summary(name))
+    result = {**produced.to_json(), "skipped": parser.skipped}
+    skipped = f"; skipped {plural(parser.skipped, 'line')} over 2 MiB" if parser.skipped else ""
+    click.echo(json.dumps(result) if as_json else produced.summary(name) + skipped)
     error = error or produced.error
     if error is not None or not produced.clean:
         click.echo(f"dlog: {cli_wording(str(error or 'some records are not durable'))}", err=True)

@@ -1,0 +1,87 @@
+"""Issue 23, through the real commands on a real one-bookie cluster: the CLI round trip is lossless
+(`dlog read --json | dlog write --format jsonl`), bytes that are not UTF-8 are never replaced
+silently, an oversized line can be skipped, streams fit a cluster smaller than the defaults,
+messages lead somewhere, `dlog.connect` takes Namespace's keywords, and the small truths (plurals,
+a truncate that changes nothing, counts without truncated records, UTC in Parquet, tokens)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import dlog
+from tests.helpers import dlog_runner, one_error_line
+from tools.cluster import LocalCluster
+from tools.console import RECORD_BYTES_MAX
+
+
+@pytest.fixture(scope="module")
+def first(zk_server, tmp_path_factory):
+    """(run, ns, scope): `dlog` in a fresh namespace of a one-bookie cluster, a blocking Namespace
+    of it, and the scope options for commands run by hand."""
+    root, namespace = f"/t-{uuid.uuid4().hex[:8]}", f"ns{uuid.uuid4().hex[:6]}"
+    cluster = LocalCluster(tmp_path_factory.mktemp("first"), bookies=1, zk_root=root, zk_server=zk_server)
+    cluster.start()
+    with dlog.connect(zk_server.address, name=namespace, bookkeeper_root=root) as ns:
+        yield dlog_runner(zk_server.address, root, namespace), ns, [
+            "--zk", zk_server.address, "--zk-root", root, "--namespace", namespace]
+    cluster.stop()
+
+
+def create(ns, name: str) -> None:
+    ns.create_stream(name, ensemble=1, write_quorum=1, ack_quorum=1)
+
+
+def records_of(ns, name: str) -> list[tuple]:
+    with ns.open_reader(name, follow=False, headers=True) as reader:
+        return [(r.key, r.value, r.timestamp_ms, r.headers) for r in reader]
+
+
+# ------------------------------------------------------------------------------ 2. a lossless CLI
+
+
+def test_read_json_piped_to_write_jsonl_copies_records_losslessly(first):
+    run, ns, scope = first
+    create(ns, "copied-from")
+    create(ns, "copied-to")
+    with ns.open_writer("copied-from") as writer:
+        writer.write(b'{"a":1}', b"k1", 1_700_000_000_000, [("trace", b"abc"), ("none", None)])
+        writer.write(b"\xff\xfe binary", b"\x00\xffkey", 1_700_000_000_001, [("bin", b"\xc3\x28")])
+        writer.write("téxt".encode(), None, 1_700_000_000_002)
+    read = subprocess.run([sys.executable, "-m", "tools.cli", "read", "copied-from", "--json", "--headers", *scope],
+                          capture_output=True, check=True)
+    run("write", "copied-to", "--format", "jsonl", stdin=read.stdout)
+    assert records_of(ns, "copied-to") == records_of(ns, "copied-from")
+    lines = [json.loads(line) for line in read.stdout.splitlines()]
+    assert "value_b64" in lines[1] and "key_b64" in lines[1] and "headers_b64" in lines[1]
+
+
+def test_plain_read_says_when_bytes_are_not_utf8_and_raw_keeps_them(first):
+    run, ns, scope = first
+    create(ns, "binary")
+    run("write", "binary", stdin=b"ok\n\xff\xfe\nalso \xc3\x28\n")
+    plain = run("read", "binary", stdin=b"")
+    warnings = [line for line in plain.stderr.decode().splitlines() if line.strip()]
+    assert len(warnings) == 1 and "not UTF-8" in warnings[0] and "--format raw" in warnings[0], warnings
+    assert run("read", "binary", "--format", "raw", stdin=b"").stdout == b"ok\n\xff\xfe\nalso \xc3\x28\n"
+    assert run("read", "binary", "--max", "1", stdin=b"").stderr == b""  # UTF-8 only: nothing to say
+
+
+def test_on_oversize_skip_skips_a_line_with_one_warning_and_goes_on(first):
+    run, ns, _ = first
+    create(ns, "oversized")
+    big = b"x" * (RECORD_BYTES_MAX + 10)
+    stdin = b"before\n" + big + b"\nafter\n" + big + b"\nlast\n"
+    failed = run("write", "oversized", stdin=stdin, ok=False)
+    error = one_error_line(failed)
+    assert "line 2 is over 2 MiB" in error and "--on-oversize skip" in error
+    skipped = run("write", "oversized", "--on-oversize", "skip", stdin=stdin)
+    warnings = skipped.stderr.decode().splitlines()
+    assert len(warnings) == 2 and "line 2" in warnings[0] and "line 4" in warnings[1], warnings
+    assert b"skipped 2 lines over 2 MiB" in skipped.stdout
+    values = [value for _, value, _, _ in records_of(ns, "oversized")]
+    assert values == [b"before", b"before", b"after", b"last"]  # the failed run wrote what came before
