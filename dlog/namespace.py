@@ -47,7 +47,7 @@ from dlog.writer import StreamWriter
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
-                      "retention_keeps_unconsumed")
+                      "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -423,8 +423,10 @@ class Namespace:
     # ------------------------------------------------------------------ settings
 
     async def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
-        """Change roll and retention settings (ALTERABLE_SETTINGS). A writer takes new roll settings
-        when it next opens the stream; retention applies them at its next run."""
+        """Change roll, retention and replication settings (ALTERABLE_SETTINGS). A writer takes new
+        roll and replication settings when it next opens the stream (replication: for the segments
+        it creates; existing ledgers keep theirs); retention applies its settings at its next run.
+        The quorums are checked together: ensemble >= write quorum >= ack quorum >= 1."""
         unknown = sorted(set(changes) - set(ALTERABLE_SETTINGS))
         if unknown:
             raise ConfigError(f"cannot alter {', '.join(unknown)}: the settings that can change are "

@@ -85,3 +85,29 @@ def test_on_oversize_skip_skips_a_line_with_one_warning_and_goes_on(first):
     assert b"skipped 2 lines over 2 MiB" in skipped.stdout
     values = [value for _, value, _, _ in records_of(ns, "oversized")]
     assert values == [b"before", b"before", b"after", b"last"]  # the failed run wrote what came before
+
+
+# ------------------------------------------------------------------------------ 3. a cluster smaller than the defaults
+
+
+def test_create_fits_a_cluster_smaller_than_the_default_ensemble(first):
+    run, ns, _ = first
+    created = run("stream", "create", "fitted")
+    assert created.stderr.strip() == ("dlog: 1 bookie registered, fewer than the default ensemble of 3: the stream has "
+                                      "ensemble 1, write quorum 1, ack quorum 1 (`dlog stream alter` changes it for "
+                                      "new segments)")
+    assert run("write", "fitted", stdin="works\n").stdout.startswith("wrote 1 record to fitted")
+
+
+def test_alter_changes_replication_for_new_segments_checking_the_quorums(first):
+    run, ns, _ = first
+    asked = run("stream", "create", "too-wide", "--ensemble", "2", "--write-quorum", "2", "--ack-quorum", "2")
+    assert "only 1 bookie registered" in asked.stderr and "stream alter too-wide --ensemble 1" in asked.stderr
+    refused = run("stream", "alter", "too-wide", "--ensemble", "1", ok=False)  # the quorums of 2 stay
+    assert "ensemble >= write quorum >= ack quorum" in one_error_line(refused)
+    run("stream", "alter", "too-wide", "--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1")
+    assert "  replication   ensemble 1, write quorum 1, ack quorum 1" in run("stream", "info", "too-wide").stdout
+    run("write", "too-wide", stdin="now it fits\n")
+    ledger = json.loads(run("stream", "info", "too-wide", "--json").stdout)["segments"][0]["ledger"]
+    shown = json.loads(run("ledger", "show", str(ledger), "--json", namespaced=False).stdout)
+    assert shown["ensemble_size"] == 1
