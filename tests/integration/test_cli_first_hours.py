@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -111,3 +112,95 @@ def test_alter_changes_replication_for_new_segments_checking_the_quorums(first):
     ledger = json.loads(run("stream", "info", "too-wide", "--json").stdout)["segments"][0]["ledger"]
     shown = json.loads(run("ledger", "show", str(ledger), "--json", namespaced=False).stdout)
     assert shown["ensemble_size"] == 1
+
+
+# ------------------------------------------------------------------------------ 5. one API, two forms
+
+
+def test_connect_takes_the_keywords_of_namespace(first, zk_server):
+    run, ns, _ = first
+    root = ns.namespace.bookkeeper_root
+    other = f"kw{uuid.uuid4().hex[:6]}"
+    with dlog.connect(zk=zk_server.address, name=other, bookkeeper_root=root) as keyworded:
+        assert keyworded.namespace.name == other
+        keyworded.create_stream("named", ensemble=1, write_quorum=1, ack_quorum=1)
+    listed = subprocess.run([sys.executable, "-m", "tools.cli", "stream", "list", "--zk", zk_server.address,
+                             "--zk-root", root, "--namespace", other], capture_output=True, text=True, check=True)
+    assert listed.stdout.split() == ["named"]
+
+
+# ------------------------------------------------------------------------------ 8. small truths
+
+
+def test_counts_are_worded_and_a_truncate_that_changes_nothing_says_so(first):
+    run, ns, _ = first
+    create(ns, "worded")
+    written = json.loads(run("write", "worded", "--json", stdin="a\nb\nc\n").stdout)
+    first_offset = written["first"]
+    nothing = run("truncate", "worded", "--before", first_offset)
+    assert nothing.stdout.startswith("nothing to truncate: worded holds no records before")
+    assert json.loads(run("truncate", "worded", "--before", first_offset, "--json").stdout)["changed"] is False
+    assert run("stream", "delete", "worded").stdout == "deleted stream worded (1 ledger)\n"
+
+
+def test_stream_info_does_not_count_records_truncated_inside_a_segment(first):
+    run, ns, _ = first
+    create(ns, "cut")
+    with ns.open_writer("cut") as writer:
+        offsets = [writer.write(b"%d" % n) for n in range(5)]  # one entry each
+        writer.write_many([b"x", b"y", b"z"])  # pipelined: may share entries
+    run("truncate", "cut", "--before", str(offsets[3]))
+    info = json.loads(run("stream", "info", "cut", "--json").stdout)
+    assert info["records"] == 5 and info["segments"][0]["records_truncated"] == 3
+    assert info["first_offset"] == str(offsets[3])
+    assert "  records       5 records in 1 live segment" in run("stream", "info", "cut").stdout
+    run("read", "cut", "--subscription", "s", "--max", "2")
+    lag = json.loads(run("subscription", "describe", "cut", "s", "--json").stdout)
+    assert lag["lag_records"] == 3, lag
+
+
+def test_export_timestamps_are_utc_with_the_stream_schema_in_the_metadata(first, tmp_path):
+    import pyarrow.parquet as pq
+
+    from dlog.segments.codec import schema_from_text
+
+    run, ns, _ = first
+    create(ns, "exported")
+    with ns.open_writer("exported") as writer:
+        writer.write(b"v", None, 1_700_000_000_000)
+    out = tmp_path / "out.parquet"
+    run("export", "exported", "--out", str(out))
+    table = pq.read_table(out)
+    assert str(table.schema.field("timestamp").type) == "timestamp[ms, tz=UTC]"
+    assert table.column("timestamp")[0].as_py().isoformat() == "2023-11-14T22:13:20+00:00"
+    metadata = table.schema.metadata
+    assert metadata[b"dlog.stream"] == b"exported"
+    assert schema_from_text(metadata[b"dlog.schema"].decode()) == ns.namespace.schema_of(ns.config("exported"))
+
+
+def test_tokens_expire_by_default_and_a_written_config_keeps_the_secret_off_the_terminal(tmp_path):
+    import tomllib
+
+    from bookkeeper.security.tokens import TokenKey, TokenVerifier
+    from tools.secure import create as create_secure, write_admin_config
+
+    secure = create_secure(tmp_path / "secure")
+    admin = write_admin_config(secure, "127.0.0.1:1")  # no ZooKeeper needed for a cluster-wide token
+    key = TokenKey.from_file(str(secure.token_key))
+
+    def token_create(*arguments: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tools.cli", "token", "create", "--role", "admin", *arguments,
+                               "--config", str(admin)], capture_output=True, text=True, timeout=60)
+
+    printed = token_create()
+    assert printed.returncode == 0, printed.stderr
+    expires_s = TokenVerifier(key).verify(printed.stdout.strip()).expires_s
+    assert expires_s is not None and 29 * 86400 < expires_s - time.time() <= 30 * 86400
+    assert TokenVerifier(key).verify(token_create("--ttl", "never").stdout.strip()).expires_s is None
+    assert "--ttl never" in one_error_line(token_create("--ttl", "0"))
+    out = tmp_path / "app.toml"
+    written = token_create("--client-config", str(out))
+    token = tomllib.loads(out.read_text())["security"]["token"]
+    assert written.returncode == 0 and token not in written.stdout + written.stderr
+    assert written.stdout.startswith(f"wrote {out}: a token for admin (admin) that expires ")
+

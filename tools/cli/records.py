@@ -117,20 +117,28 @@ def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_j
 
     offset = None if before == "latest" else Offset.parse(before)
 
-    async def action(ns: Any) -> tuple[Any, list[Any]]:
+    async def action(ns: Any) -> tuple[Any, list[Any], bool]:
         target = offset if offset is not None else await end_of_stream(ns, name)
         if target is None:
-            return None, []
-        return target, await ns.truncate(name, target)
+            return None, [], False
+        before = (await ns.store.segments(name)).segments
+        removed = await ns.truncate(name, target)
+        return target, removed, (await ns.store.segments(name)).segments != before
 
-    target, removed = run_namespace(cluster, action)
+    target, removed, changed = run_namespace(cluster, action)
     if target is None:
-        click.echo(json.dumps({"stream": name, "before": None, "segments_removed": []}) if as_json
-                   else f"{name} holds no records: nothing to truncate")
+        click.echo(json.dumps({"stream": name, "before": None, "segments_removed": [], "changed": False})
+                   if as_json else f"{name} holds no records: nothing to truncate")
         return
-    result = {"stream": name, "before": str(target), "segments_removed": [s.sequence for s in removed]}
-    click.echo(json.dumps(result) if as_json else
-               f"truncated {name} before {target}: removed {plural(len(removed), 'segment')}")
+    result = {"stream": name, "before": str(target), "segments_removed": [s.sequence for s in removed],
+              "changed": changed}
+    if as_json:
+        click.echo(json.dumps(result))
+    elif not changed:
+        click.echo(f"nothing to truncate: {name} holds no records before {target} (it was truncated there "
+                   "already, or that is its first record)")
+    else:
+        click.echo(f"truncated {name} before {target}: removed {plural(len(removed), 'segment')}")
 
 
 @click.command("export")
@@ -148,7 +156,10 @@ def export_command(name: str, out_path: Path, output_format: str, start: str, en
                    cluster: tuple[str, str, str], as_json: bool) -> None:
     """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar.
 
-    Refuses to overwrite an existing file or to create missing folders unless --force."""
+    Refuses to overwrite an existing file or to create missing folders unless --force. The
+    columns are ledger, entry, slot, then the stream's; timestamps are UTC (timestamp[ms,
+    tz=UTC]), and the file's metadata holds the stream's name and schema (dlog.stream,
+    dlog.schema)."""
     from tools.export import check_out_path, export_stream
 
     check_out_path(out_path, force)

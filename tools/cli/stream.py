@@ -254,5 +254,5 @@ def stream_delete(name: str, cluster: tuple[str, str, str], as_json: bool) -> No
     """Delete a stream and its ledgers (bookies reclaim the space by garbage collection)."""
     ledgers = run_namespace(cluster, lambda ns: ns.delete_stream(name))
     click.echo(json.dumps({"deleted": name, "ledgers": ledgers}) if as_json
-               else f"deleted stream {name} ({len(ledgers)} ledgers)")
+               else f"deleted stream {name} ({plural(len(ledgers), 'ledger')})")
 
