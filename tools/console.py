@@ -473,9 +473,15 @@ class _Run:
 async def open_writer(ns: Any, name: str, takeover: bool,
                       on_lock_wait: Callable[[dict[str, Any] | None], None] | None) -> Any:
     """Open the stream's writer; if that takes a while (another writer holds the lock), tell
-    `on_lock_wait` who holds it, once, and keep waiting."""
+    `on_lock_wait` who holds it, once, and keep waiting. With `takeover`, `on_lock_wait` is told at
+    once who holds the lock (the writer about to be fenced), if anyone does."""
     # with --takeover there is no point in first waiting the writer's whole lock timeout
     options = {"takeover": True, "lock_timeout_s": TAKEOVER_LOCK_WAIT_S} if takeover else {}
+    if takeover and on_lock_wait is not None:
+        holder = await ns.store.lock_holder(name)
+        if holder is not None:
+            on_lock_wait(holder)
+        on_lock_wait = None
     opening = asyncio.ensure_future(ns.open_writer(name, **options))
     try:
         done, _ = await asyncio.wait({opening}, timeout=LOCK_NOTICE_AFTER_S)

@@ -7,6 +7,7 @@ a truncate that changes nothing, counts without truncated records, UTC in Parque
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -159,6 +160,18 @@ def test_stream_info_does_not_count_records_truncated_inside_a_segment(first):
     assert lag["lag_records"] == 3, lag
 
 
+def test_offsets_shown_are_records_that_exist(first):
+    run, ns, _ = first
+    create(ns, "emptied")
+    run("write", "emptied", stdin="a\nb\n")
+    run("truncate", "emptied", "--before", "latest")  # inside the in-progress segment: past its last record
+    info = json.loads(run("stream", "info", "emptied", "--json").stdout)
+    assert (info["records"], info["first_offset"], info["last_offset"]) == (0, None, None), info
+    written = json.loads(run("write", "emptied", "--json", stdin="c\n").stdout)
+    info = json.loads(run("stream", "info", "emptied", "--json").stdout)
+    assert info["first_offset"] == info["last_offset"] == written["first"] and info["records"] == 1
+
+
 def test_export_timestamps_are_utc_with_the_stream_schema_in_the_metadata(first, tmp_path):
     import pyarrow.parquet as pq
 
@@ -182,7 +195,8 @@ def test_tokens_expire_by_default_and_a_written_config_keeps_the_secret_off_the_
     import tomllib
 
     from bookkeeper.security.tokens import TokenKey, TokenVerifier
-    from tools.secure import create as create_secure, write_admin_config
+    from tools.secure import create as create_secure
+    from tools.secure import write_admin_config
 
     secure = create_secure(tmp_path / "secure")
     admin = write_admin_config(secure, "127.0.0.1:1")  # no ZooKeeper needed for a cluster-wide token
@@ -204,3 +218,97 @@ def test_tokens_expire_by_default_and_a_written_config_keeps_the_secret_off_the_
     assert written.returncode == 0 and token not in written.stdout + written.stderr
     assert written.stdout.startswith(f"wrote {out}: a token for admin (admin) that expires ")
 
+
+# ------------------------------------------------------------------------------ 4. messages that lead somewhere
+
+
+def dlog_cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("DLOG_")}
+    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments], capture_output=True, text=True,
+                          timeout=120, env={**clean, **(env or {})})
+
+
+def zk_exists(zk_address: str, path: str) -> bool:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zk_address)
+    client.start(timeout=30)
+    try:
+        return client.exists(path) is not None
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_takeover_says_whom_it_fences_and_never_to_pass_takeover(first):
+    run, ns, _ = first
+    create(ns, "taken")
+    holder = ns.open_writer("taken")
+    holder.write(b"held")
+    try:
+        taken = run("write", "taken", "--takeover", stdin="mine now\n")
+    finally:
+        with pytest.raises(dlog.WriterFencedError):
+            holder.close()
+    assert "--takeover" not in taken.stderr.replace("(--takeover)", "") and "pass --takeover" not in taken.stderr
+    assert f"is held by pid {os.getpid()}" in taken.stderr and "fencing that writer" in taken.stderr
+
+
+def test_ledger_read_of_a_streams_segment_says_how_to_read_the_stream(first):
+    run, ns, scope = first
+    create(ns, "segmented")
+    run("write", "segmented", stdin="r\n")
+    ledger = json.loads(run("stream", "info", "segmented", "--json").stdout)["segments"][0]["ledger"]
+    line = one_error_line(run("ledger", "read", str(ledger), namespaced=False, ok=False))
+    namespace = scope[scope.index("--namespace") + 1]
+    assert f"read its records with `dlog read segmented --namespace {namespace}`" in line
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (("read",), "dlog read: missing argument 'NAME' (dlog read -h for help)"),
+    (("stream", "create", "s", "--ensemble", "many"), "dlog stream create: invalid value for '--ensemble'"),
+    (("strem", "list"), "dlog: no such command 'strem'"),
+])
+def test_usage_errors_are_one_line(arguments, words):
+    result = subprocess.run([sys.executable, "-c", "from tools.cli import main; main(prog_name='dlog')", *arguments],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and words in one_error_line(result)
+
+
+def test_read_only_commands_create_no_namespace_and_a_missing_stream_names_it(first, zk_server):
+    run, ns, scope = first
+    zk, root = scope[1], scope[3]
+    ghost = f"ghost{uuid.uuid4().hex[:6]}"
+    common = ["--zk", zk, "--zk-root", root, "--namespace", ghost]
+    assert dlog_cli("stream", "list", *common).stdout == "\n"
+    for arguments in (("stream", "info", "s"), ("read", "s"), ("subscription", "describe", "s", "sub"),
+                      ("truncate", "s", "--before", "1:0")):
+        line = one_error_line(dlog_cli(*arguments, *common))
+        assert f"stream 's' does not exist in namespace '{ghost}'" in line, (arguments, line)
+    assert not zk_exists(zk_server.address, f"/dlog/{ghost}")
+
+
+def test_a_wrong_zk_root_says_no_bookies_are_registered_there(first, zk_server):
+    run, ns, scope = first
+    create(ns, "rooted")
+    namespace = scope[scope.index("--namespace") + 1]
+    wrong = f"/wrong-{uuid.uuid4().hex[:6]}"
+    for arguments in (("stream", "info", "rooted", "--namespace", namespace), ("ledger", "list"),
+                      ("stream", "create", "elsewhere")):
+        line = one_error_line(dlog_cli(*arguments, "--zk", zk_server.address, "--zk-root", wrong))
+        assert f"no bookies are registered under --zk-root {wrong}" in line, line
+    assert not zk_exists(zk_server.address, wrong)
+
+
+def test_a_secure_cluster_used_without_client_settings_names_the_file_to_export(secure_cluster, tmp_path,
+                                                                                  monkeypatch):
+    from tools.secure import write_admin_config
+
+    monkeypatch.setenv("DLOG_HOME", str(tmp_path / "home"))
+    admin_toml = write_admin_config(secure_cluster.secure_dir, secure_cluster.zk_address)
+    result = dlog_cli("stream", "list", "--namespace", "orders", "--zk", secure_cluster.zk_address,
+                      env={"DLOG_HOME": str(tmp_path / "home")})
+    assert f"export DLOG_CONFIG={admin_toml.resolve()}" in one_error_line(result)
+    unknown = dlog_cli("stream", "list", "--namespace", "orders", "--zk", secure_cluster.zk_address,
+                       env={"DLOG_HOME": str(tmp_path / "elsewhere")})
+    assert "export DLOG_CONFIG=FILE" in one_error_line(unknown)

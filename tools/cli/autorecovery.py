@@ -242,7 +242,8 @@ def decommission_command(bookie_id: str, zk: str, zk_root: str, timeout: int, as
 
     result = run_with_client(zk, zk_root, action)
     click.echo(json.dumps(result, sort_keys=True) if as_json else
-               f"decommissioned {bookie_id}: {plural(result['ledgers'], 'ledger')} re-replicated in {result['seconds']} s")
+               f"decommissioned {bookie_id}: {plural(result['ledgers'], 'ledger')} re-replicated in "
+               f"{result['seconds']} s")
 
 
 async def _http_put_json(url: str, body: dict[str, Any]) -> Any:

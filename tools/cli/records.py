@@ -64,6 +64,10 @@ def write_command(name: str, input_format: str, on_oversize: str, key_separator:
     interrupts = Interrupts()
 
     def on_lock_wait(holder: dict[str, Any] | None) -> None:
+        if takeover:
+            click.echo(f"dlog: the writer lock of stream {name!r} is held by {_holder_text(holder)}: fencing that "
+                       "writer and taking over (--takeover)", err=True)
+            return
         click.echo(f"dlog: waiting for the writer lock of stream {name!r}, held by {_holder_text(holder)}; "
                    "pass --takeover to fence that writer and take over", err=True)
 

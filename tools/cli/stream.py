@@ -73,7 +73,7 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
             click.echo(f"dlog: {note}", err=True)
         return created
 
-    config = run_namespace(cluster, action)
+    config = run_namespace(cluster, action, create=True)
     click.echo(json.dumps(config.public_json(), sort_keys=True) if as_json else f"created stream {name}")
 
 
