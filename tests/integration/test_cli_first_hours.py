@@ -312,3 +312,15 @@ def test_a_secure_cluster_used_without_client_settings_names_the_file_to_export(
     unknown = dlog_cli("stream", "list", "--namespace", "orders", "--zk", secure_cluster.zk_address,
                        env={"DLOG_HOME": str(tmp_path / "elsewhere")})
     assert "export DLOG_CONFIG=FILE" in one_error_line(unknown)
+
+
+def test_a_spark_worker_python_without_dlog_says_to_set_pyspark_python():
+    """Spark imports pyspark_dlog in its Python worker ($PYSPARK_PYTHON, else python3): an
+    interpreter without dlog's environment (here: this one without site-packages) says what to set."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    load = f"import sys; sys.path.insert(0, {repo!r}); import pyspark_dlog"
+    worker = subprocess.run([sys.executable, "-S", "-c", load], capture_output=True, text=True, timeout=60,
+                            env={"PATH": os.environ.get("PATH", "")})
+    assert worker.returncode != 0
+    last = worker.stderr.strip().splitlines()[-1]
+    assert "export PYSPARK_PYTHON to the interpreter dlog is installed in" in last and sys.executable in last
