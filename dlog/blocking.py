@@ -132,6 +132,8 @@ class BlockingReader:
         self.close()
 
 
-def connect(zk: str | None = None, namespace: str = "default", **options: Any) -> BlockingNamespace:
-    """A blocking Namespace; `zk` and security default to client.toml ($DLOG_CONFIG or config=)."""
-    return BlockingNamespace(zk, namespace, **options)
+def connect(zk: str | None = None, name: str = "default", **options: Any) -> BlockingNamespace:
+    """A blocking Namespace, taking Namespace's own arguments (`name=` the namespace, `root=`,
+    `bookkeeper_root=`, `config=`...); `zk` and security default to client.toml ($DLOG_CONFIG or
+    config=)."""
+    return BlockingNamespace(zk, name, **options)

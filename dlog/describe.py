@@ -7,7 +7,9 @@ record_count`); its size is known only once its ledger closes, so it is estimate
 (its bytes per record times the records) and flagged `bytes_estimated`. Those rules are
 `dlog.core.snapshot`'s (`tail_count`), and every handle and entry header comes through the
 namespace's one cache (`Namespace.reads`, `dlog.snapshot`), which the status page and the Spark
-source use too.
+source use too. A segment truncated part way (`dlog truncate --before` an offset inside it) counts
+only the records from its truncation point on: the ones below are read out of the header of the
+entry the point is in (`records_truncated` says how many), and its bytes are prorated.
 
 Damage. A live segment whose ledger metadata is gone (someone ran `dlog ledger delete --force`)
 has lost its records: it is reported with `damaged` saying so, never as healthy.
@@ -78,9 +80,37 @@ async def _summary(context: StreamContext, segment: Segment, ledger_missing: boo
         "first_position": segment.first_position, "damaged": None, "note": None}
     if ledger_missing:
         item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
-    elif segment.is_in_progress:
+        return item
+    if segment.is_in_progress:
         await _count_tail(context, segment, item)
+    if not segment.is_truncated:
+        await _leave_out_truncated(context, segment, item)
     return item
+
+
+async def _leave_out_truncated(context: StreamContext, segment: Segment, item: dict[str, Any]) -> None:
+    """A segment truncated part way (its min active offset past its first record) counts only the
+    records readers still get; its bytes are prorated by records (estimated). `records_truncated`
+    is how many were left out."""
+    item["records_truncated"] = 0
+    entry, slot = first_readable(segment.first_entry, segment.min_active_entry, segment.min_active_slot)
+    records, last_entry = item["records"], item["last_entry"]
+    if (entry, slot) == (segment.first_entry, 0) or not records or last_entry is None:
+        return
+    if entry > last_entry:
+        below = records
+    else:
+        try:
+            info = await context.reads.entry_info(segment.ledger_id, entry, context.password, last_entry)
+        except DlogError as exc:  # unreachable bookies: the truncated part is not known
+            item["note"] = f"records below the truncation point not counted out: {exc}"
+            return
+        below = min(records, records_before_slot(info.header, slot))
+    item["records_truncated"] = below
+    item["records"] = records - below
+    if item["bytes"] is not None:
+        item["bytes"] = round(item["bytes"] * (records - below) / records)
+        item["bytes_estimated"] = True
 
 
 async def _count_tail(context: StreamContext, segment: Segment, item: dict[str, Any]) -> None:
@@ -197,7 +227,8 @@ async def _consumed_in_segment(context: StreamContext, segment: Segment, summary
         info = await context.reads.entry_info(segment.ledger_id, offset.entry_id, context.password, last_entry)
     except DlogError:
         return None  # estimated instead
-    return records_before_slot(info.header, offset.slot)
+    # counted from the segment's first record; its records below a truncation point are not in `records`
+    return max(0, records_before_slot(info.header, offset.slot) - summary.get("records_truncated", 0))
 
 
 # ------------------------------------------------------------------------------ ledger owners

@@ -60,7 +60,7 @@ from dlog.writer import StreamWriter
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
-                      "retention_keeps_unconsumed")
+                      "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -71,9 +71,12 @@ class Namespace:
                  bookkeeper_root: str = layout.DEFAULT_ROOT, zk_timeout_s: float = 10.0,
                  read_handles_max: int = READ_HANDLES_MAX, security: SecuritySettings | None = None,
                  config: str | None = None, clock: Clock = SYSTEM_CLOCK, store: SegmentStore | None = None,
-                 client: Any = None, rng: Callable[[], float] = random.random, **client_options: Any) -> None:
+                 client: Any = None, rng: Callable[[], float] = random.random, create: bool = True,
+                 **client_options: Any) -> None:
         """`security` (TLS, token, ZooKeeper credentials) defaults to client.toml named by `config`
         or $DLOG_CONFIG (and $DLOG_TOKEN); `zk` defaults to its [cluster] zk, else 127.0.0.1:2181.
+        `create=False` creates nothing in ZooKeeper at start (neither the namespace's node nor the
+        cluster's layout): what commands that only look, or use existing streams, pass.
         `store` and `client` replace the ZooKeeper segment store and the BookKeeper client (the
         stream simulator passes its own, and its own `rng` for the retries' jitter); otherwise
         both are made from `zk` at start()."""
@@ -85,6 +88,7 @@ class Namespace:
         self.bookkeeper_root = bookkeeper_root
         self.zk_timeout_s = zk_timeout_s
         self.client_options = client_options
+        self.create = create
         self.clock = clock
         self.zk: Any = None  # the AsyncZooKeeper, when the stores are ZooKeeper's
         self.client: Any = client  # bookkeeper.client.BookKeeper (or the simulator's ledgers)
@@ -110,7 +114,8 @@ class Namespace:
         await self.zk.start()
         metadata = ZooKeeperMetadataStore(self.zk, self.bookkeeper_root)
         try:
-            await metadata.ensure_layout()
+            if self.create:
+                await metadata.ensure_layout()
             self.client = await BookKeeper(store=metadata, security=self.security,
                                            **self.client_options).start()
             self.reads.client = self.client
@@ -121,7 +126,10 @@ class Namespace:
                                           rng=self.rng)
         try:
             await self._learn_role_identities()
-            await self.zk.ensure_path(f"{self.root}/streams")
+            if self.create:
+                await self.zk.ensure_path(f"{self.root}/streams")
+            else:  # a namespace closed to this client says so now, as when it is created
+                await self.store.list_streams()
         except MetadataPermissionError as exc:
             await self.close()
             raise MetadataPermissionError(
@@ -437,8 +445,10 @@ class Namespace:
     # ------------------------------------------------------------------ settings
 
     async def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
-        """Change roll and retention settings (ALTERABLE_SETTINGS). A writer takes new roll settings
-        when it next opens the stream; retention applies them at its next run."""
+        """Change roll, retention and replication settings (ALTERABLE_SETTINGS). A writer takes new
+        roll and replication settings when it next opens the stream (replication: for the segments
+        it creates; existing ledgers keep theirs); retention applies its settings at its next run.
+        The quorums are checked together: ensemble >= write quorum >= ack quorum >= 1."""
         unknown = sorted(set(changes) - set(ALTERABLE_SETTINGS))
         if unknown:
             raise ConfigError(f"cannot alter {', '.join(unknown)}: the settings that can change are "

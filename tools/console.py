@@ -26,6 +26,16 @@ compact JSON text, so `{"value": {"a": 1}}` stores `{"a":1}`; a `null` value is 
 record always has a value: write the string "null" for the text). Empty lines are skipped in every
 line format. With `--key-separator`, `lines` and `base64` split each line at the first separator
 into key and value (both base64 in `base64`); a line without it has no key.
+
+`jsonl` also takes what `dlog read --json --headers` prints, so `dlog read a --json --headers |
+dlog write b --format jsonl` copies records losslessly: `value_b64` and `key_b64` (bytes that are
+not UTF-8), `headers` ([name, text or null] pairs) or `headers_b64` ([name, base64 or null]), and
+`offset` and `position`, which say where the record was and are ignored.
+
+Oversized records. A record holds at most RECORD_BYTES_MAX bytes (2 MiB); a longer line is refused
+before it is buffered whole. With `on_oversize="skip"` it is dropped instead (its bytes are read
+and thrown away up to the next newline, never buffered) and `on_skip` is told which line, once per
+line; the run goes on.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from bookkeeper.errors import ConfigError, DlogError
 from dlog.core.errors import LedgerDeletedError, WriterAbortedError
@@ -52,7 +62,16 @@ LOCK_NOTICE_AFTER_S = 1.0  # say who holds the writer lock once opening took thi
 TAKEOVER_LOCK_WAIT_S = 1.0  # --takeover: how long a free lock is waited for before fencing
 FORMATS = ("lines", "raw", "base64", "jsonl")
 
-Record = tuple[bytes, "bytes | None", "int | None"]  # value, key, timestamp_ms
+ON_OVERSIZE = ("fail", "skip")
+JSONL_FIELDS = ("key", "key_b64", "value", "value_b64", "timestamp", "headers", "headers_b64", "offset", "position")
+Headers = list[tuple[str, "bytes | None"]]
+
+
+class Record(NamedTuple):
+    value: bytes
+    key: bytes | None
+    timestamp_ms: int | None
+    headers: Headers | None = None
 
 
 # ------------------------------------------------------------------------------ parsing (pure)
@@ -68,7 +87,10 @@ class RecordParser:
     """Chunks of standard input in, records out; `finish()` at end of input. Bad input raises
     BadInputError naming the line."""
 
-    def __init__(self, input_format: str, key_separator: str | None = None) -> None:
+    def __init__(self, input_format: str, key_separator: str | None = None, on_oversize: str = "fail",
+                 on_skip: Callable[[str], None] | None = None) -> None:
+        if on_oversize not in ON_OVERSIZE:
+            raise ConfigError(f"bad --on-oversize {on_oversize!r}: use one of {', '.join(ON_OVERSIZE)}")
         if input_format not in FORMATS:
             raise ConfigError(f"bad format {input_format!r}: use one of {', '.join(FORMATS)}")
         if key_separator is not None and input_format not in ("lines", "base64"):
@@ -79,25 +101,39 @@ class RecordParser:
             raise ConfigError("--key-separator is empty: give the text between key and value, e.g. ':'")
         self.input_format = input_format
         self.separator = key_separator.encode() if key_separator is not None else None
+        self.skip_oversized = on_oversize == "skip"
+        self.on_skip = on_skip
+        self.skipped = 0  # records dropped for their size (skip)
         self.line_number = 0
         self._pending = bytearray()
+        self._skipping = False  # dropping the rest of an oversized line (or of raw input)
 
     def feed(self, chunk: bytes) -> Iterator[Record]:
+        if self._skipping:
+            if self.input_format == "raw":
+                return
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                return
+            self._skipping, chunk = False, chunk[newline + 1:]
         self._pending += chunk
         if self.input_format == "raw":
-            self._check_size(len(self._pending), "standard input")
+            if not self._check_size(len(self._pending), "standard input"):
+                self._pending = bytearray()
             return
         *lines, rest = bytes(self._pending).split(b"\n")
         self._pending = bytearray(rest)
         for line in lines:
             yield from self._line(line)
-        self._check_size(len(self._pending), f"line {self.line_number + 1}")
+        if not self._check_size(len(self._pending), f"line {self.line_number + 1}"):
+            self.line_number += 1  # the oversized line is dropped as it arrives
+            self._pending, self._skipping = bytearray(), True
 
     def finish(self) -> Iterator[Record]:
         pending, self._pending = bytes(self._pending), bytearray()
         if self.input_format == "raw":
-            if pending:
-                yield pending, None, None
+            if pending and not self._skipping:
+                yield Record(pending, None, None)
             return
         if pending:
             yield from self._line(pending)
@@ -106,9 +142,8 @@ class RecordParser:
         self.line_number += 1
         if line.endswith(b"\r"):
             line = line[:-1]
-        if not line:
+        if not line or not self._check_size(len(line), f"line {self.line_number}"):
             return
-        self._check_size(len(line), f"line {self.line_number}")
         if self.input_format == "jsonl":
             yield self._json_record(line)
             return
@@ -118,7 +153,7 @@ class RecordParser:
         if self.input_format == "base64":
             key = None if key is None else self._unbase64(key, "key")
             value = self._unbase64(value, "value")
-        yield value, key, None
+        yield Record(value, key, None)
 
     def _unbase64(self, text: bytes, what: str) -> bytes:
         try:
@@ -138,13 +173,16 @@ class RecordParser:
         except ValueError as exc:
             raise BadInputError(f"line {number} is not JSON ({exc}); with --format jsonl write objects like "
                               f"{example}") from exc
-        if not isinstance(item, dict) or "value" not in item:
-            raise BadInputError(f'line {number} needs a "value" field, e.g. {example}')
-        unknown = sorted(set(item) - {"key", "value", "timestamp"})
+        if not isinstance(item, dict) or ("value" not in item and "value_b64" not in item):
+            raise BadInputError(f'line {number} needs a "value" (or "value_b64") field, e.g. {example}')
+        unknown = sorted(set(item) - set(JSONL_FIELDS))
         if unknown:
             raise BadInputError(f"line {number} has unknown field {', '.join(map(repr, unknown))}: "
-                              'known are "key", "value" and "timestamp"')
-        if item["value"] is None:
+                              f"known are {', '.join(map(repr, JSONL_FIELDS))}")
+        for text, binary in (("value", "value_b64"), ("key", "key_b64"), ("headers", "headers_b64")):
+            if item.get(text) is not None and item.get(binary) is not None:
+                raise BadInputError(f'line {number} has both "{text}" and "{binary}": give one')
+        if item.get("value") is None and item.get("value_b64") is None:
             raise BadInputError(f'line {number}: "value" is null, and a record always has a value '
                               '(write "null" as a string to store the text null)')
         timestamp = item.get("timestamp")
@@ -152,13 +190,56 @@ class RecordParser:
                                       or timestamp < 0):
             raise BadInputError(f"line {number}: timestamp must be whole milliseconds since the epoch "
                               f"(>= 0), got {timestamp!r}")
-        key = item.get("key")
-        return json_text(item["value"]), None if key is None else json_text(key), timestamp
+        value = (self._json_b64(item["value_b64"], "value_b64") if item.get("value_b64") is not None
+                 else json_text(item["value"]))
+        key: bytes | None = None
+        if item.get("key_b64") is not None:
+            key = self._json_b64(item["key_b64"], "key_b64")
+        elif item.get("key") is not None:
+            key = json_text(item["key"])
+        return Record(value, key, timestamp, self._json_headers(item))
 
-    def _check_size(self, size_bytes: int, what: str) -> None:
-        if size_bytes > RECORD_BYTES_MAX:
+    def _json_b64(self, text: Any, what: str) -> bytes:
+        if not isinstance(text, str):
+            raise BadInputError(f'line {self.line_number}: "{what}" must be a base64 string, got {text!r}')
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise BadInputError(f'line {self.line_number}: "{what}" is not base64 ({exc})') from exc
+
+    def _json_headers(self, item: dict[str, Any]) -> Headers | None:
+        """`headers` ([name, text or null] pairs) or `headers_b64` ([name, base64 or null]), as read prints them."""
+        binary = item.get("headers_b64") is not None
+        pairs = item.get("headers_b64") if binary else item.get("headers")
+        if pairs is None:
+            return None
+        what = "headers_b64" if binary else "headers"
+        shape = f'"{what}" must be a list of [name, {"base64" if binary else "text"} or null] pairs'
+        if not isinstance(pairs, list):
+            raise BadInputError(f"line {self.line_number}: {shape}")
+        headers: Headers = []
+        for pair in pairs:
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+                    and (pair[1] is None or isinstance(pair[1], str))):
+                raise BadInputError(f"line {self.line_number}: {shape}, got {pair!r}")
+            name, value = pair
+            headers.append((name, None if value is None else
+                            self._json_b64(value, what) if binary else value.encode("utf-8")))
+        return headers
+
+    def _check_size(self, size_bytes: int, what: str) -> bool:
+        """True when the record fits; else BadInputError, or with skip False (and `on_skip` told)."""
+        if size_bytes <= RECORD_BYTES_MAX:
+            return True
+        if not self.skip_oversized:
             raise BadInputError(f"{what} is over {RECORD_BYTES_MAX // 2**20} MiB; a record holds at most "
-                              f"{RECORD_BYTES_MAX:,} bytes")
+                                f"{RECORD_BYTES_MAX:,} bytes (pass --on-oversize skip to skip such lines)")
+        self.skipped += 1
+        self._skipping = self.input_format == "raw"
+        if self.on_skip is not None:
+            self.on_skip(f"skipped {what}: over {RECORD_BYTES_MAX // 2**20} MiB (a record holds at most "
+                         f"{RECORD_BYTES_MAX:,} bytes)")
+        return False
 
 
 def json_text(value: Any) -> bytes:
@@ -350,8 +431,8 @@ class _Run:
         if self.writer is None:
             self.writer = await open_writer(self.ns, self.name, self.takeover, self.on_lock_wait)
         await self.writer.wait_writable()
-        value, key, timestamp = record
-        self.produced.track(self.writer.write_nowait(value, key, timestamp, self.headers))
+        headers = record.headers if not self.headers else [*(record.headers or []), *self.headers]
+        self.produced.track(self.writer.write_nowait(record.value, record.key, record.timestamp_ms, headers))
 
     async def _next_chunk(self, iterator: AsyncIterator[tuple[bytes, bool]]) -> tuple[bytes, bool] | None:
         """The next chunk (None at the end of input), or the writer's error as soon as it fails, even
@@ -392,9 +473,15 @@ class _Run:
 async def open_writer(ns: Any, name: str, takeover: bool,
                       on_lock_wait: Callable[[dict[str, Any] | None], None] | None) -> Any:
     """Open the stream's writer; if that takes a while (another writer holds the lock), tell
-    `on_lock_wait` who holds it, once, and keep waiting."""
+    `on_lock_wait` who holds it, once, and keep waiting. With `takeover`, `on_lock_wait` is told at
+    once who holds the lock (the writer about to be fenced), if anyone does."""
     # with --takeover there is no point in first waiting the writer's whole lock timeout
     options = {"takeover": True, "lock_timeout_s": TAKEOVER_LOCK_WAIT_S} if takeover else {}
+    if takeover and on_lock_wait is not None:
+        holder = await ns.store.lock_holder(name)
+        if holder is not None:
+            on_lock_wait(holder)
+        on_lock_wait = None
     opening = asyncio.ensure_future(ns.open_writer(name, **options))
     try:
         done, _ = await asyncio.wait({opening}, timeout=LOCK_NOTICE_AFTER_S)

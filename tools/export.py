@@ -1,4 +1,10 @@
-"""Export a stream (or a range of it) to a Parquet or Arrow IPC file, batch by batch."""
+"""Export a stream (or a range of it) to a Parquet or Arrow IPC file, batch by batch.
+
+The file's columns are the offset (ledger, entry, slot) then the stream's own; a timestamp column
+without a time zone (the default schema's `timestamp`: milliseconds since the epoch, which is UTC)
+is written as `timestamp[ms, tz=UTC]`, so readers do not take it for local time. The file's
+schema metadata holds the stream's name (`dlog.stream`) and its schema as stored
+(`dlog.schema`: base64 of the Arrow IPC schema, `dlog.segments.codec.schema_from_text` reads it)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from rich.progress import (
 
 from bookkeeper.errors import ConfigError
 from dlog.offsets import Offset
+from dlog.segments.codec import schema_to_text
 
 OFFSET_FIELDS = [pa.field("ledger", pa.int64()), pa.field("entry", pa.int64()), pa.field("slot", pa.int32())]
 
@@ -45,7 +52,7 @@ async def export_stream(ns: Any, name: str, out_path: Path, output_format: str, 
     info = await ns.stream_info(name)
     total = sum(s["records"] for s in info["segments"] if s["state"] != "truncated") or None
     reader = await ns.open_reader(name, start, follow=False)
-    schema = pa.schema(OFFSET_FIELDS + list(reader.codec.schema))
+    schema = file_schema(name, reader.codec.schema)
     temporary = out_path.with_name(out_path.name + ".partial")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     writer = (pq.ParquetWriter(temporary, schema, compression="zstd") if output_format == "parquet"
@@ -79,6 +86,15 @@ async def export_stream(ns: Any, name: str, out_path: Path, output_format: str, 
             "bytes": out_path.stat().st_size}
 
 
+def file_schema(name: str, stream_schema: pa.Schema) -> pa.Schema:
+    """The offset columns, then the stream's (zone-less timestamps as UTC), with the stream's name
+    and schema in the metadata."""
+    fields = [field.with_type(pa.timestamp(field.type.unit, tz="UTC"))
+              if pa.types.is_timestamp(field.type) and field.type.tz is None else field for field in stream_schema]
+    return pa.schema(OFFSET_FIELDS + fields, metadata={b"dlog.stream": name.encode(),
+                                                       b"dlog.schema": schema_to_text(stream_schema).encode()})
+
+
 def _with_offsets(entry: Any, schema: pa.Schema, stop: Offset | None) -> tuple[pa.RecordBatch, bool]:
     batch = entry.batch
     done = False
@@ -88,4 +104,7 @@ def _with_offsets(entry: Any, schema: pa.Schema, stop: Offset | None) -> tuple[p
     rows = batch.num_rows
     columns = [pa.array([entry.ledger_id] * rows, pa.int64()), pa.array([entry.entry_id] * rows, pa.int64()),
                pa.array(range(entry.first_slot, entry.first_slot + rows), pa.int32())]
-    return pa.RecordBatch.from_arrays(columns + batch.columns, schema=schema), done
+    # a zone-less timestamp holds UTC milliseconds: the cast to tz=UTC keeps the values
+    stream_columns = [column.cast(field.type) if column.type != field.type else column
+                      for column, field in zip(batch.columns, list(schema)[len(OFFSET_FIELDS):], strict=True)]
+    return pa.RecordBatch.from_arrays(columns + stream_columns, schema=schema), done

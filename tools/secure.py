@@ -149,10 +149,33 @@ def create(path: Path, zk: str | None = None,
 
 
 def write_admin_config(secure: SecureDir, zk: str) -> Path:
+    """Write the admin's client.toml, and remember its path for the cluster at `zk` (see
+    `remembered_client_config`)."""
     write_client_toml(secure.client_toml, zk=zk, ca_file=secure.ca_file, token_file=secure.admin_token_file,
                       zk_user=ZK_ADMIN_USER, zk_password=secure.zk_admin_password,
                       cluster_secret_file=secure.cluster_secret_file, token_key_file=secure.token_key)
+    try:
+        _remembered_path(zk).parent.mkdir(parents=True, exist_ok=True)
+        _write(_remembered_path(zk), str(secure.client_toml.resolve()).encode())
+    except OSError:
+        pass  # only a hint for error messages: a read-only home changes nothing else
     return secure.client_toml
+
+
+def remembered_client_config(zk: str) -> Path | None:
+    """Where the admin's client.toml of the secure local cluster at `zk` is, if this user made one
+    (`dlog standalone --secure`), so a command run without $DLOG_CONFIG can name the file to export.
+    Only the path is kept ($DLOG_HOME, default ~/.dlog, under clusters/), never a secret."""
+    try:
+        found = Path(_remembered_path(zk).read_text().strip())
+    except OSError:
+        return None
+    return found if found.is_file() else None
+
+
+def _remembered_path(zk: str) -> Path:
+    home = Path(os.environ.get("DLOG_HOME") or Path.home() / ".dlog")
+    return home / "clusters" / (zk.replace(":", "_").replace(",", "+").replace("/", "_") + ".client-config")
 
 
 async def provision_namespace(zk: str, settings: SecuritySettings, namespace: str,

@@ -75,6 +75,12 @@ class ZooKeeperSegmentStore:
         self.root = namespace_root
         self.clock = clock
 
+    def not_found(self, name: str) -> StreamNotFoundError:
+        """The one wording of a missing stream: it names the namespace, which may be the wrong one."""
+        namespace = self.root.rsplit("/", 1)[-1]
+        return StreamNotFoundError(f"stream {name!r} does not exist in namespace {namespace!r} (see `dlog stream "
+                                   f"list --namespace {namespace}`)")
+
     # ------------------------------------------------------------------ paths
 
     def stream_path(self, name: str) -> str:
@@ -115,14 +121,14 @@ class ZooKeeperSegmentStore:
     async def config(self, name: str) -> StreamConfig:
         found = await self.zk.get_or_none(self.stream_path(name))
         if found is None:
-            raise StreamNotFoundError(f"stream {name!r} does not exist (see `dlog stream list`)")
+            raise self.not_found(name)
         return StreamConfig.from_bytes(found[0])
 
     async def update_config(self, config: StreamConfig) -> None:
         try:
             await self.zk.set(self.stream_path(config.name), config.to_bytes())
         except MetadataNotFoundError as exc:
-            raise StreamNotFoundError(f"stream {config.name!r} does not exist") from exc
+            raise self.not_found(config.name) from exc
 
     async def list_streams(self) -> list[str]:
         try:
@@ -135,7 +141,7 @@ class ZooKeeperSegmentStore:
         try:
             await self.zk.delete(self.stream_path(name), recursive=True)
         except MetadataNotFoundError as exc:
-            raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
+            raise self.not_found(name) from exc
 
     # ------------------------------------------------------------------ segments
 
@@ -143,7 +149,7 @@ class ZooKeeperSegmentStore:
         path = self.segments_path(name)
         found = await self.zk.get_or_none(path)
         if found is None:
-            raise StreamNotFoundError(f"stream {name!r} does not exist (see `dlog stream list`)")
+            raise self.not_found(name)
         data, version = found
         children = await self.zk.children(path)
         loaded = await asyncio.gather(*(self.zk.get_or_none(f"{path}/{child}") for child in sorted(children)))
@@ -248,7 +254,7 @@ class ZooKeeperSegmentStore:
         try:
             children = sorted(await self.zk.children(base), key=_lock_sequence)
         except MetadataNotFoundError as exc:
-            raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
+            raise self.not_found(name) from exc
         for child in children:  # the lowest node holds the lock; it may go away as we look
             found = await self.zk.get_or_none(f"{base}/{child}")
             if found is None:
@@ -289,7 +295,7 @@ class ZooKeeperSegmentStore:
         try:
             children = await self.zk.children(base)
         except MetadataNotFoundError as exc:
-            raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
+            raise self.not_found(name) from exc
         found = await asyncio.gather(*(self.zk.get_or_none(f"{base}/{child}") for child in children))
         return {child: json.loads(item[0]) for child, item in zip(children, found, strict=True) if item is not None}
 

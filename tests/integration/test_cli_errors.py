@@ -66,9 +66,23 @@ def test_messages_name_cli_flags_not_python_arguments(zk_server, cluster_factory
 
 
 def test_a_cluster_without_bookies_refuses_writes_and_changes_nothing(zk_server):
+    from kazoo.client import KazooClient
+
     root, namespace = f"/t-{uuid.uuid4().hex[:8]}", f"n{uuid.uuid4().hex[:6]}"
     common = ("--zk", zk_server.address, "--zk-root", root, "--namespace", namespace)
-    assert dlog("stream", "create", "quiet", *common, timeout_s="10").returncode == 0
+    refused = dlog("stream", "create", "quiet", *common, timeout_s="10")  # nothing at that root: a typo
+    assert refused.returncode == 1 and refused.stderr.startswith(f"dlog: no bookies are registered under --zk-root "
+                                                                 f"{root}: nothing is there"), refused.stderr
+    zk = KazooClient(hosts=zk_server.address)
+    zk.start(timeout=30)
+    try:
+        assert zk.exists(root) is None and zk.exists(f"/dlog/{namespace}") is None
+        zk.ensure_path(f"{root}/available")  # a cluster whose bookies are all gone
+    finally:
+        zk.stop()
+        zk.close()
+    created = dlog("stream", "create", "quiet", *common, timeout_s="10")
+    assert created.returncode == 0 and "no bookies are registered under --zk-root" in created.stderr
     result = dlog("write", "quiet", *common, stdin="hello\n", timeout_s="10")
     assert result.returncode == 1
     assert result.stderr.strip() == ("dlog: need 3 writable bookies, 0 available; start more bookies or "

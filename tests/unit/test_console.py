@@ -20,10 +20,12 @@ from tools.positions import parse_start
 from tools.units import format_duration_ms, parse_duration_ms, plural
 
 
-def parse(input_format: str, *chunks: bytes, separator: str | None = None) -> list[tuple]:
-    parser = RecordParser(input_format, separator)
+def parse(input_format: str, *chunks: bytes, separator: str | None = None, **options) -> list[tuple]:
+    """(value, key, timestamp), with the headers fourth when a record has any."""
+    parser = RecordParser(input_format, separator, **options)
     records = [record for chunk in chunks for record in parser.feed(chunk)]
-    return records + list(parser.finish())
+    return [tuple(record) if record.headers is not None else tuple(record[:3])
+            for record in records + list(parser.finish())]
 
 
 def account(outcomes: list) -> Produced:
@@ -68,8 +70,8 @@ def test_lines_split_across_chunks_keep_their_bytes():
 
 def test_a_line_is_written_as_soon_as_its_newline_arrives():
     parser = RecordParser("lines")
-    assert list(parser.feed(b"first\nsec")) == [(b"first", None, None)]
-    assert list(parser.feed(b"ond\n")) == [(b"second", None, None)]
+    assert list(parser.feed(b"first\nsec")) == [(b"first", None, None, None)]
+    assert list(parser.feed(b"ond\n")) == [(b"second", None, None, None)]
     assert list(parser.finish()) == []
 
 
@@ -91,7 +93,7 @@ def test_jsonl_keeps_json_values_as_json_text():
 
 @pytest.mark.parametrize("chunk, words", [
     (b'{"value": 0}\n{"value": null}\n', 'line 2: "value" is null'),
-    (b'{"key": "k"}\n', 'line 1 needs a "value" field'),
+    (b'{"key": "k"}\n', 'line 1 needs a "value" \\(or "value_b64"\\) field'),
     (b'{"value": 1, "ts": 2}\n', "line 1 has unknown field 'ts'"),
     (b'{"value": 1, "timestamp": "noon"}\n', "line 1: timestamp must be whole milliseconds"),
     (b'{"value": 0}\n\n{"value": "\xff"}\n', "line 3 is not UTF-8 text"),  # an empty line counts
@@ -106,6 +108,27 @@ def test_a_line_over_the_record_limit_is_refused_before_it_is_buffered_whole():
     parser = RecordParser("lines")
     with pytest.raises(BadInputError, match="line 1 is over 2 MiB"):
         list(parser.feed(b"x" * (RECORD_BYTES_MAX + 1)))
+
+
+def test_skip_drops_each_oversized_line_unbuffered_and_says_so_once_per_line():
+    said: list[str] = []
+    big = b"x" * (RECORD_BYTES_MAX + 1)
+    chunks = [b"a\n" + big[:1000], big[1000:], b"\nb\n", big + b"\n", b"c"]  # split, then whole
+    assert parse("lines", *chunks, on_oversize="skip", on_skip=said.append) == [
+        (b"a", None, None), (b"b", None, None), (b"c", None, None)]
+    assert len(said) == 2 and said[0].startswith("skipped line 2: over 2 MiB") and "line 4" in said[1]
+    assert parse("raw", big, b"more", on_oversize="skip", on_skip=said.append) == []
+
+
+def test_jsonl_takes_back_what_read_json_prints():
+    line = (b'{"offset": "3:0:1", "position": 7, "key_b64": "AP8=", "value_b64": "//4=", "timestamp": 5, '
+            b'"headers_b64": [["h", "wyg="], ["n", null]]}\n{"value": "v", "headers": [["t", "x"]]}\n')
+    assert parse("jsonl", line) == [(b"\xff\xfe", b"\x00\xff", 5, [("h", b"\xc3\x28"), ("n", None)]),
+                                    (b"v", None, None, [("t", b"x")])]
+    with pytest.raises(BadInputError, match='line 1 has both "value" and "value_b64"'):
+        parse("jsonl", b'{"value": "a", "value_b64": "YQ=="}\n')
+    with pytest.raises(BadInputError, match='line 1: "value_b64" is not base64'):
+        parse("jsonl", b'{"value_b64": "not base64!"}\n')
 
 
 def test_options_that_do_not_fit_the_format_are_refused():

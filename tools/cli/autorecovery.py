@@ -24,7 +24,7 @@ from tools.cli.common import (
     with_zk,
     zk_option,
 )
-from tools.units import DURATION, format_time_ms
+from tools.units import DURATION, format_time_ms, plural
 
 
 @click.group(invoke_without_command=True)
@@ -144,7 +144,7 @@ def status_command(zk: str, zk_root: str, as_json: bool) -> None:
     audit = status["audit"]
     click.echo(f"{'enabled':16} {'yes' if status['enabled'] else 'NO (dlog autorecovery enable)'}")
     click.echo(f"{'auditor':16} {status['auditor'] or 'none elected'}")
-    click.echo(f"{'underreplicated':16} {status['underreplicated']} ledgers")
+    click.echo(f"{'underreplicated':16} {plural(status['underreplicated'], 'ledger')}")
     for ledger_id, worker in sorted(status["repairing"].items()):
         click.echo(f"{'repairing':16} ledger {ledger_id} by {worker}")
     for scan in ("ensembles", "replicas"):
@@ -232,7 +232,7 @@ def decommission_command(bookie_id: str, zk: str, zk_root: str, timeout: int, as
 
     def progress(step: Progress) -> None:
         if not as_json:
-            click.echo(f"{step.seconds:6.0f} s: {step.remaining} ledgers still name {bookie_id}", err=True)
+            click.echo(f"{step.seconds:6.0f} s: {plural(step.remaining, 'ledger')} still name {bookie_id}", err=True)
 
     async def action(client: Any) -> dict[str, Any]:
         store = RecoveryStore(client.store.zk, zk_root)
@@ -241,7 +241,8 @@ def decommission_command(bookie_id: str, zk: str, zk_root: str, timeout: int, as
 
     result = run_with_client(zk, zk_root, action)
     click.echo(json.dumps(result, sort_keys=True) if as_json else
-               f"decommissioned {bookie_id}: {result['ledgers']} ledgers re-replicated in {result['seconds']} s")
+               f"decommissioned {bookie_id}: {plural(result['ledgers'], 'ledger')} re-replicated in "
+               f"{result['seconds']} s")
 
 
 async def _http_put_json(url: str, body: dict[str, Any]) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from bookkeeper.errors import DlogError
+from bookkeeper.errors import ConfigError, DlogError
 from bookkeeper.meta.layout import DEFAULT_ROOT
 from tools.interrupts import Interrupts
 
@@ -93,10 +93,27 @@ def fails_cleanly(function: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return function(*args, **kwargs)
         except DlogError as exc:
-            click.echo(f"dlog: {cli_wording(str(exc))}", err=True)
+            zk = kwargs["cluster"][0] if "cluster" in kwargs else kwargs.get("zk")
+            click.echo(f"dlog: {cli_wording(str(exc))}{secure_hint(exc, zk)}", err=True)
             sys.exit(1)
 
     return wrapper
+
+
+def secure_hint(error: DlogError, zk: str | None) -> str:
+    """For a refusal of a secure cluster to a command run without client settings: which file to
+    export (the admin's client.toml `dlog standalone --secure` wrote for that cluster, if known)."""
+    from bookkeeper.errors import AuthenticationError, MetadataPermissionError, UnauthorizedError
+    from tools.secure import remembered_client_config
+
+    if os.environ.get("DLOG_CONFIG") or not isinstance(
+            error, (AuthenticationError, MetadataPermissionError, UnauthorizedError)):
+        return ""
+    found = remembered_client_config(zk) if zk else None
+    if found is not None:
+        return f"; this cluster is secure: export DLOG_CONFIG={found} (its admin's client.toml)"
+    return ("; the cluster is secure: export DLOG_CONFIG=FILE, the client.toml that `dlog standalone --secure` "
+            "printed or `dlog token create --client-config` made")
 
 
 async def with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
@@ -113,6 +130,18 @@ async def with_zk(zk: str, action: Callable[[Any], Any]) -> Any:
         return await action(client)
     finally:
         await client.close()
+
+
+async def refuse_empty_root(zk: str, zk_root: str) -> None:
+    """A --zk-root with nothing under it is a typo, not a cluster: say so before anything is
+    created there (a Namespace would create its layout; reads would call every segment damaged)."""
+
+    async def exists(client: Any) -> bool:
+        return bool(await client.exists(zk_root))
+
+    if not await with_zk(zk, exists):
+        raise ConfigError(f"no bookies are registered under --zk-root {zk_root}: nothing is there (give the "
+                          f"--zk-root the bookies were started with; the default is {DEFAULT_ROOT})")
 
 
 async def http_get_json(url: str) -> Any:
@@ -163,6 +192,7 @@ def run_with_client(zk: str, zk_root: str, action: Callable[[Any], Any]) -> Any:
 
     async def go() -> Any:
         await refuse_unreachable(zk)
+        await refuse_empty_root(zk, zk_root)
         async with BookKeeper(zk=zk, root=zk_root, zk_timeout_s=zk_timeout_s(),
                               **client_options()) as client:
             return await action(client)
@@ -186,10 +216,11 @@ def cluster_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any],
-                  interrupts: Interrupts | None = None) -> Any:
+                  interrupts: Interrupts | None = None, create: bool = False) -> Any:
     """Run `action(namespace)` on a started dlog Namespace of `cluster` (zk, zk root, namespace).
-    With `interrupts`, Ctrl-C is counted (tools/interrupts.py) and an interrupted run raises
-    KeyboardInterrupt once its clean-up ended."""
+    Nothing is created in ZooKeeper unless `create` (`stream create`): a typo in --namespace or
+    --zk-root leaves no trace. With `interrupts`, Ctrl-C is counted (tools/interrupts.py) and an
+    interrupted run raises KeyboardInterrupt once its clean-up ended."""
     from bookkeeper.meta.zk import refuse_unreachable
     from dlog import Namespace
     from tools.config import client_options, zk_timeout_s
@@ -201,7 +232,8 @@ def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any],
             interrupts.install()
         try:
             await refuse_unreachable(zk)
-            async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
+            await refuse_empty_root(zk, zk_root)
+            async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(), create=create,
                                  **client_options()) as ns:
                 return await action(ns)
         finally:

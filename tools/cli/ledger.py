@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from bookkeeper.errors import ConfigError
 from tools.cli.common import fails_cleanly, json_option, run_with_client, zk_option
 from tools.units import format_time_ms
 
@@ -121,10 +122,20 @@ def _print_metadata(result: dict[str, Any]) -> None:
 @fails_cleanly
 def ledger_read(ledger_id: int, first: int, last: int | None, password: str, zk: str,
                 zk_root: str, as_json: bool) -> None:
-    """Print entries of a ledger (without recovering it), up to its last add confirmed."""
+    """Print entries of a ledger (without recovering it), up to its last add confirmed.
+
+    A stream's segment is refused with the command that reads its records (`dlog read`): its
+    entries are encoded record batches, under the stream's own password."""
     import base64
 
     async def action(client: Any) -> list[Any]:
+        metadata, _ = await client.ledger_metadata(ledger_id)
+        custom = dict(metadata.custom)
+        if custom.get("stream") and custom.get("namespace") and not password:
+            stream_name, namespace = custom["stream"], custom["namespace"]
+            raise ConfigError(f"ledger {ledger_id} is a segment of stream {stream_name!r} in namespace {namespace!r}: "
+                              f"its entries are encoded record batches; read its records with `dlog read "
+                              f"{stream_name} --namespace {namespace}` (add --json for offsets)")
         handle = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
         end = handle.last_add_confirmed if last is None else last
         if end < first:

@@ -24,29 +24,80 @@ COMMIT_EVERY_RECORDS_DEFAULT = 1000
 COMMIT_INTERVAL_S_DEFAULT = 5.0
 
 def record_json(record: Any, with_headers: bool = False) -> dict[str, Any]:
+    """One record as `dlog write --format jsonl` takes it back: text where the bytes are UTF-8,
+    else base64 (`value_b64`, `key_b64`, `headers_b64`), so nothing is replaced."""
     # position: the record's stream position, null in a stream written before positions existed
     # until a writer opens it again
     item: dict[str, Any] = {"offset": str(record.offset), "position": record.position}
-    item["key"] = None if record.key is None else record.key.decode(errors="replace")
-    try:
-        item["value"] = record.value.decode()
-    except UnicodeDecodeError:
-        item["value_b64"] = base64.b64encode(record.value).decode()
+    _put_bytes(item, "key", record.key)
+    _put_bytes(item, "value", record.value)
     item["timestamp"] = record.timestamp_ms
-    if with_headers:  # [key, value] pairs (values as text, like `value`); null for a record without any
-        item["headers"] = None if record.headers is None else [
-            [key, None if value is None else value.decode(errors="replace")] for key, value in record.headers]
+    if with_headers:  # [name, value] pairs (values as text, like `value`); null for a record without any
+        headers = record.headers
+        if headers is not None and not all(value is None or _is_utf8(value) for _, value in headers):
+            item["headers_b64"] = [[key, None if value is None else base64.b64encode(value).decode()]
+                                   for key, value in headers]
+        else:
+            item["headers"] = None if headers is None else [
+                [key, None if value is None else value.decode()] for key, value in headers]
     return item
 
 
-def record_line(record: Any, print_key: bool, print_timestamp: bool) -> str:
+def _put_bytes(item: dict[str, Any], field: str, data: bytes | None) -> None:
+    if data is None:
+        item[field] = None
+    elif _is_utf8(data):
+        item[field] = data.decode()
+    else:
+        item[f"{field}_b64"] = base64.b64encode(data).decode()
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class TextOutput:
+    """Plain `dlog read`: records as text lines; bytes that are not UTF-8 are shown with U+FFFD
+    replacement characters, and said so on stderr once (--format raw or --json keep them)."""
+
+    def __init__(self, print_key: bool, print_timestamp: bool) -> None:
+        self.print_key, self.print_timestamp = print_key, print_timestamp
+        self.warned = False
+
+    def line(self, record: Any) -> str:
+        fields = []
+        if self.print_timestamp:
+            fields.append(format_time_ms(record.timestamp_ms))
+        if self.print_key:
+            fields.append("null" if record.key is None else self._text(record.key, record, "key"))
+        fields.append(self._text(record.value, record, "value"))
+        return "\t".join(fields)
+
+    def _text(self, data: bytes, record: Any, what: str) -> str:
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            if not self.warned:
+                self.warned = True
+                click.echo(f"dlog: the {what} of record {record.offset} is not UTF-8 text: shown with "
+                           "replacement characters (U+FFFD), as is any other such record; --format raw "
+                           "prints the bytes as they are, --json as value_b64", err=True)
+            return data.decode(errors="replace")
+
+
+def raw_line(record: Any, print_key: bool, print_timestamp: bool) -> bytes:
+    """--format raw: the bytes as they are, tab-separated fields, one record per line."""
     fields = []
     if print_timestamp:
-        fields.append(format_time_ms(record.timestamp_ms))
+        fields.append(format_time_ms(record.timestamp_ms).encode())
     if print_key:
-        fields.append("null" if record.key is None else record.key.decode(errors="replace"))
-    fields.append(record.value.decode(errors="replace"))
-    return "\t".join(fields)
+        fields.append(b"null" if record.key is None else record.key)
+    fields.append(record.value)
+    return b"\t".join(fields) + b"\n"
 
 
 class StopAt:
@@ -143,6 +194,9 @@ class Committer:
 @click.option("--print-key", is_flag=True, help="print the key before the value (null for none), tab-separated")
 @click.option("--print-timestamp", is_flag=True, help="print the record's time first, tab-separated")
 @click.option("--headers", "with_headers", is_flag=True, help="with --json: each record's headers too")
+@click.option("--format", "output_format", type=click.Choice(["text", "raw"]), default="text", show_default=True,
+              help="text: UTF-8 lines (other bytes shown as U+FFFD, said on stderr once); raw: the bytes as they "
+                   "are")
 @click.option("--subscription", default=None,
               help="start at this subscription's committed offset (earliest if it has none) and commit "
                    "as records are printed")
@@ -155,15 +209,19 @@ class Committer:
 @fails_cleanly
 def read_command(name: str, start: str | None, end: str | None, max_records: int | None, follow: bool,
                  skip_truncated: bool, print_key: bool, print_timestamp: bool, with_headers: bool,
-                 subscription: str | None, commit_every: int, commit_interval: float,
+                 output_format: str, subscription: str | None, commit_every: int, commit_interval: float,
                  cluster: tuple[str, str, str], as_json: bool) -> None:
-    """Print records: one value per line, or with --json one object per line.
+    """Print records: one value per line, or with --json one object per line (what
+    `dlog write --format jsonl` takes back).
 
     Ctrl-C ends a --follow read quietly (exit status 0); with --subscription the position reached
     is committed first."""
     from dlog.names import check_stream_name, check_subscription_name
 
     check_stream_name(name)
+    if as_json and output_format == "raw":
+        raise ConfigError("--format raw and --json do not go together: --json prints bytes that are not UTF-8 "
+                          "as value_b64")
     if subscription is not None:
         check_subscription_name(subscription)
     begin = parse_start(start) if start is not None else None
@@ -181,7 +239,7 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
                                   headers=with_headers) as reader:
             try:
                 await _print_records(reader, stop, max_records, committer, as_json, print_key, print_timestamp,
-                                     with_headers)
+                                     with_headers, output_format == "raw")
             finally:
                 await asyncio.shield(committer.commit(reader.position))
 
@@ -194,13 +252,18 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
 
 
 async def _print_records(reader: Any, stop: StopAt, max_records: int | None, committer: Committer,
-                         as_json: bool, print_key: bool, print_timestamp: bool, with_headers: bool = False) -> None:
+                         as_json: bool, print_key: bool, print_timestamp: bool, with_headers: bool = False,
+                         raw: bool = False) -> None:
     count = 0
+    text = TextOutput(print_key, print_timestamp)
     async for record in reader:
         if stop.passed(record.offset):
             return
-        click.echo(json.dumps(record_json(record, with_headers)) if as_json
-                   else record_line(record, print_key, print_timestamp))
+        if raw:
+            sys.stdout.buffer.write(raw_line(record, print_key, print_timestamp))
+            sys.stdout.buffer.flush()
+        else:
+            click.echo(json.dumps(record_json(record, with_headers)) if as_json else text.line(record))
         count += 1
         await committer.after_record(reader.position)
         if (max_records and count >= max_records) or stop.reached(record.offset):

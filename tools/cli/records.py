@@ -25,7 +25,10 @@ from tools.units import format_size, format_time_ms, plural
 @click.option("--format", "input_format", type=click.Choice(["lines", "raw", "base64", "jsonl"]),
               default="lines", show_default=True,
               help="lines: a value per line (any bytes); raw: all of stdin is one value; base64: a "
-                   "base64 value per line; jsonl: {\"key\", \"value\", \"timestamp\"} objects")
+                   "base64 value per line; jsonl: {\"key\", \"value\", \"timestamp\"} objects, or what "
+                   "`dlog read --json --headers` prints")
+@click.option("--on-oversize", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="a line over 2 MiB (a record's limit): fail the run, or skip it with a warning on stderr")
 @click.option("--key-separator", default=None, metavar="SEP",
               help="with lines or base64: split each line at the first SEP into key and value")
 @click.option("--takeover", is_flag=True, help="fence the stream's current writer and take over")
@@ -34,7 +37,7 @@ from tools.units import format_size, format_time_ms, plural
 @cluster_options
 @json_option
 @fails_cleanly
-def write_command(name: str, input_format: str, key_separator: str | None, takeover: bool,
+def write_command(name: str, input_format: str, on_oversize: str, key_separator: str | None, takeover: bool,
                   header_texts: tuple[str, ...], cluster: tuple[str, str, str], as_json: bool) -> None:
     """Write records from standard input as they arrive, through one writer for the whole run.
 
@@ -45,18 +48,26 @@ def write_command(name: str, input_format: str, key_separator: str | None, takeo
     (the input's first N records: resume after them), and, when the run did not end cleanly, how
     many have an unknown outcome, were lost with a ledger deleted under the writer or were not
     written; then the exit status is 1. In jsonl, a string value is stored as its text and any
-    other JSON value as JSON text; a null value is refused. Empty lines are skipped."""
+    other JSON value as JSON text; a null value is refused. Empty lines are skipped.
+
+    `dlog read a --json --headers | dlog write b --format jsonl` copies records losslessly (keys,
+    values, headers and timestamps; `value_b64`/`key_b64` for bytes that are not UTF-8)."""
     from dlog.names import check_stream_name
     from tools.console import BadInputError, Produced, RecordParser, produce, stdin_chunks
     from tools.interrupts import Interrupts
 
     check_stream_name(name)
     headers = [_parse_header(text) for text in header_texts] or None
-    parser = RecordParser(input_format, key_separator)
+    parser = RecordParser(input_format, key_separator, on_oversize,
+                          on_skip=lambda message: click.echo(f"dlog: {message}", err=True))
     produced = Produced()
     interrupts = Interrupts()
 
     def on_lock_wait(holder: dict[str, Any] | None) -> None:
+        if takeover:
+            click.echo(f"dlog: the writer lock of stream {name!r} is held by {_holder_text(holder)}: fencing that "
+                       "writer and taking over (--takeover)", err=True)
+            return
         click.echo(f"dlog: waiting for the writer lock of stream {name!r}, held by {_holder_text(holder)}; "
                    "pass --takeover to fence that writer and take over", err=True)
 
@@ -74,8 +85,9 @@ def write_command(name: str, input_format: str, key_separator: str | None, takeo
         if not produced.started:
             raise  # nothing was written: the reason alone
         error = exc
-    result = produced.to_json()
-    click.echo(json.dumps(result) if as_json else produced.summary(name))
+    result = {**produced.to_json(), "skipped": parser.skipped}
+    skipped = f"; skipped {plural(parser.skipped, 'line')} over 2 MiB" if parser.skipped else ""
+    click.echo(json.dumps(result) if as_json else produced.summary(name) + skipped)
     error = error or produced.error
     if error is not None or not produced.clean:
         click.echo(f"dlog: {cli_wording(str(error or 'some records are not durable'))}", err=True)
@@ -109,20 +121,28 @@ def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_j
 
     offset = None if before == "latest" else Offset.parse(before)
 
-    async def action(ns: Any) -> tuple[Any, list[Any]]:
+    async def action(ns: Any) -> tuple[Any, list[Any], bool]:
         target = offset if offset is not None else await end_of_stream(ns, name)
         if target is None:
-            return None, []
-        return target, await ns.truncate(name, target)
+            return None, [], False
+        before = (await ns.store.segments(name)).segments
+        removed = await ns.truncate(name, target)
+        return target, removed, (await ns.store.segments(name)).segments != before
 
-    target, removed = run_namespace(cluster, action)
+    target, removed, changed = run_namespace(cluster, action)
     if target is None:
-        click.echo(json.dumps({"stream": name, "before": None, "segments_removed": []}) if as_json
-                   else f"{name} holds no records: nothing to truncate")
+        click.echo(json.dumps({"stream": name, "before": None, "segments_removed": [], "changed": False})
+                   if as_json else f"{name} holds no records: nothing to truncate")
         return
-    result = {"stream": name, "before": str(target), "segments_removed": [s.sequence for s in removed]}
-    click.echo(json.dumps(result) if as_json else
-               f"truncated {name} before {target}: removed {plural(len(removed), 'segment')}")
+    result = {"stream": name, "before": str(target), "segments_removed": [s.sequence for s in removed],
+              "changed": changed}
+    if as_json:
+        click.echo(json.dumps(result))
+    elif not changed:
+        click.echo(f"nothing to truncate: {name} holds no records before {target} (it was truncated there "
+                   "already, or that is its first record)")
+    else:
+        click.echo(f"truncated {name} before {target}: removed {plural(len(removed), 'segment')}")
 
 
 @click.command("export")
@@ -140,7 +160,10 @@ def export_command(name: str, out_path: Path, output_format: str, start: str, en
                    cluster: tuple[str, str, str], as_json: bool) -> None:
     """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar.
 
-    Refuses to overwrite an existing file or to create missing folders unless --force."""
+    Refuses to overwrite an existing file or to create missing folders unless --force. The
+    columns are ledger, entry, slot, then the stream's; timestamps are UTC (timestamp[ms,
+    tz=UTC]), and the file's metadata holds the stream's name and schema (dlog.stream,
+    dlog.schema)."""
     from tools.export import check_out_path, export_stream
 
     check_out_path(out_path, force)
