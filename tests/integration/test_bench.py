@@ -171,28 +171,34 @@ def test_bench_limits_reports_synced_writes_and_loopback_round_trips(tmp_path: P
 
 
 @pytest.mark.skipif(not HAS_REDIS, reason=NO_REDIS)
-def test_bench_compare_runs_the_same_workload_on_dlog_and_redis():
+def test_bench_compare_runs_the_same_workload_on_dlog_redis_and_nats():
     result = run_bench("compare", "--records", "3000", "--batch-records", "500", "--in-flight", "2",
                        "--sequential-records", "100")
     assert result["fsync"] is True and "appendfsync always" in result["redis"]
     assert "no replication" in result["redis"] and "E3/Qw2/Qa2" in result["dlog"]
+    assert "sync_interval always" in result["nats"]
     runs = {(run["system"], run["client"], run["run"]): run for run in result["runs"]}
     dlog_write = runs["dlog", "dlog (Python)", "write"]
     assert dlog_write["stored_records"] == 3000 and dlog_write["compression_ratio"] > 1
-    redis_writes = [run for key, run in runs.items() if key[0] == "redis" and key[2] == "write"]
-    assert any(run.get("stored_records") == 3000 for run in redis_writes)
+    for peer in ("redis", "nats"):
+        writes = [run for key, run in runs.items() if key[0] == peer and key[2] == "write"]
+        assert any(run.get("stored_records") == 3000 for run in writes), peer
+    nats_clients = {key[1] for key in runs if key[0] == "nats"}
+    assert len(nats_clients) == 2 and any("3 servers R3" in client for client in nats_clients)
     for key, run in runs.items():
         assert run["records_per_s"] > 0
         if key[2] == "read" and key[1] != "redis-benchmark (C)":
             assert run["records"] == 3000
-    assert {(ratio["run"], ratio["redis_run"]) for ratio in result["ratios"]} == {
-        ("write", "write"), ("read", "read"), ("sequential write", "sequential write"),
-        ("per-record write (offer)", "write")}  # per-record writes against Redis's pipelines
+    pairs = {(ratio["peer"], ratio["run"], ratio["peer_run"]) for ratio in result["ratios"]}
+    for peer in ("redis", "nats"):
+        assert {(run, peer_run) for name, run, peer_run in pairs if name == peer} == {
+            ("write", "write"), ("read", "read"), ("sequential write", "sequential write"),
+            ("per-record write (offer)", "write")}  # per-record writes against the peers' pipelines
     assert runs["dlog", "dlog (Python)", "sequential write"]["records"] == 100
     for ratio in result["ratios"]:
         dlog = runs["dlog", "dlog (Python)", ratio["run"]]["records_per_s"]
-        peer = runs["redis", ratio["redis_client"], ratio["redis_run"]]["records_per_s"]
-        assert ratio["dlog_over_redis"] == round(dlog / peer, 2)
+        peer = runs[ratio["peer"], ratio["peer_client"], ratio["peer_run"]]["records_per_s"]
+        assert ratio["dlog_over_peer"] == round(dlog / peer, 2)
 
 
 @pytest.mark.skipif(not HAS_REDIS, reason=NO_REDIS)
@@ -203,7 +209,8 @@ def test_bench_compare_of_a_run_too_short_to_time_reports_no_figure_instead_of_a
                     "\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"'\n"
                     "echo '\"XADD\",\"inf\",\"0.0\",\"0.0\",\"0.0\",\"0.0\",\"0.0\",\"0.0\"'\n")
     fake.chmod(0o755)
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "compare", "--records", "100", "--json"],
+    result = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "compare", "--records", "100", "--json",
+                             "--peers", "redis"],
                             capture_output=True, text=True, timeout=180,
                             env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert result.returncode == 0, result.stderr
@@ -216,6 +223,12 @@ def test_bench_compare_without_the_redis_client_names_the_script_to_run():
     assert result.returncode == 1
     assert "pip install 'dlog[bench]'" in result.stderr and "scripts/ensure-redis.sh" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_bench_compare_without_the_nats_client_says_how_to_get_it_before_running_anything():
+    result = run_without("nats", "compare", "--records", "100", "--peers", "nats")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "nats-py" in result.stderr and "dlog[bench]" in result.stderr
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason=NO_MATPLOTLIB)

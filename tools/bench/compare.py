@@ -1,5 +1,6 @@
-"""`dlog bench compare`: the same writes and catch-up reads on dlog and on Redis Streams (Debian's
-redis-server, `appendonly yes`, `appendfsync always`), as ratios dlog / Redis."""
+"""`dlog bench compare`: the same writes and catch-up reads on dlog and on its peers, Redis Streams
+(Debian's redis-server, `appendonly yes`, `appendfsync always`) and NATS JetStream (`tools.bench.nats`:
+`sync_interval: always`, one server and a cluster of three with R3), as ratios dlog / peer."""
 
 from __future__ import annotations
 
@@ -239,25 +240,31 @@ async def _dlog_compare_runs(ns: Any, values: list[bytes], batch_records: int,
 
 
 def _ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """dlog/redis records per second for each run, against each Redis client measured; dlog's
-    per-record writes (offer) are set against Redis's pipelined writes."""
+    """dlog/peer records per second for each run, against each peer and client measured; dlog's
+    per-record writes (offer) are set against the peers' pipelined (asynchronous) writes."""
     dlog = {run["run"]: run for run in runs if run["system"] == "dlog"}
-    pairs = [(run["run"], run) for run in runs if run["system"] == "redis" and run["run"] in dlog]
-    pairs += [("per-record write (offer)", run) for run in runs
-              if run["system"] == "redis" and run["run"] == "write" and "per-record write (offer)" in dlog]
-    return [{"run": name, "redis_run": run["run"],
-             "redis_client": run["client"], "dlog_records_per_s": dlog[name]["records_per_s"],
-             "redis_records_per_s": run["records_per_s"],
-             "dlog_over_redis": None if run["records_per_s"] is None
+    peers = [run for run in runs if run["system"] != "dlog"]
+    pairs = [(run["run"], run) for run in peers if run["run"] in dlog]
+    pairs += [("per-record write (offer)", run) for run in peers
+              if run["run"] == "write" and "per-record write (offer)" in dlog]
+    return [{"run": name, "peer": run["system"], "peer_run": run["run"],
+             "peer_client": run["client"], "dlog_records_per_s": dlog[name]["records_per_s"],
+             "peer_records_per_s": run["records_per_s"],
+             "dlog_over_peer": None if run["records_per_s"] is None
              else round(dlog[name]["records_per_s"] / max(run["records_per_s"], 1), 2)}
             for name, run in pairs]
 
 
 def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight: int = 8,
-                  fsync: bool = True, sequential_records: int = 2000) -> dict[str, Any]:
-    """The same write and catch-up read workload on dlog and on Redis Streams, one after the other
-    on this machine; figures side by side and as ratios dlog/redis."""
-    server = _check_redis()
+                  fsync: bool = True, sequential_records: int = 2000,
+                  peers: tuple[str, ...] = ("redis", "nats")) -> dict[str, Any]:
+    """The same write and catch-up read workload on dlog and on each peer (Redis Streams, NATS
+    JetStream), one after the other on this machine; figures side by side and as ratios dlog/peer."""
+    from tools.bench.nats import check_nats, nats_description, nats_runs
+
+    server = _check_redis() if "redis" in peers else None
+    if "nats" in peers:
+        check_nats()  # before anything runs: a missing peer is one line, not a failure at the end
     values = event_values(records)
 
     sequential = values[:sequential_records]
@@ -274,15 +281,21 @@ def bench_compare(records: int = 1_000_000, batch_records: int = 1000, in_flight
         return runs
 
     runs = run_streams(fsync, dlog_side)
-    with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch, \
-            redis_server(server, Path(scratch), fsync) as port:
-        runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
-        if sequential:
-            runs.append(asyncio.run(_redis_sequential(port, sequential)))
-        runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
+    described: dict[str, str] = {}
+    if server is not None:
+        with tempfile.TemporaryDirectory(prefix="dlog-bench-redis-") as scratch, \
+                redis_server(server, Path(scratch), fsync) as port:
+            runs += asyncio.run(_redis_runs(port, Path(scratch), values, batch_records, in_flight))
+            if sequential:
+                runs.append(asyncio.run(_redis_sequential(port, sequential)))
+            runs += _redis_c_client_runs(port, values[0], records, batch_records, in_flight)
+        described["redis"] = ("redis-server, appendonly yes, appendfsync " + ("always" if fsync else "no (NOT durable)")
+                              + ", single node, no replication; XADD pipelines, XREAD catch-up")
+    if "nats" in peers:
+        with tempfile.TemporaryDirectory(prefix="dlog-bench-nats-") as scratch:
+            runs += nats_runs(values, batch_records, in_flight, sequential, fsync, Path(scratch))
+        described["nats"] = nats_description(fsync)
     return {"mode": "compare", "fsync": fsync, "record_bytes": 100, "batch_records": batch_records,
             "in_flight": in_flight,
-            "dlog": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC,
-            "redis": ("redis-server, appendonly yes, appendfsync " + ("always" if fsync else "no (NOT durable)")
-                      + ", single node, no replication; XADD pipelines, XREAD catch-up"),
+            "dlog": DLOG_DURABILITY if fsync else DLOG_NO_FSYNC, **described,
             "runs": runs, "ratios": _ratios(runs)}

