@@ -382,6 +382,8 @@ async def test_a_segment_whose_writer_died_is_not_shown_as_writing(cluster_facto
         if writer.poll() is None:
             os.kill(writer.pid, signal.SIGKILL)
             writer.wait(timeout=30)
+        writer.stdin.close()
+        writer.stdout.close()
     assert 'class="entries muted activity">writing<' not in html
     assert 'class="segment in_progress no-writer g-' in html and f"segment #1: {NO_WRITER_NOTE}" in html
     [segment] = streams_of(answer)["orders"]["segments"]
@@ -472,16 +474,25 @@ def start_standalone(directory: Path, *arguments: str) -> tuple[subprocess.Popen
     ui_line = lines.next_line(10)
     if ready is None or ui_line is None or not ui_line.startswith("  ui http://127.0.0.1:"):
         process.kill()
-        raise AssertionError(f"no ready and ui lines ({ready!r}, {ui_line!r}): {process.stderr.read()}")
+        with process.stdout, process.stderr:
+            raise AssertionError(f"no ready and ui lines ({ready!r}, {ui_line!r}): {process.stderr.read()}")
     return process, ui_line.split()[1]
+
+
+def stop(process: subprocess.Popen) -> tuple[int, str]:
+    """SIGTERM, its exit status and what it said on stderr; its pipes closed."""
+    process.send_signal(signal.SIGTERM)
+    status = process.wait(timeout=60)
+    with process.stdout, process.stderr:
+        return status, process.stderr.read()
 
 
 def test_standalone_keeps_its_status_page_port_as_it_keeps_the_zookeeper_port(tmp_path):
     assert f"status page http://127.0.0.1:{UI_PORT_DEFAULT}/" in "\n".join(readme_blocks(""))  # the README says where
     directory = tmp_path / "sa"
     process, first_url = start_standalone(directory, "--zk-port", str(free_port()), "--ui-port", "0")
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 0, process.stderr.read()
+    status, stderr = stop(process)
+    assert status == 0, stderr
     port = load_state(directory)["ui_port"]
     assert first_url == f"http://127.0.0.1:{port}/" and port not in (0, UI_PORT_DEFAULT)
 
@@ -490,8 +501,8 @@ def test_standalone_keeps_its_status_page_port_as_it_keeps_the_zookeeper_port(tm
         again = subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory)],
                                capture_output=True, text=True, timeout=90)
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0, process.stderr.read()
+        status, stderr = stop(process)
+        assert status == 0, stderr
     assert second_url == first_url
     assert again.returncode == 1 and f"is in use by pid {process.pid}" in again.stderr, again.stderr  # not "port"
 
