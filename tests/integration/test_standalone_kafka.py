@@ -1,0 +1,67 @@
+"""`dlog standalone` runs one `dlog serve` server: its ready line names the Kafka port, a Kafka
+producer's topic is created on first use and reads back with `dlog read`, `dlog serve list` shows
+the server and the stream it owns, and stopping the standalone stops the server too; `--kafka-port
+-1` runs none."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+from tests.integration.test_serve_kafka import expected_records, librdkafka_produce
+from tests.integration.test_standalone import start_standalone, stop_standalone
+from tools.cluster import LineReader, free_port
+
+
+def dlog(zk: str, *arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments, "--zk", zk], capture_output=True,
+                          text=True, timeout=60, check=True)
+
+
+def test_standalone_serves_kafka_clients_and_stops_its_server(tmp_path):
+    process, zk, _ = start_standalone(tmp_path / "sa", free_port(), bookies=1)
+    try:
+        listed = json.loads(dlog(zk, "serve", "list", "--json").stdout)["servers"]
+        assert len(listed) == 1, listed
+        kafka = listed[0]["kafka"]
+        records = expected_records("standalone", 20)
+        offsets = librdkafka_produce(kafka, "events", records)
+        assert offsets == list(range(20))
+        read = [json.loads(line) for line in dlog(zk, "read", "events", "--json", "--to", "19").stdout.splitlines()]
+        assert [line["position"] for line in read] == list(range(20))
+        assert json.loads(dlog(zk, "serve", "list", "--json").stdout)["servers"][0]["streams"] == ["events"]
+    finally:
+        assert stop_standalone(process) == 0
+    assert asyncio.run(_port_closed(kafka))
+
+
+async def _port_closed(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        _, writer = await asyncio.open_connection(host, int(port))
+    except OSError:
+        return True
+    writer.close()
+    return False
+
+
+def test_standalone_ready_line_names_the_kafka_port_and_minus_one_runs_no_server(tmp_path):
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "a"),
+                                "--bookies", "1", "--zk-port", str(free_port()), "--ui-port", "-1",
+                                "--kafka-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = LineReader(process).line_starting("dlog standalone ready", 90)
+        assert line is not None and line.endswith(f" kafka=127.0.0.1:{port}"), line
+    finally:
+        assert stop_standalone(process) == 0
+    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "b"),
+                                "--bookies", "1", "--zk-port", str(free_port()), "--ui-port", "-1",
+                                "--kafka-port", "-1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = LineReader(process).line_starting("dlog standalone ready", 90)
+        assert line is not None and "kafka=" not in line, line
+    finally:
+        assert stop_standalone(process) == 0
