@@ -1,6 +1,6 @@
 """`dlog serve` processes for tests: start one against a LocalCluster (its ready line gives the id
 and Kafka address), stop it with SIGTERM or kill it with SIGKILL; every one started is gone after
-the test."""
+the test, and the log of one that died (of every one, with $DLOG_TEST_SERVE_LOGS set) is printed."""
 
 from __future__ import annotations
 
@@ -69,6 +69,6 @@ def serve_processes(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Ca
             if server.process.poll() is None:
                 server.process.kill()
                 server.process.wait(30)
-            elif server.process.returncode not in (0, -signal.SIGKILL):  # say why it died
+            if server.process.returncode not in (0, -signal.SIGKILL) or os.environ.get("DLOG_TEST_SERVE_LOGS"):
                 print(f"dlog serve {server.server_id} exited with {server.process.returncode}:",
                       server.process.stderr.read()[-5000:] if server.process.stderr else "")

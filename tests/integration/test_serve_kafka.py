@@ -228,3 +228,243 @@ def test_eight_producers_into_one_topic_each_in_its_order_once(cluster_factory, 
                 run("read", "shared", "--json", "--to", str(producers * per_producer - 1)).stdout.splitlines()]
     assert [(line["position"], line["value"]) for line in natively] == \
         [(offset, value.decode()) for offset, _, value, _, _ in got]
+
+
+# ------------------------------------------------------------------ failover
+
+
+class PacedProducer:
+    """An idempotent librdkafka producer writing numbered records to `topic` in a thread until
+    stopped, at most `window` unacknowledged at a time, keeping what the server acknowledged."""
+
+    def __init__(self, bootstrap: str, topic: str, window: int = 200) -> None:
+        import threading
+        self.topic, self.window = topic, window
+        self.produced = 0
+        self.acked: list[tuple[int, int]] = []  # (record number, offset)
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(bootstrap,), daemon=True)
+        self.thread.start()
+
+    def _run(self, bootstrap: str) -> None:
+        from confluent_kafka import Producer
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                             "message.timeout.ms": 90_000, "topic.metadata.refresh.interval.ms": 1_000,
+                             "reconnect.backoff.max.ms": 500})
+
+        def delivered(error: object, message: object) -> None:
+            if error is not None:
+                self.failures.append(str(error))
+            else:
+                self.acked.append((int(message.value().decode().rsplit("-", 1)[1]), message.offset()))  # type: ignore
+
+        deadline = time.monotonic() + 240
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if self.produced - len(self.acked) >= self.window:
+                producer.poll(0.01)
+                continue
+            producer.produce(self.topic, value=f"{self.topic}-{self.produced}".encode(), on_delivery=delivered)
+            self.produced += 1
+            producer.poll(0)
+            if self.produced % 20 == 0:
+                time.sleep(0.01)
+        producer.flush(120)
+
+    def wait_acked(self, count: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while len(self.acked) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return len(self.acked) >= count
+
+
+def owners(run: Callable[..., object]) -> dict[str, int]:
+    servers = json.loads(run("serve", "list", "--json").stdout)["servers"]  # type: ignore[attr-defined]
+    return {stream: server["id"] for server in servers for stream in server["streams"]}
+
+
+def test_a_killed_server_s_streams_move_and_every_acknowledged_record_is_read_once(cluster_factory, serve,
+                                                                                     namespace):
+    cluster = cluster_factory(bookies=1)
+    first = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
+    second = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
+    servers = {first.server_id: first, second.server_id: second}
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    topics = [f"fail-{n}" for n in range(4)]
+    producers = [PacedProducer(f"{first.bootstrap},{second.bootstrap}", topic) for topic in topics]
+    assert all(producer.wait_acked(300, DEADLINE_S) for producer in producers), [len(p.acked) for p in producers]
+    owned = owners(run)
+    assert set(owned) == set(topics)
+    victim = max(servers, key=lambda server_id: list(owned.values()).count(server_id))
+    servers[victim].kill()
+    killed_at = time.monotonic()
+    print(f"killed server {victim} at {time.strftime('%H:%M:%S')}")
+    survivor = servers[next(iter(set(servers) - {victim}))]
+    assert all(p.wait_acked(len(p.acked) + 200, DEADLINE_S) for p in producers), [len(p.acked) for p in producers]
+    print(f"producers resumed within {time.monotonic() - killed_at:.1f} s of the kill")
+    assert set(owners(run).values()) == {survivor.server_id}  # the survivor took every stream
+    # the killed server comes back (same id, same port); then the survivor is killed: the streams move to it
+    restarted = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s", "--id", str(victim),
+                      "--kafka-port", str(servers[victim].port))
+    survivor.kill()
+    killed_at = time.monotonic()
+    assert all(p.wait_acked(len(p.acked) + 200, DEADLINE_S) for p in producers), [len(p.acked) for p in producers]
+    print(f"producers resumed within {time.monotonic() - killed_at:.1f} s of the second kill")
+    for producer in producers:
+        producer.stop.set()
+    for producer in producers:
+        producer.thread.join(DEADLINE_S * 2)
+    assert all(not p.thread.is_alive() for p in producers)
+    assert set(owners(run).values()) == {restarted.server_id}
+    duplicates = 0
+    for producer in producers:
+        assert producer.failures == [], producer.failures[:3]
+        assert sorted(number for number, _ in producer.acked) == list(range(producer.produced))
+        got = librdkafka_read_from(restarted.bootstrap, producer.topic)
+        numbers = [int(value.decode().rsplit("-", 1)[1]) for _, _, value, _, _ in got]
+        assert set(numbers) == set(range(producer.produced))  # nothing acknowledged was lost
+        # the offsets acknowledged hold the records acknowledged
+        by_offset = {offset: int(value.decode().rsplit("-", 1)[1]) for offset, _, value, _, _ in got}
+        assert all(by_offset[offset] == number for number, offset in producer.acked)
+        duplicates += len(numbers) - len(set(numbers))
+    # in-memory dedup: a batch the killed owner made durable but could not acknowledge is written
+    # again by the producer's resend to the new owner (dedup state does not survive a kill yet)
+    print(f"duplicates after two kills: {duplicates}")
+
+
+def librdkafka_read_from(bootstrap: str, topic: str) -> list[tuple]:
+    """Everything up to the end offset of partition 0."""
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"unused-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False})
+    _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+    consumer.close()
+    return librdkafka_read(bootstrap, topic, end)
+
+
+# ------------------------------------------------------------------ routing and offsets, request by request
+
+
+def raw_request(address: str, message: object, version: int) -> object:
+    """One request on a fresh connection; its decoded answer."""
+    import socket
+    import struct
+
+    from tests.serve.samples import framed_request
+    message.API_VERSION = version  # type: ignore[attr-defined]
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(framed_request(message, 7))
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = connection.recv(65536)
+            assert chunk, "the server closed the connection"
+            data += chunk
+    assert struct.unpack(">i", data[4:8])[0] == 7
+    from dlog.serve.kafka import SUPPORTED_APIS
+    return SUPPORTED_APIS[message.API_KEY].response.decode(data[8:], version=version)  # type: ignore[attr-defined]
+
+
+def produce_request(topic: str, values: list[bytes]) -> object:
+    from kafka.protocol.producer import ProduceRequest
+    from dlog.serve.kafka.records import encode_record_batch
+    from dlog.serve.kafka import Record
+    batch = encode_record_batch(0, [Record(1_700_000_000_000, None, value) for value in values])
+    Topic = ProduceRequest.TopicProduceData
+    return ProduceRequest(version=7, transactional_id=None, acks=-1, timeout_ms=10_000, topic_data=[
+        Topic(name=topic, partition_data=[Topic.PartitionProduceData(index=0, records=batch)])])
+
+
+def fetch_request(topic: str, offset: int, max_wait_ms: int = 0) -> object:
+    from kafka.protocol.consumer import FetchRequest
+    Topic = FetchRequest.FetchTopic
+    return FetchRequest(version=11, replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20,
+                        isolation_level=0, session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[],
+                        topics=[Topic(topic=topic, partitions=[Topic.FetchPartition(
+                            partition=0, current_leader_epoch=-1, fetch_offset=offset, log_start_offset=-1,
+                            partition_max_bytes=1 << 20)])])
+
+
+def list_offsets_request(topic: str, timestamp: int) -> object:
+    from kafka.protocol.consumer import ListOffsetsRequest
+    Topic = ListOffsetsRequest.ListOffsetsTopic
+    return ListOffsetsRequest(version=3, replica_id=-1, isolation_level=0, topics=[Topic(name=topic, partitions=[
+        Topic.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=timestamp)])])
+
+
+def metadata_request(topic: str) -> object:
+    from kafka.protocol.metadata import MetadataRequest
+    return MetadataRequest(version=5, topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                           allow_auto_topic_creation=False)
+
+
+async def test_only_the_owner_serves_a_stream_and_a_native_writer_is_told_which_server(cluster_factory, serve,
+                                                                                       namespace):
+    from dlog import WriterLockedError
+    from dlog.serve.kafka import ErrorCode
+    cluster = cluster_factory(bookies=1)
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("routed", ensemble=1, write_quorum=1, ack_quorum=1)
+    first, second = serve(cluster, namespace), serve(cluster, namespace)
+    by_id = {first.server_id: first, second.server_id: second}
+    # either server names the same leader; the leader takes the stream on its first produce
+    leaders = {raw_request(server.bootstrap, metadata_request("routed"), 5).topics[0].partitions[0].leader_id
+               for server in (first, second)}
+    assert len(leaders) == 1
+    owner = by_id[leaders.pop()]
+    other = second if owner is first else first
+    answer = raw_request(other.bootstrap, produce_request("routed", [b"refused"]), 7)
+    assert answer.responses[0].partition_responses[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    answer = raw_request(owner.bootstrap, produce_request("routed", [b"a", b"b"]), 7)
+    assert (answer.responses[0].partition_responses[0].error_code,
+            answer.responses[0].partition_responses[0].base_offset) == (0, 0)
+    answer = raw_request(other.bootstrap, fetch_request("routed", 0), 11)
+    assert answer.responses[0].partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    answer = raw_request(owner.bootstrap, fetch_request("routed", 0), 11)
+    assert answer.responses[0].partitions[0].error_code == 0 and answer.responses[0].partitions[0].high_watermark == 2
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        with pytest.raises(WriterLockedError, match=f"served by dlog server {owner.server_id} .*{owner.bootstrap}"):
+            await ns.open_writer("routed")
+    # a clean stop hands the stream over at once: the other server serves it on the next produce
+    assert owner.stop() == 0
+    answer = raw_request(other.bootstrap, produce_request("routed", [b"c"]), 7)
+    assert (answer.responses[0].partition_responses[0].error_code,
+            answer.responses[0].partition_responses[0].base_offset) == (0, 2)
+
+
+async def test_offsets_with_native_and_kafka_writes_and_truncation(cluster_factory, serve, namespace):
+    from dlog.serve.kafka import ErrorCode
+    cluster = cluster_factory(bookies=1)
+    base = 1_700_000_000_000
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("mixed", ensemble=1, write_quorum=1, ack_quorum=1)
+        async with ns.open_writer("mixed") as writer:
+            for n in range(3_000):
+                writer.offer(f"native-{n}".encode(), None, base + n)
+            await writer.flush()
+    server = serve(cluster, namespace)
+    records = [(None, f"kafka-{n}".encode(), (), base + 3_000 + n) for n in range(3_000)]
+    assert librdkafka_produce(server.bootstrap, "mixed", records) == list(range(3_000, 6_000))
+    for offset in range(0, 6_000, 1_000):  # a fetch at every 1,000th offset starts with that record
+        answer = raw_request(server.bootstrap, fetch_request("mixed", offset), 11)
+        got = librdkafka_read(server.bootstrap, "mixed", 1, offset)
+        kind = "native" if offset < 3_000 else "kafka"
+        assert answer.responses[0].partitions[0].error_code == 0
+        assert got[0][:3] == (offset, None, f"{kind}-{offset % 3_000}".encode()), got
+        assert got[0][4] == base + offset
+    def listed(timestamp: int) -> tuple[int, int]:
+        part = raw_request(server.bootstrap, list_offsets_request("mixed", timestamp), 3).topics[0].partitions[0]
+        return part.error_code, part.offset
+    assert listed(-2) == (0, 0) and listed(-1) == (0, 6_000)
+    assert listed(base + 4_321) == (0, 4_321) and listed(base + 10_000) == (0, 6_000)
+    # truncation: a truncated offset is OFFSET_OUT_OF_RANGE, earliest moves
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        async with ns.open_reader("mixed", start=2_500) as reader:
+            cut = (await reader.__anext__()).offset
+        await ns.truncate("mixed", cut)
+    answer = raw_request(server.bootstrap, fetch_request("mixed", 100), 11)
+    assert answer.responses[0].partitions[0].error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert answer.responses[0].partitions[0].log_start_offset > 100
+    earliest = listed(-2)[1]
+    assert 100 < earliest <= 2_500
+    assert librdkafka_read(server.bootstrap, "mixed", 1, earliest)[0][0] == earliest

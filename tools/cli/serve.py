@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 from typing import Any
@@ -59,6 +60,8 @@ def run_server(cluster: tuple[str, str, str], settings: Any) -> None:
     from tools.config import client_options, zk_timeout_s
 
     zk, zk_root, namespace = cluster
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
 
     async def go() -> None:
         await refuse_unreachable(zk)
