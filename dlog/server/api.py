@@ -27,9 +27,18 @@ from bookkeeper.errors import DlogError, MetadataExistsError, MetadataVersionErr
 from dlog.core.dedup import Accepted, Duplicate, Fenced, InFlight, OutOfOrder, kafka_producer
 from dlog.namespace import Namespace
 from dlog.reader import EntryBatch, OffsetOutOfRangeError, PositionsUnknownError, StreamReader, TruncatedError
-from dlog.serve.kafka import (SUPPORTED_APIS, Api, BatchRefused, ErrorCode, Record, Request, api_versions_response,
-                              decode_produce_records, encode_record_batch)
-from dlog.serve.kafka.apis import (API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE)
+from dlog.serve.kafka import (
+    SUPPORTED_APIS,
+    Api,
+    BatchRefused,
+    ErrorCode,
+    Record,
+    Request,
+    api_versions_response,
+    decode_produce_records,
+    encode_record_batch,
+)
+from dlog.serve.kafka.apis import API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE
 from dlog.serve.ownership import partition_stream
 from dlog.serve.producer_ids import ProducerIdBlock, ProducerIds, block_after
 from dlog.server.owned import OwnedStream
@@ -209,7 +218,7 @@ class KafkaApi:
                     work.append((topic.name, part, self._produce_partition(topic.name, part, version, acks)))
         answers: dict[str, list[Any]] = {}
         results = await asyncio.gather(*(task for _, _, task in work))
-        for (name, part, _), (code, base) in zip(work, results):
+        for (name, part, _), (code, base) in zip(work, results, strict=True):
             answers.setdefault(name, []).append(Answer(index=part.index, error_code=code, base_offset=base,
                                                        log_append_time_ms=-1, log_start_offset=-1))
         return request.response(responses=[TopicAnswer(name=name, partition_responses=parts)
@@ -260,10 +269,10 @@ class KafkaApi:
             if isinstance(verdict, Duplicate):
                 return ErrorCode.NONE, -1 if verdict.first_offset is None else verdict.first_offset
             if isinstance(verdict, InFlight) and (remaining := deadline - monotonic_s()) > 0:
-                settled = owned.durable_event(producer)
+                next_durable = owned.durable_event(producer)
                 try:
                     async with asyncio.timeout(remaining):
-                        await settled.wait()
+                        await next_durable.wait()
                 except TimeoutError:
                     return ErrorCode.REQUEST_TIMED_OUT, -1
                 continue
@@ -477,7 +486,7 @@ def records_of(entry: EntryBatch) -> list[Record]:
     names = batch.schema.names
     headers = batch.column("headers").to_pylist() if "headers" in names else [None] * batch.num_rows
     return [Record(stamp, key, value, tuple((pair["key"], pair["value"]) for pair in pairs) if pairs else ())
-            for key, value, stamp, pairs in zip(keys, values, stamps, headers)]
+            for key, value, stamp, pairs in zip(keys, values, stamps, headers, strict=True)]
 
 
 async def _done(value: tuple[ErrorCode, int]) -> tuple[ErrorCode, int]:

@@ -20,8 +20,10 @@ from typing import Any
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.errors import ConfigError, PortInUseError
 from dlog.namespace import Namespace
+from dlog.server.admin import TopicAdmin
 from dlog.server.api import KafkaApi
 from dlog.server.connection import KafkaConnection
+from dlog.server.groups import GroupService
 from dlog.server.registry import Registry
 from dlog.server.settings import ServerSettings
 from dlog.server.streams import Streams, Topics
@@ -39,6 +41,9 @@ class KafkaServer:
         self.streams = Streams(ns, self.registry, settings)
         self.topics = Topics(ns, settings)
         self.api = KafkaApi(ns, settings, self.registry, self.streams, self.topics)
+        self.groups = GroupService(ns, self.registry, self.topics)
+        self.api.add_handlers(self.groups.handlers(self.api))
+        self.api.add_handlers(TopicAdmin(ns, settings, self.streams, self.topics).handlers())
         self._listener: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], KafkaConnection] = {}
         self.port = 0
@@ -95,6 +100,7 @@ class KafkaServer:
             task.cancel()
         if self._connections:
             await asyncio.wait(list(self._connections), timeout=STOP_CONNECTIONS_S)
+        self.groups.stop()
         await self.streams.stop()
         await self.registry.deregister()
         if self._listener is not None:

@@ -139,10 +139,9 @@ class Streams:
 
     async def _watch(self, owned: OwnedStream) -> None:
         await owned.writer.until_ended()
-        if self.owned.get(owned.name) is owned:
-            del self.owned[owned.name]
-        if self._stopping:
+        if self.owned.get(owned.name) is not owned:  # released or stopped: nothing lost
             return
+        del self.owned[owned.name]
         error = owned.writer.error
         self.losses += 1
         if isinstance(error, WriterFencedError):
@@ -152,6 +151,15 @@ class Streams:
             await owned.writer.close()  # releases the lock, if it still holds it
         except DlogError:
             pass
+
+    async def release(self, stream: str) -> None:
+        """Stop serving `stream` (its writer closed, its lock released), if this server does."""
+        owned = self.owned.pop(stream, None)
+        if owned is not None:
+            try:
+                await owned.writer.close()
+            except DlogError as exc:
+                log.warning("closing the writer of stream %s: %s", stream, exc)
 
     async def stop(self) -> None:
         """Close every owned writer (what is buffered is written, segments completed, locks released)."""
@@ -196,14 +204,16 @@ class Topics:
         self._topics = topics_of(await self.ns.list_streams())
         self._read_at = monotonic_s()
 
-    async def create(self, topic: str, partitions: int) -> bool:
-        """Create the topic's streams; False when it existed already."""
+    async def create(self, topic: str, partitions: int, **options: Any) -> bool:
+        """Create the topic's streams (`options`: create_stream's; default: the server's replication);
+        False when it existed already."""
         settings = self.settings
+        options = {"ensemble": settings.ensemble, "write_quorum": settings.write_quorum,
+                   "ack_quorum": settings.ack_quorum, **options}
         created = False
         for index in range(partitions):
             try:
-                await self.ns.create_stream(partition_stream(topic, index, partitions), ensemble=settings.ensemble,
-                                            write_quorum=settings.write_quorum, ack_quorum=settings.ack_quorum)
+                await self.ns.create_stream(partition_stream(topic, index, partitions), **options)
                 created = True
             except StreamExistsError:
                 pass

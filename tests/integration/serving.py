@@ -9,10 +9,9 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
 
 from tools.cluster import LineReader, LocalCluster
 

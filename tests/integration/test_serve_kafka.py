@@ -10,8 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -174,7 +173,8 @@ async def test_each_client_produces_and_reads_back_through_a_server_and_natively
     assert await native_records(cluster.zk_address, cluster.zk_root, namespace, topic, len(records)) == \
         with_offsets(records)
     run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
-    lines = [json.loads(line) for line in run("read", topic, "--json", "--to", str(len(records) - 1)).stdout.splitlines()]
+    read = run("read", topic, "--json", "--to", str(len(records) - 1)).stdout
+    lines = [json.loads(line) for line in read.splitlines()]
     assert [line["position"] for line in lines] == list(range(len(records)))
     assert server.stop() == 0
 
@@ -367,8 +367,9 @@ def raw_request(address: str, message: object, version: int) -> object:
 
 def produce_request(topic: str, values: list[bytes]) -> object:
     from kafka.protocol.producer import ProduceRequest
-    from dlog.serve.kafka.records import encode_record_batch
+
     from dlog.serve.kafka import Record
+    from dlog.serve.kafka.records import encode_record_batch
     batch = encode_record_batch(0, [Record(1_700_000_000_000, None, value) for value in values])
     Topic = ProduceRequest.TopicProduceData
     return ProduceRequest(version=7, transactional_id=None, acks=-1, timeout_ms=10_000, topic_data=[
@@ -468,3 +469,174 @@ async def test_offsets_with_native_and_kafka_writes_and_truncation(cluster_facto
     earliest = listed(-2)[1]
     assert 100 < earliest <= 2_500
     assert librdkafka_read(server.bootstrap, "mixed", 1, earliest)[0][0] == earliest
+
+
+# ------------------------------------------------------------------ consumer groups
+
+
+class GroupMember:
+    """A librdkafka consumer of a group in a thread: what it was assigned and what it read."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str) -> None:
+        import threading
+        self.assigned: set[int] = set()
+        self.got: list[tuple[int, int, bytes]] = []  # (partition, offset, value)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(bootstrap, group, topic), daemon=True)
+        self.thread.start()
+
+    def _run(self, bootstrap: str, group: str, topic: str) -> None:
+        from confluent_kafka import Consumer
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False, "session.timeout.ms": 6_000,
+                             "heartbeat.interval.ms": 500, "partition.assignment.strategy": "range"})
+
+        def assigned(_: object, partitions: list) -> None:
+            self.assigned = {partition.partition for partition in partitions}
+
+        def revoked(_: object, partitions: list) -> None:
+            self.assigned = set()
+
+        consumer.subscribe([topic], on_assign=assigned, on_revoke=revoked)
+        deadline = time.monotonic() + 120
+        uncommitted = False
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None and uncommitted:  # caught up: commit what was read
+                consumer.commit(asynchronous=False)
+                uncommitted = False
+            if message is None or message.error() is not None:
+                continue
+            self.got.append((message.partition(), message.offset(), message.value()))
+            uncommitted = True
+        if uncommitted:
+            consumer.commit(asynchronous=False)
+        consumer.close()
+
+
+def test_a_group_of_three_shares_six_partitions_and_its_commits_are_subscriptions(cluster_factory, serve,
+                                                                                  namespace):
+    cluster = cluster_factory(bookies=1)
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    for index in range(6):
+        run("stream", "create", f"grouped/partition-{index}", "--ensemble", "1", "--write-quorum", "1",
+            "--ack-quorum", "1")
+    server = serve(cluster, namespace)
+    records = [(f"key-{n}".encode(), f"value-{n}".encode(), (), 1_700_000_000_000 + n) for n in range(600)]
+    librdkafka_produce(server.bootstrap, "grouped", records)
+    members = [GroupMember(server.bootstrap, "g3", "grouped") for _ in range(3)]
+
+    def settled() -> bool:
+        parts = [member.assigned for member in members]
+        return sum(len(p) for p in parts) == 6 and set().union(*parts) == set(range(6)) and all(parts)
+
+    deadline = time.monotonic() + DEADLINE_S
+    while not (settled() and sum(len(m.got) for m in members) >= 600) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert settled(), [member.assigned for member in members]
+    read = sorted(value for member in members for _, _, value in member.got)
+    assert read == sorted(value for _, value, _, _ in records)  # each record to one member, once
+    for member in members:  # each member read only its partitions
+        assert {partition for partition, _, _ in member.got} <= member.assigned
+    # one member leaves: its partitions move to the other two
+    leaving = members.pop()
+    leaving.stop.set()
+    leaving.thread.join(30)
+    deadline = time.monotonic() + DEADLINE_S
+    while set().union(*(m.assigned for m in members)) != set(range(6)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set().union(*(m.assigned for m in members)) == set(range(6))
+    for member in members:
+        member.stop.set()
+        member.thread.join(30)
+    # the committed offsets are the group's subscriptions: no lag left
+    for index in range(6):
+        lag = json.loads(run("subscription", "describe", f"grouped/partition-{index}", "g3", "--json").stdout)
+        assert lag["lag_records"] == 0, lag
+    # and they survive a server restart: a new member of the group reads nothing old
+    assert server.stop() == 0
+    server = serve(cluster, namespace)
+    librdkafka_produce(server.bootstrap, "grouped", [(b"key-0", b"after-restart", (), 1_700_000_001_000)])
+    late = GroupMember(server.bootstrap, "g3", "grouped")
+    deadline = time.monotonic() + DEADLINE_S
+    while not late.got and time.monotonic() < deadline:
+        time.sleep(0.1)
+    late.stop.set()
+    late.thread.join(30)
+    assert [value for _, _, value in late.got] == [b"after-restart"]
+
+
+# ------------------------------------------------------------------ topic administration, idempotent resends
+
+
+def test_topics_are_created_described_and_deleted_as_streams(cluster_factory, serve, namespace):
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+    cluster = cluster_factory(bookies=1)
+    server = serve(cluster, namespace)
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+    try:
+        admin.create_topics([NewTopic("orders", 3, 1, topic_configs={"retention.ms": "3600000"}),
+                             NewTopic("audit", 1, 1)])
+        streams = json.loads(run("stream", "list", "--json").stdout)
+        names = sorted(item["name"] if isinstance(item, dict) else item for item in
+                       (streams["streams"] if isinstance(streams, dict) else streams))
+        assert names == ["audit", "orders/partition-0", "orders/partition-1", "orders/partition-2"]
+        assert sorted(admin.list_topics()) == ["audit", "orders"]
+        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "orders")],
+                                         config_filter="all")["topic"]["orders"]
+        described = {name: data["value"] if isinstance(data, dict) else data.value for name, data in configs.items()}
+        assert described["retention.ms"] == "3600000" and described["retention.bytes"] == "-1", described
+        with pytest.raises(Exception, match="TopicAlreadyExists"):
+            admin.create_topics([NewTopic("audit", 1, 1)])
+        with pytest.raises(Exception, match="InvalidConfiguration|INVALID_CONFIG|InvalidConfig"):
+            admin.create_topics([NewTopic("bad", 1, 1, topic_configs={"cleanup.policy": "compact"})])
+        from confluent_kafka import Producer
+        producer = Producer({"bootstrap.servers": server.bootstrap})
+        for partition in range(3):
+            producer.produce("orders", value=f"to-{partition}".encode(), partition=partition)
+        assert producer.flush(DEADLINE_S) == 0
+        lines = run("read", "orders/partition-2").stdout.splitlines()
+        assert lines == ["to-2"]
+        admin.delete_topics(["orders"])
+        streams = json.loads(run("stream", "list", "--json").stdout)
+        names = [item["name"] if isinstance(item, dict) else item for item in
+                 (streams["streams"] if isinstance(streams, dict) else streams)]
+        assert names == ["audit"]
+    finally:
+        admin.close()
+
+
+def test_an_idempotent_resend_is_answered_with_its_first_offset_and_written_once(cluster_factory, serve, namespace):
+    from kafka.protocol.producer import InitProducerIdRequest
+
+    from dlog.serve.kafka import ErrorCode
+    cluster = cluster_factory(bookies=1)
+    server = serve(cluster, namespace, "--auto-create-topics")
+    ids = [raw_request(server.bootstrap, InitProducerIdRequest(version=0, transactional_id=None,
+                                                               transaction_timeout_ms=60_000), 0)
+           for _ in range(2)]
+    assert [answer.error_code for answer in ids] == [0, 0] and ids[0].producer_id != ids[1].producer_id
+
+    def idempotent(values: list[bytes], sequence: int) -> object:
+        from kafka.record.default_records import DefaultRecordBatchBuilder
+        builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                            producer_id=ids[0].producer_id, producer_epoch=0,
+                                            base_sequence=sequence, batch_size=1 << 20)
+        for delta, value in enumerate(values):
+            builder.append(delta, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
+        request = produce_request("dedup", [b"placeholder"])
+        request.topic_data[0].partition_data[0].records = bytes(builder.build())  # type: ignore[attr-defined]
+        return request
+
+    def produced(request: object) -> tuple[int, int]:
+        part = raw_request(server.bootstrap, request, 7).responses[0].partition_responses[0]
+        return part.error_code, part.base_offset
+
+    assert produced(idempotent([b"a", b"b"], 0)) == (0, 0)
+    assert produced(idempotent([b"c"], 2)) == (0, 2)
+    assert produced(idempotent([b"a", b"b"], 0)) == (0, 0)  # a resend: its original offset, not written again
+    assert produced(idempotent([b"z"], 9))[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert produced(idempotent([b"d"], 3)) == (0, 3)
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    assert run("read", "dedup").stdout.splitlines() == ["a", "b", "c", "d"]

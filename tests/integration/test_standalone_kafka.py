@@ -65,3 +65,33 @@ def test_standalone_ready_line_names_the_kafka_port_and_minus_one_runs_no_server
         assert line is not None and "kafka=" not in line, line
     finally:
         assert stop_standalone(process) == 0
+
+
+def test_the_readme_kafka_quick_start_works_as_printed(tmp_path):
+    from tests.helpers import readme_blocks
+    (code,) = [body for body in readme_blocks("python") if "from confluent_kafka" in body]
+    (commands,) = [body for body in readme_blocks("") if "dlog serve list" in body]
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "sa"),
+                                "--bookies", "3", "--zk-port", str(free_port()), "--ui-port", "-1",
+                                "--kafka-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = LineReader(process).line_starting("dlog standalone ready", 90)
+        assert line is not None, process.stderr.read()
+        zk = line.split("zk=", 1)[1].split()[0]
+        script = tmp_path / "kafka_example.py"
+        script.write_text(code.replace("127.0.0.1:9092", f"127.0.0.1:{port}"))
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "0 b'o-1' b'{\"total\": 9.5}'"
+        outputs = []
+        for command in [line.split("  #")[0].strip() for line in commands.splitlines() if line.strip()]:
+            command = command.replace(".venv/bin/dlog", f"{sys.executable} -m tools.cli") + f" --zk {zk}"
+            outputs.append(subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60))
+        assert all(output.returncode == 0 for output in outputs), outputs
+        record = json.loads(outputs[0].stdout.splitlines()[0])
+        assert (record["position"], record["key"], record["value"], record["headers"]) == \
+            (0, "o-1", '{"total": 9.5}', [["source", "web"]]), record
+        assert "billing" in outputs[1].stdout and "orders" in outputs[2].stdout
+    finally:
+        assert stop_standalone(process) == 0

@@ -9,8 +9,18 @@ from collections import Counter
 import pytest
 
 from dlog.names import check_stream_name
-from dlog.serve.ownership import (Action, Decision, Holder, coordinator_of, decide, partition_stream,
-                                  rendezvous_pick, stream_key, topic_of_stream, topics_of)
+from dlog.serve.ownership import (
+    Action,
+    Decision,
+    Holder,
+    coordinator_of,
+    decide,
+    partition_stream,
+    rendezvous_pick,
+    stream_key,
+    topic_of_stream,
+    topics_of,
+)
 
 STREAMS = [f"orders-{n}" for n in range(2_000)]
 
