@@ -266,8 +266,10 @@ class KafkaApi:
             verdict = dedup.offer(producer, first_sequence, last_sequence, self.ns.clock.wall_ms(), epoch)
             if isinstance(verdict, Accepted):
                 break
-            if isinstance(verdict, Duplicate):
-                return ErrorCode.NONE, -1 if verdict.first_offset is None else verdict.first_offset
+            if isinstance(verdict, Duplicate):  # design.md, "Producer deduplication"
+                if verdict.first_offset is None:
+                    return ErrorCode.DUPLICATE_SEQUENCE_NUMBER, -1
+                return ErrorCode.NONE, verdict.first_offset
             if isinstance(verdict, InFlight) and (remaining := deadline - monotonic_s()) > 0:
                 next_durable = owned.durable_event(producer)
                 try:
@@ -284,7 +286,7 @@ class KafkaApi:
             if isinstance(verdict, Fenced):
                 return ErrorCode.INVALID_PRODUCER_EPOCH, -1
             refusals.warning("producers", "%s", verdict.message)  # Refused: a limit of the table
-            return ErrorCode.NOT_ENOUGH_REPLICAS, -1
+            return ErrorCode.THROTTLING_QUOTA_EXCEEDED, -1
         try:
             written = owned.append(records)
         except DlogError:

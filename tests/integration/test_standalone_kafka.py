@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.integration.test_serve_kafka import expected_records, librdkafka_produce
 from tests.integration.test_standalone import start_standalone, stop_standalone
@@ -47,22 +48,29 @@ async def _port_closed(address: str) -> bool:
     return False
 
 
+def standalone_ready(directory: Path, kafka_port: int, bookies: int = 1) -> tuple[subprocess.Popen, str]:
+    """A standalone with this --kafka-port, and its ready line."""
+    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+                                "--bookies", str(bookies), "--zk-port", str(free_port()), "--ui-port", "-1",
+                                "--kafka-port", str(kafka_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    line = LineReader(process).line_starting("dlog standalone ready", 90)
+    if line is None:
+        process.kill()
+        raise AssertionError(f"standalone not ready (status {process.wait()}): {process.stderr.read()}")
+    return process, line
+
+
 def test_standalone_ready_line_names_the_kafka_port_and_minus_one_runs_no_server(tmp_path):
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "a"),
-                                "--bookies", "1", "--zk-port", str(free_port()), "--ui-port", "-1",
-                                "--kafka-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, line = standalone_ready(tmp_path / "a", port)
     try:
-        line = LineReader(process).line_starting("dlog standalone ready", 90)
-        assert line is not None and line.endswith(f" kafka=127.0.0.1:{port}"), line
+        assert line.endswith(f" kafka=127.0.0.1:{port}"), line
     finally:
         assert stop_standalone(process) == 0
-    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "b"),
-                                "--bookies", "1", "--zk-port", str(free_port()), "--ui-port", "-1",
-                                "--kafka-port", "-1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, line = standalone_ready(tmp_path / "b", -1)
     try:
-        line = LineReader(process).line_starting("dlog standalone ready", 90)
-        assert line is not None and "kafka=" not in line, line
+        assert "kafka=" not in line, line
     finally:
         assert stop_standalone(process) == 0
 
@@ -72,12 +80,8 @@ def test_the_readme_kafka_quick_start_works_as_printed(tmp_path):
     (code,) = [body for body in readme_blocks("python") if "from confluent_kafka" in body]
     (commands,) = [body for body in readme_blocks("") if "dlog serve list" in body]
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "sa"),
-                                "--bookies", "3", "--zk-port", str(free_port()), "--ui-port", "-1",
-                                "--kafka-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, line = standalone_ready(tmp_path / "sa", port, bookies=3)
     try:
-        line = LineReader(process).line_starting("dlog standalone ready", 90)
-        assert line is not None, process.stderr.read()
         zk = line.split("zk=", 1)[1].split()[0]
         script = tmp_path / "kafka_example.py"
         script.write_text(code.replace("127.0.0.1:9092", f"127.0.0.1:{port}"))
