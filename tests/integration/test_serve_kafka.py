@@ -641,3 +641,47 @@ def test_an_idempotent_resend_is_answered_with_its_first_offset_and_written_once
     assert produced(idempotent([b"d"], 3)) == (0, 3)
     run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
     assert run("read", "dedup").stdout.splitlines() == ["a", "b", "c", "d"]
+
+
+async def test_a_native_takeover_fences_the_server_which_stops_serving_the_stream(cluster_factory, serve, namespace):
+    from dlog.serve.kafka import ErrorCode
+    from tests.helpers import eventually
+    cluster = cluster_factory(bookies=1)
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("taken", ensemble=1, write_quorum=1, ack_quorum=1)
+    server = serve(cluster, namespace)
+    first = await asyncio.to_thread(raw_request, server.bootstrap, produce_request("taken", [b"served"]), 7)
+    assert first.responses[0].partition_responses[0].error_code == 0
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        async with ns.open_writer("taken", takeover=True, lock_timeout_s=1.0) as writer:
+            await writer.write(b"native")
+
+    async def refused() -> bool:
+        answer = await asyncio.to_thread(raw_request, server.bootstrap, produce_request("taken", [b"late"]), 7)
+        code = answer.responses[0].partition_responses[0].error_code
+        assert code in (ErrorCode.NONE, ErrorCode.NOT_LEADER_OR_FOLLOWER), code
+        return code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    await eventually(refused, timeout_s=30, interval_s=0.2)
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    values = run("read", "taken").stdout.splitlines()
+    assert values[:2] == ["served", "native"] and set(values[2:]) <= {"late"}, values
+
+
+def test_a_malformed_frame_closes_only_its_connection(cluster_factory, serve, namespace):
+    import socket
+    import struct
+
+    from kafka.protocol.metadata import ApiVersionsRequest
+    cluster = cluster_factory(bookies=1)
+    server = serve(cluster, namespace)
+    host, port = server.bootstrap.rsplit(":", 1)
+    for frame in (struct.pack(">ihhih", 10, 99, 0, 1, -1),  # unknown api key
+                  struct.pack(">i", -5),  # negative size
+                  struct.pack(">ihhih", 12, 3, 5, 1, -1) + b"\xff\xff"):  # Metadata body that does not parse
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            connection.sendall(frame)
+            assert connection.recv(100) == b""  # closed without an answer, as Kafka does
+    answer = raw_request(server.bootstrap, ApiVersionsRequest(version=2), 2)
+    assert answer.error_code == 0 and {api.api_key for api in answer.api_keys} >= {0, 1, 2, 3, 18}
+    assert 17 not in {api.api_key for api in answer.api_keys}  # SASL is not served yet, so not listed
