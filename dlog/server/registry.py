@@ -81,13 +81,18 @@ def holder_of(description: dict[str, Any] | None) -> Holder | None:
 class Registry:
     """This server's registration and its view of the others."""
 
-    def __init__(self, zk: Any, namespace_root: str, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, zk: Any, namespace_root: str, on_change: Callable[[], None] | None = None,
+                 on_session_lost: Callable[[], None] | None = None) -> None:
+        """`on_session_lost`: the ZooKeeper session expired, taking this server's registration and
+        writer locks with it; the registry registers again once a new session is up."""
         self.zk = zk
         self.path = servers_path(namespace_root)
         self.namespace_root = namespace_root
         self.me: ServerInfo | None = None
         self.servers: dict[int, ServerInfo] = {}
         self._on_change = on_change
+        self._on_session_lost = on_session_lost
+        self._lost = False
         self._unwatch: Callable[[], None] | None = None
         self._tasks: dict[asyncio.Task[Any], None] = {}
         self._node: str | None = None
@@ -108,6 +113,7 @@ class Registry:
             self.me = info
             self.servers[candidate] = info
             self._unwatch = self.zk.watch_children(self.path, self._children_changed)
+            self.zk.add_state_listener(self._session_state)
             await self.refresh()
             return info
         if server_id is not None:
@@ -116,6 +122,34 @@ class Registry:
                               + (f" by the server at {other.kafka} (pid {other.pid})" if other else "")
                               + ": pick another --id, or leave --id out for the lowest free one")
         raise ConfigError(f"no free server id below {SERVER_IDS_TRIED_MAX}: pass --id")
+
+    def _session_state(self, state: str) -> None:
+        if self._node is None:
+            return  # deregistered
+        if state == "lost":
+            self._lost = True
+            log.warning("server %s: the ZooKeeper session expired: its registration and writer locks are gone",
+                        self.me.server_id if self.me else "?")
+            if self._on_session_lost is not None:
+                self._on_session_lost()
+        elif state == "connected" and self._lost:
+            self._lost = False
+            again = self._register_again()
+            start_task(asyncio.get_running_loop(), self._tasks, again, again)
+
+    async def _register_again(self) -> None:
+        me = self.me
+        if me is None:
+            return
+        try:
+            self._node = await self.zk.create(f"{self.path}/{me.server_id}", me.to_bytes(), ephemeral=True)
+            log.info("server %d registered again", me.server_id)
+            await self.refresh()
+        except MetadataExistsError:
+            log.error("server %d cannot register again: another server took its id meanwhile", me.server_id)
+        except Exception as exc:  # ZooKeeper away again: the next new session tries once more
+            self._lost = True
+            log.warning("server %d cannot register again yet: %s", me.server_id, exc)
 
     def _children_changed(self, children: list[str]) -> None:
         refresh = self._refresh_quietly()

@@ -37,7 +37,7 @@ class KafkaServer:
     def __init__(self, ns: Namespace, settings: ServerSettings) -> None:
         self.ns = ns
         self.settings = settings
-        self.registry = Registry(ns.zk, ns.root)
+        self.registry = Registry(ns.zk, ns.root, on_session_lost=self._session_lost)
         self.streams = Streams(ns, self.registry, settings)
         self.topics = Topics(ns, settings)
         self.api = KafkaApi(ns, settings, self.registry, self.streams, self.topics)
@@ -73,6 +73,10 @@ class KafkaServer:
         log.info("dlog server %d serves namespace %s to Kafka clients at %s", self.server_id, self.ns.name,
                  self.address)
         return self
+
+    def _session_lost(self) -> None:
+        self.streams.session_lost()
+        self.groups.stop()  # another server may coordinate the groups now: members find it again
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self.settings.connections_max:

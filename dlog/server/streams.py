@@ -152,6 +152,22 @@ class Streams:
         except DlogError:
             pass
 
+    def session_lost(self) -> None:
+        """The ZooKeeper session expired with every writer lock of this server: stop serving what
+        it owned (another server may take it now; fencing keeps a late write of ours out)."""
+        for stream in list(self.owned):
+            owned = self.owned.pop(stream)
+            self.losses += 1
+            task = asyncio.get_running_loop().create_task(self._close_quietly(owned))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _close_quietly(self, owned: OwnedStream) -> None:
+        try:
+            await owned.writer.close()
+        except DlogError as exc:
+            log.info("closing the writer of stream %s after the session loss: %s", owned.name, exc)
+
     async def release(self, stream: str) -> None:
         """Stop serving `stream` (its writer closed, its lock released), if this server does."""
         owned = self.owned.pop(stream, None)

@@ -685,3 +685,27 @@ def test_a_malformed_frame_closes_only_its_connection(cluster_factory, serve, na
     answer = raw_request(server.bootstrap, ApiVersionsRequest(version=2), 2)
     assert answer.error_code == 0 and {api.api_key for api in answer.api_keys} >= {0, 1, 2, 3, 18}
     assert 17 not in {api.api_key for api in answer.api_keys}  # SASL is not served yet, so not listed
+
+
+def test_a_server_whose_session_expired_registers_again_and_serves(cluster_factory, serve, namespace):
+    import signal
+    cluster = cluster_factory(bookies=1)
+    server = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "1s")
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    assert librdkafka_produce(server.bootstrap, "paused", expected_records("before", 5)) == list(range(5))
+    assert owners(run) == {"paused": server.server_id}
+    server.process.send_signal(signal.SIGSTOP)  # frozen past its session timeout: ZooKeeper expires it
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while owners(run) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert owners(run) == {} and json.loads(run("serve", "list", "--json").stdout)["servers"] == []
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + DEADLINE_S
+    while not json.loads(run("serve", "list", "--json").stdout)["servers"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [s["id"] for s in json.loads(run("serve", "list", "--json").stdout)["servers"]] == [server.server_id]
+    # it serves again: the stream is taken afresh (its old writer lost the lock with the session)
+    assert librdkafka_produce(server.bootstrap, "paused", expected_records("after", 5)) == list(range(5, 10))
+    assert owners(run) == {"paused": server.server_id}
