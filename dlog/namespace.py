@@ -47,7 +47,7 @@ from bookkeeper.security.settings import (
 )
 from dlog.context import StreamContext
 from dlog.core import changes
-from dlog.core.errors import StreamBusyError
+from dlog.core.errors import StreamBusyError, WriterLockedError
 from dlog.names import check_stream_name, check_subscription_name
 from dlog.offsets import Offset
 from dlog.reader import StreamReader
@@ -69,6 +69,7 @@ CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, ji
 class Namespace:
     def __init__(self, zk: str | None = None, name: str = "default", *, root: str = "/dlog",
                  bookkeeper_root: str = layout.DEFAULT_ROOT, zk_timeout_s: float = 10.0,
+                 zk_session_timeout_s: float = 10.0,
                  read_handles_max: int = READ_HANDLES_MAX, security: SecuritySettings | None = None,
                  config: str | None = None, clock: Clock = SYSTEM_CLOCK, store: SegmentStore | None = None,
                  client: Any = None, rng: Callable[[], float] = random.random, create: bool = True,
@@ -87,6 +88,7 @@ class Namespace:
         self.root = f"{root}/{self.name}"
         self.bookkeeper_root = bookkeeper_root
         self.zk_timeout_s = zk_timeout_s
+        self.zk_session_timeout_s = zk_session_timeout_s  # its writer locks end this long after a crash
         self.client_options = client_options
         self.create = create
         self.clock = clock
@@ -109,6 +111,7 @@ class Namespace:
         from dlog.segments.store import ZooKeeperSegmentStore
 
         self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s,
+                                 session_timeout_s=self.zk_session_timeout_s,
                                  **zk_options(self.security, self.bookkeeper_root, self.name,
                                               self.namespace_root))
         await self.zk.start()
@@ -305,9 +308,23 @@ class Namespace:
         """`async with ns.open_writer(name) as writer:` (or `writer = await ns.open_writer(name)`)."""
 
         async def open_it() -> StreamWriter:
-            return await StreamWriter(self.context_of(await self.store.config(name)), **options).open()
+            config = await self.store.config(name)
+            if not options.get("takeover") and options.get("lock_holder") is None:
+                await self._refuse_if_served(name)
+            return await StreamWriter(self.context_of(config), **options).open()
 
         return _Opening(open_it)
+
+    async def _refuse_if_served(self, name: str) -> None:
+        """A stream a serving-tier server owns (`dlog serve`) is written through it: a native
+        writer gets one clear error naming the server at once, rather than waiting for the lock."""
+        lock_holder = getattr(self.store, "lock_holder", None)  # the ZooKeeper store's
+        holder = await lock_holder(name) if lock_holder is not None else None
+        if holder and "server" in holder:
+            raise WriterLockedError(
+                f"stream {name!r} is served by dlog server {holder['server']} (Kafka clients at "
+                f"{holder.get('kafka', '?')}): write to it there, or open with takeover=True to fence it "
+                "and take over (the server then stops serving it)")
 
     def open_reader(self, name: str, start: str | Offset | int | datetime.datetime = "earliest",
                     **options: Any) -> _Opening[StreamReader]:

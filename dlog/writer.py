@@ -142,7 +142,11 @@ class StreamWriter:
     def __init__(self, context: StreamContext, *, flush_bytes: int = 1 << 20,
                  flush_records: int = 20_000, linger_ms: float = 0.0, partial_entries_in_flight_max: int = 1,
                  buffer_bytes_max: int = 64 << 20, entry_bytes_max: int = 3 << 20, lock_timeout_s: float = 30.0,
-                 takeover: bool = False, retention_on_roll: bool = False) -> None:
+                 takeover: bool = False, retention_on_roll: bool = False,
+                 lock_holder: dict[str, Any] | None = None) -> None:
+        """`lock_holder`: what the writer-lock node says of its holder (default: this host and
+        process); a serving-tier server names itself there, so other writers can say who serves
+        the stream."""
         if entry_bytes_max > ENTRY_BYTES_MAX:
             raise ConfigError(f"entry_bytes_max {entry_bytes_max} exceeds the bookie maximum of 4 MiB")
         for option, value, low in (("flush_bytes", flush_bytes, 1), ("flush_records", flush_records, 1),
@@ -177,6 +181,7 @@ class StreamWriter:
         self._watches: dict[int, Callable[[], None]] = {}  # ledger id -> end of its deletion watch
         self._ended: asyncio.Future[None] = self.loop.create_future()
         self._aborted = False
+        self._lock_holder = lock_holder
 
     # ------------------------------------------------------------------ state
 
@@ -417,7 +422,9 @@ class StreamWriter:
         elif isinstance(effect, ApplyRetention):
             self._spawn(self._quietly("retention on roll", context.apply_retention))
         elif isinstance(effect, WriterOpened):
-            if effect.error is not None:
+            if self._opened.done():  # the opener stopped waiting (cancelled): nobody to tell
+                pass
+            elif effect.error is not None:
                 self._opened.set_exception(effect.error)
             else:
                 self._opened.set_result(effect.segment)  # type: ignore[arg-type]
@@ -453,7 +460,10 @@ class StreamWriter:
         self._spawn(call())
 
     async def _lock(self, timeout_s: float) -> None:
-        token = await self.context.store.lock(self.name, timeout_s)
+        if self._lock_holder is None:
+            token = await self.context.store.lock(self.name, timeout_s)
+        else:
+            token = await self.context.store.lock(self.name, timeout_s, self._lock_holder)
         self._lock_token = token
         self._feed(self.machine.on_locked, token is not None)
 

@@ -19,7 +19,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import ConfigError, MetadataError, MetadataVersionError
@@ -206,7 +206,7 @@ class MemorySegmentStore:
 
     # ------------------------------------------------------------------ writer lock
 
-    async def lock(self, name: str, timeout_s: float) -> str | None:
+    async def lock(self, name: str, timeout_s: float, holder: dict[str, Any] | None = None) -> str | None:
         stream = await self._operation("lock", name, lambda: self.metadata.stream(name))
         sequence = self.metadata.next_lock_sequence()
         token = f"{name}#{sequence}"

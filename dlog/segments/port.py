@@ -73,9 +73,10 @@ class SegmentStore(Protocol):
         """Call `callback` on the event loop whenever the segment list changes; returns a stop
         function. Watches survive reconnections."""
 
-    async def lock(self, stream: str, timeout_s: float) -> str | None:
+    async def lock(self, stream: str, timeout_s: float, holder: dict[str, Any] | None = None) -> str | None:
         """Take the stream's writer lock within `timeout_s`: its token, or None (nothing left
-        behind). The lock lives as long as this client's session."""
+        behind). The lock lives as long as this client's session. `holder` describes who holds
+        it (a serving-tier server names itself), where the store can keep it."""
 
     async def unlock(self, token: str) -> None:
         """Release a lock; releasing one that is gone (session lost) is no error."""
@@ -189,9 +190,10 @@ class RetryingSegmentStore:
         await self._retry(f"subscription {subscription!r} deletion",
                           lambda: self.inner.delete_subscription(stream, subscription))
 
-    async def lock(self, stream: str, timeout_s: float) -> str | None:
+    async def lock(self, stream: str, timeout_s: float, holder: dict[str, Any] | None = None) -> str | None:
         # implementations make the lock node findable after a lost answer (see store.py)
-        return await self._retry(f"writer lock of stream {stream!r}", lambda: self.inner.lock(stream, timeout_s))
+        return await self._retry(f"writer lock of stream {stream!r}",
+                                 lambda: self.inner.lock(stream, timeout_s, holder))
 
     async def claim_runner(self, stream: str, runner: str) -> str | None:
         return await self._retry(f"policy runner claim of stream {stream!r}",

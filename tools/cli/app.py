@@ -18,6 +18,7 @@ from tools.cli.quota import quota
 from tools.cli.read import read_command
 from tools.cli.records import export_command, truncate_command, write_command
 from tools.cli.retention import retention
+from tools.cli.serve import serve
 from tools.cli.standalone import standalone, ui_command
 from tools.cli.stream import stream
 from tools.cli.subscription import subscription
@@ -70,6 +71,6 @@ def main() -> None:
 
 for command in (bookie, ledger, stream, subscription, write_command, read_command, truncate_command,
                 retention, export_command, cluster, ping_command, standalone, ui_command, bench, token,
-                quota, autorecovery):
+                quota, autorecovery, serve):
     main.add_command(command)
 bookie.add_command(decommission_command)

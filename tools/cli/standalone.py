@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +19,52 @@ from tools.units import DURATION
 
 ZK_PORT_DEFAULT = 2181
 UI_PORT_DEFAULT = 8080
+SERVE_READY_S = 60.0
+SERVE_STOP_S = 40.0
+
+
+class ServeProcess:
+    """The standalone's one `dlog serve` process (namespace `default`, topics auto-created, streams
+    replicated as the bookie count allows); its log goes to DIR/serve.log."""
+
+    def __init__(self, process: subprocess.Popen[str], kafka: str, log_path: Path) -> None:
+        self.process = process
+        self.kafka = kafka
+        self.log_path = log_path
+        self.exit_reported = False
+
+    @classmethod
+    def start(cls, cluster: Any, kafka_port: int, directory: Path) -> ServeProcess:
+        from bookkeeper.errors import DlogError
+        from tools.cluster import LineReader, die_with_parent
+
+        bookies = cluster.bookie_count
+        quorum = str(min(bookies, 2))
+        log_path = Path(directory).resolve() / "serve.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tools.cli", "serve", "--zk", cluster.zk_address, "--zk-root", cluster.zk_root,
+                 "--namespace", "default", "--kafka-port", str(kafka_port), "--auto-create-topics",
+                 "--ensemble", str(min(bookies, 3)), "--write-quorum", quorum, "--ack-quorum", quorum],
+                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        line = LineReader(process).line_starting("dlog serve ready", SERVE_READY_S)
+        if line is None:
+            process.kill()
+            process.wait()
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise DlogError(f"dlog serve did not start (see {log_path}): {tail[0]}")
+        return cls(process, line.rsplit("kafka=", 1)[1].strip(), log_path)
+
+    def stop(self) -> None:
+        """SIGTERM: the server hands its streams back cleanly; killed if it takes too long."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(SERVE_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 @click.command()
@@ -28,6 +76,9 @@ UI_PORT_DEFAULT = 8080
 @click.option("--ui-port", default=None, type=click.IntRange(-1, 65535),
               help="status page port on 127.0.0.1 (0: any free port, -1: no status page)",
               show_default=f"the port of the last start in --dir, else {UI_PORT_DEFAULT}")
+@click.option("--kafka-port", default=0, show_default=True, type=click.IntRange(-1, 65535),
+              help="Kafka port of the one `dlog serve` server it runs on 127.0.0.1, topics auto-created "
+                   "(0: any free port, -1: no server)")
 @click.option("--secure", is_flag=True, help="TLS and tokens on bookies and admin endpoints, ZooKeeper "
               "credentials and ACLs; makes a CA, certificates, an admin token and client.toml under "
               "DIR/secure/")
@@ -36,8 +87,8 @@ UI_PORT_DEFAULT = 8080
                    "looked at every quarter of it, at least every second)")
 @delay_option
 @fails_cleanly
-def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int | None, secure: bool,
-               policy_interval_ms: int, lost_bookie_recovery_delay: int) -> None:
+def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int | None, kafka_port: int,
+               secure: bool, policy_interval_ms: int, lost_bookie_recovery_delay: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
     Streams' retention policies are applied by themselves while it runs (about every quarter of
@@ -70,18 +121,23 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int 
         cluster.stop()
         raise type(exc)(str(exc).splitlines()[0]) from exc
     ui = policies = None
+    server: ServeProcess | None = None
     try:
         ui_url = None
         if ui_port >= 0:
             ui, ui_url = _start_ui(cluster, ui_port, client_toml)
         policies = _start_policies(cluster, policy_interval_ms, client_toml)
-        _print_ready(cluster, ui_url, client_toml)
-        _supervise(cluster, stop)
+        if kafka_port >= 0 and bookies > 0 and client_toml is None:
+            server = ServeProcess.start(cluster, kafka_port, directory)
+        _print_ready(cluster, ui_url, client_toml, server)
+        _supervise(cluster, stop, server)
     finally:
         if policies is not None:
             policies.stop()
         if ui is not None:
             ui.stop()
+        if server is not None:
+            server.stop()
         cluster.stop()
         click.echo("dlog standalone stopped")
 
@@ -157,9 +213,13 @@ def _start_policies(cluster: Any, interval_max_ms: int, client_toml: Path | None
     return policies
 
 
-def _print_ready(cluster: Any, ui_url: str | None, client_toml: Path | None = None) -> None:
+def _print_ready(cluster: Any, ui_url: str | None, client_toml: Path | None = None,
+                 server: ServeProcess | None = None) -> None:
     addresses = ",".join(bookie.address for bookie in cluster.bookies) or "-"
-    click.echo(f"dlog standalone ready zk={cluster.zk_address} bookies={addresses} dir={cluster.directory}")
+    kafka = f" kafka={server.kafka}" if server is not None else ""
+    click.echo(f"dlog standalone ready zk={cluster.zk_address} bookies={addresses} dir={cluster.directory}{kafka}")
+    if client_toml is not None:
+        click.echo("  no Kafka port: a secure cluster's would need TLS and SASL, which dlog serve does not speak yet")
     if client_toml is not None:
         click.echo(f"  client config {client_toml} (dlog --config {client_toml} ..., or "
                    f"export DLOG_CONFIG={client_toml}); admin token in {client_toml.parent / 'admin.token'}")
@@ -170,9 +230,12 @@ def _print_ready(cluster: Any, ui_url: str | None, client_toml: Path | None = No
     sys.stdout.flush()
 
 
-def _supervise(cluster: Any, stop: threading.Event) -> None:
-    """Until a signal: report each bookie that exits (it is not restarted)."""
+def _supervise(cluster: Any, stop: threading.Event, server: ServeProcess | None = None) -> None:
+    """Until a signal: report each bookie and the server that exits (neither is restarted)."""
     while not stop.wait(0.5):
+        if server is not None and not server.exit_reported and server.process.poll() is not None:
+            click.echo(f"dlog serve exited with status {server.process.returncode}; see {server.log_path}", err=True)
+            server.exit_reported = True
         for bookie in cluster.bookies:
             if bookie.process is not None and not bookie.running and not bookie.exit_reported:
                 click.echo(f"bookie {bookie.address} exited with status {bookie.process.returncode}", err=True)

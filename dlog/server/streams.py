@@ -1,0 +1,240 @@
+"""Which streams this server owns, and which topics exist.
+
+Routing a request for a stream: a stream this server owns is served; otherwise the lock holder is
+read from ZooKeeper and `dlog.serve.ownership.decide` says what to do. TAKE opens the stream's
+writer with this server named in its lock node (a writer open seals the previous owner's
+in-progress segment, fencing it, as any writer takeover does), then the stream is served. A writer
+that ends (fenced by a native `open_writer(takeover=True)`, or failed) stops the serving: the
+stream is dropped, and one fenced away is not taken again for `YIELD_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from bookkeeper.clock import monotonic_s
+from bookkeeper.errors import DlogError
+from dlog.core.errors import WriterFencedError, WriterLockedError
+from dlog.namespace import Namespace
+from dlog.segments.port import StreamExistsError, StreamNotFoundError
+from dlog.serve.kafka import ErrorCode
+from dlog.serve.ownership import Action, decide, partition_stream, topics_of
+from dlog.server.owned import OwnedStream
+from dlog.server.registry import Registry, holder_of
+from dlog.server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+YIELD_S = 60.0  # a stream fenced away from this server (native takeover) is not taken back meanwhile
+TOPICS_REFRESH_S = 0.5  # an unknown topic re-reads the stream list at most this often
+CLOSE_S_MAX = 30.0  # a clean stop waits this long for each owned writer to close
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """Another server serves (or will take) the stream."""
+
+    server_id: int
+
+
+Route = OwnedStream | Redirect | ErrorCode
+
+
+class Streams:
+    def __init__(self, ns: Namespace, registry: Registry, settings: ServerSettings) -> None:
+        self.ns = ns
+        self.registry = registry
+        self.settings = settings
+        self.owned: dict[str, OwnedStream] = {}
+        self._taking: dict[str, asyncio.Task[Route]] = {}
+        self._yielded: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self.takeovers = 0  # streams taken (counters, exported)
+        self.losses = 0  # owned streams whose writer ended without a clean stop
+
+    @property
+    def me(self) -> int:
+        assert self.registry.me is not None
+        return self.registry.me.server_id
+
+    def holder_description(self) -> dict[str, Any]:
+        me = self.registry.me
+        assert me is not None
+        return {"server": me.server_id, "kafka": f"{self.settings.client_host}:{me.kafka_port}", "host": me.host,
+                "pid": me.pid, "started_ms": me.started_ms}
+
+    async def route(self, stream: str, take: bool = True) -> Route:
+        """Serve, redirect or refuse a request for `stream`; `take=False` names the server that
+        would take a free stream without taking it (Metadata)."""
+        owned = self.owned.get(stream)
+        if owned is not None:
+            return owned
+        taking = self._taking.get(stream)
+        if taking is not None:
+            return await asyncio.shield(taking)
+        try:
+            holder = holder_of(await self.ns.store.lock_holder(stream))
+        except StreamNotFoundError:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        decision = decide(stream, self.me, self.registry.live, holder)
+        if decision.action is Action.REDIRECT:
+            assert decision.owner is not None
+            return Redirect(decision.owner)
+        if decision.action is Action.TAKE:
+            if self._stopping or monotonic_s() < self._yielded.get(stream, 0.0):
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER
+            if not take:
+                return Redirect(self.me)
+            return await self._take(stream)
+        if decision.action is Action.BUSY:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER  # a native writer holds it
+        return ErrorCode.LEADER_NOT_AVAILABLE  # WAIT, or SERVE for a lock of ours still being released
+
+    async def _take(self, stream: str) -> Route:
+        """Take the stream once, whoever asks meanwhile: the opening runs as its own task, so a
+        requester that goes away (its connection closed) cannot cancel it half-way (a writer
+        whose opening is cancelled could still get the lock, which nobody would then release)."""
+        owned = self.owned.get(stream)
+        if owned is not None:
+            return owned
+        taking = self._taking.get(stream)
+        if taking is None:
+            if len(self.owned) + len(self._taking) >= self.settings.owned_streams_max:
+                log.warning("not taking stream %s: this server owns %d streams, owned_streams_max", stream,
+                            len(self.owned))
+                return ErrorCode.LEADER_NOT_AVAILABLE
+            taking = self._taking[stream] = asyncio.get_running_loop().create_task(self._open(stream))
+            taking.add_done_callback(lambda _: self._taking.pop(stream, None))
+        return await asyncio.shield(taking)
+
+    async def _open(self, stream: str) -> Route:
+        settings = self.settings
+        try:
+            writer = await self.ns.open_writer(stream, lock_timeout_s=settings.lock_wait_s,
+                                               lock_holder=self.holder_description(), linger_ms=settings.linger_ms,
+                                               buffer_bytes_max=settings.writer_buffer_bytes_max)
+        except WriterLockedError:
+            return ErrorCode.LEADER_NOT_AVAILABLE  # another server took it first: Metadata names it next time
+        except StreamNotFoundError:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        except DlogError as exc:
+            log.warning("cannot take stream %s: %s", stream, exc)
+            return ErrorCode.LEADER_NOT_AVAILABLE
+        segment = writer.segment
+        start, end = await self.ns.position_bounds(stream)
+        if segment is not None and segment.first_position is not None:
+            end = segment.first_position
+        end = end or 0
+        owned = OwnedStream(stream, writer, end if start is None else start, end, settings.tail_bytes_max)
+        self.owned[stream] = owned
+        self.takeovers += 1
+        log.info("server %d serves stream %s from position %d", self.me, stream, end)
+        task = asyncio.get_running_loop().create_task(self._watch(owned))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return owned
+
+    async def _watch(self, owned: OwnedStream) -> None:
+        await owned.writer.until_ended()
+        if self.owned.get(owned.name) is not owned:  # released or stopped: nothing lost
+            return
+        del self.owned[owned.name]
+        error = owned.writer.error
+        self.losses += 1
+        if isinstance(error, WriterFencedError):
+            self._yielded[owned.name] = monotonic_s() + YIELD_S
+        log.warning("server %d stopped serving stream %s: %s", self.me, owned.name, error or "its writer closed")
+        try:
+            await owned.writer.close()  # releases the lock, if it still holds it
+        except DlogError:
+            pass
+
+    def session_lost(self) -> None:
+        """The ZooKeeper session expired with every writer lock of this server: stop serving what
+        it owned (another server may take it now; fencing keeps a late write of ours out)."""
+        for stream in list(self.owned):
+            owned = self.owned.pop(stream)
+            self.losses += 1
+            task = asyncio.get_running_loop().create_task(self._close_quietly(owned))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _close_quietly(self, owned: OwnedStream) -> None:
+        try:
+            await owned.writer.close()
+        except DlogError as exc:
+            log.info("closing the writer of stream %s after the session loss: %s", owned.name, exc)
+
+    async def release(self, stream: str) -> None:
+        """Stop serving `stream` (its writer closed, its lock released), if this server does."""
+        owned = self.owned.pop(stream, None)
+        if owned is not None:
+            try:
+                await owned.writer.close()
+            except DlogError as exc:
+                log.warning("closing the writer of stream %s: %s", stream, exc)
+
+    async def stop(self) -> None:
+        """Close every owned writer (what is buffered is written, segments completed, locks released)."""
+        self._stopping = True
+        owned = list(self.owned.values())
+        self.owned.clear()
+
+        async def close(one: OwnedStream) -> None:
+            try:
+                async with asyncio.timeout(CLOSE_S_MAX):
+                    await one.writer.close()
+            except (DlogError, TimeoutError) as exc:
+                log.warning("closing the writer of stream %s: %s", one.name, exc)
+                one.writer.abort()
+
+        await asyncio.gather(*(close(one) for one in owned))
+        for task in list(self._tasks):
+            task.cancel()
+
+
+class Topics:
+    """Topic name -> partition count, read from the namespace's stream names (ownership.topics_of)."""
+
+    def __init__(self, ns: Namespace, settings: ServerSettings) -> None:
+        self.ns = ns
+        self.settings = settings
+        self._topics: dict[str, int] = {}
+        self._read_at = -1e18
+
+    async def all(self) -> dict[str, int]:
+        await self._refresh()
+        return dict(self._topics)
+
+    async def partitions(self, topic: str) -> int | None:
+        found = self._topics.get(topic)
+        if found is None and monotonic_s() - self._read_at >= TOPICS_REFRESH_S:
+            await self._refresh()
+            found = self._topics.get(topic)
+        return found
+
+    async def _refresh(self) -> None:
+        self._topics = topics_of(await self.ns.list_streams())
+        self._read_at = monotonic_s()
+
+    async def create(self, topic: str, partitions: int, **options: Any) -> bool:
+        """Create the topic's streams (`options`: create_stream's; default: the server's replication);
+        False when it existed already."""
+        settings = self.settings
+        options = {"ensemble": settings.ensemble, "write_quorum": settings.write_quorum,
+                   "ack_quorum": settings.ack_quorum, **options}
+        created = False
+        for index in range(partitions):
+            try:
+                await self.ns.create_stream(partition_stream(topic, index, partitions), **options)
+                created = True
+            except StreamExistsError:
+                pass
+        self._topics[topic] = partitions
+        return created
+
+    def forget(self, topic: str) -> None:
+        self._topics.pop(topic, None)
