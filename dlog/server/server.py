@@ -20,6 +20,7 @@ from typing import Any
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.errors import ConfigError, PortInUseError
 from dlog.namespace import Namespace
+from dlog.policies import PolicyRunner
 from dlog.server.admin import TopicAdmin
 from dlog.server.api import KafkaApi
 from dlog.server.connection import KafkaConnection
@@ -46,6 +47,10 @@ class KafkaServer:
         self.api.add_handlers(TopicAdmin(ns, settings, self.streams, self.topics).handlers())
         self._listener: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], KafkaConnection] = {}
+        # the owner of a stream applies its policies (retention): one runner per stream (dlog.policies)
+        self.policies = PolicyRunner(ns, streams=lambda: list(self.streams.owned))
+        self._policies_stop = asyncio.Event()
+        self._policies_task: asyncio.Task[None] | None = None
         self.port = 0
         self.connections_refused = 0
 
@@ -70,6 +75,7 @@ class KafkaServer:
             listening.close()
             await self.registry.deregister()
             raise
+        self._policies_task = asyncio.get_running_loop().create_task(self.policies.run(self._policies_stop))
         log.info("dlog server %d serves namespace %s to Kafka clients at %s", self.server_id, self.ns.name,
                  self.address)
         return self
@@ -105,6 +111,9 @@ class KafkaServer:
         if self._connections:
             await asyncio.wait(list(self._connections), timeout=STOP_CONNECTIONS_S)
         self.groups.stop()
+        self._policies_stop.set()
+        if self._policies_task is not None:
+            await self._policies_task
         await self.streams.stop()
         await self.registry.deregister()
         if self._listener is not None:
@@ -115,7 +124,8 @@ class KafkaServer:
         return {"id": self.server_id, "kafka": self.address, "connections": len(self._connections),
                 "connections_refused": self.connections_refused,
                 "streams": sorted(self.streams.owned), "takeovers": self.streams.takeovers,
-                "records_produced": self.api.records_produced, "records_fetched": self.api.records_fetched}
+                "records_produced": self.api.records_produced, "records_fetched": self.api.records_fetched,
+                "policy_runs": self.policies.stats.runs, "policy_failures": self.policies.stats.failures}
 
 
 def _listen(host: str, port: int) -> socket.socket:

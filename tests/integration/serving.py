@@ -54,7 +54,8 @@ def serve_processes(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Ca
         line = lines.line_starting("dlog serve ready", 60)
         if line is None:
             process.kill()
-            raise AssertionError(f"dlog serve not ready (status {process.wait()}): {process.stderr.read()}")
+            with process.stdout, process.stderr:
+                raise AssertionError(f"dlog serve not ready (status {process.wait()}): {process.stderr.read()}")
         match = READY.match(line)
         assert match, line
         server = ServeProcess(process, int(match.group(1)), match.group(2), int(match.group(3)), lines)
@@ -68,6 +69,7 @@ def serve_processes(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Ca
             if server.process.poll() is None:
                 server.process.kill()
                 server.process.wait(30)
-            if server.process.returncode not in (0, -signal.SIGKILL) or os.environ.get("DLOG_TEST_SERVE_LOGS"):
-                print(f"dlog serve {server.server_id} exited with {server.process.returncode}:",
-                      server.process.stderr.read()[-5000:] if server.process.stderr else "")
+            with server.process.stdout, server.process.stderr:  # our ends of its pipes, closed
+                if server.process.returncode not in (0, -signal.SIGKILL) or os.environ.get("DLOG_TEST_SERVE_LOGS"):
+                    print(f"dlog serve {server.server_id} exited with {server.process.returncode}:",
+                          server.process.stderr.read()[-5000:])

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dlog import Namespace
-from tests.helpers import dlog_runner
+from tests.helpers import dlog_runner, eventually
 from tests.integration.serving import ServeProcess, serve_processes
 
 RECORD_COUNT = 40
@@ -709,3 +709,25 @@ def test_a_server_whose_session_expired_registers_again_and_serves(cluster_facto
     # it serves again: the stream is taken afresh (its old writer lost the lock with the session)
     assert librdkafka_produce(server.bootstrap, "paused", expected_records("after", 5)) == list(range(5, 10))
     assert owners(run) == {"paused": server.server_id}
+
+
+async def test_the_owner_applies_the_retention_of_the_streams_it_owns(cluster_factory, serve, namespace):
+    """Issue 23 item 1: a stream's policies run in the process that owns it; nobody runs
+    `dlog retention apply`."""
+    cluster = cluster_factory(bookies=1)
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("kept", ensemble=1, write_quorum=1, ack_quorum=1, retention_bytes=1)
+        for session in range(3):  # three completed segments of five records
+            async with ns.open_writer("kept") as writer:
+                for index in range(5):
+                    await writer.write(b"%d-%d" % (session, index))
+        assert (await ns.position_bounds("kept"))[0] == 0
+        server = serve(cluster, namespace)
+        offsets = await asyncio.to_thread(librdkafka_produce, server.bootstrap, "kept",
+                                          expected_records("kafka", 1))
+        assert offsets == [15]  # the server owns the stream now
+
+        async def retained() -> bool:
+            return (await ns.position_bounds("kept"))[0] == 10  # the last completed segment is kept
+
+        await eventually(retained, DEADLINE_S, interval_s=0.5, message="the owner applied the retention")
