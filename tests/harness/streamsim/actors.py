@@ -449,3 +449,7 @@ class SinkMessage:
     last_timestamp_ms: int = 0
     created_ms: int = 0
     entries: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def ledger(self) -> int:
+        return self.ledger_id

@@ -241,6 +241,9 @@ class StreamSimulation:
                 await action(process)
             except DlogError as exc:
                 self.history.record("admin", "admin_error", action=action.__name__, error=error_text(exc))
+            except Exception as exc:  # not one of dlog's errors: a crash in the library, for the checker
+                self.history.record("admin", "bug", error=f"{action.__name__}: {error_text(exc)}")
+                return
 
     async def _gc(self, process: Process) -> None:
         self.ledgers.collect_garbage(GC_GRACE_S)
