@@ -241,7 +241,9 @@ def test_zookeeper_nodes_are_not_world_writable(secure_cluster, written):
         assert checked > 15
     finally:
         client.stop()
+        client.close()
         admin.stop()
+        admin.close()
 
 
 def test_without_credentials_zookeeper_refuses_every_attack(secure_cluster, written):
@@ -268,6 +270,7 @@ def test_without_credentials_zookeeper_refuses_every_attack(secure_cluster, writ
             client.delete(layout.cookie_path(root, bookie))
     finally:
         client.stop()
+        client.close()
 
 
 async def test_a_namespace_principal_cannot_touch_another_namespace(secure_cluster, written):
@@ -294,6 +297,7 @@ async def test_registrations_anyone_could_write_are_not_trusted(secure_cluster):
     finally:
         admin.delete(fake)
         admin.stop()
+        admin.close()
 
 
 async def test_ledger_deletion_by_a_namespace_leaves_a_tombstone_gc_collects(secure_cluster):

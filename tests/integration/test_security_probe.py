@@ -71,6 +71,7 @@ def counter(cluster) -> int:
         return int(client.get(f"{layout.idgen_path(cluster.zk_root)}/next")[0])
     finally:
         client.stop()
+        client.close()
 
 
 async def new_victim_ledger(cluster) -> int:
@@ -105,6 +106,7 @@ def test_nobody_but_the_cluster_makes_directories_moves_the_counter_or_creates_l
                 attempt()
     finally:
         client.stop()
+        client.close()
     assert counter(secure_cluster) == next_id
     assert asyncio.run(victim_reads(secure_cluster))[:1] == [b"mine"]
 
@@ -215,6 +217,7 @@ async def test_a_namespace_made_before_role_identities_is_migrated(secure_cluste
         client.set_acls(ledger, [old_identity, *client.get_acls(ledger)[0]])
     finally:
         client.stop()
+        client.close()
     with pytest.raises(MetadataPermissionError):
         async with namespace(secure_cluster, name, [f"produce:{name}"]) as ns:
             await ns.config("old")

@@ -97,6 +97,7 @@ def test_zookeeper_itself_refuses_what_only_admins_may(secure_cluster, principal
                 attempt()
     finally:
         client.stop()
+        client.close()
     stream_intact(configs["admin"])
 
 

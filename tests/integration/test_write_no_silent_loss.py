@@ -75,6 +75,7 @@ def test_a_second_ctrl_c_under_load_ends_the_run_with_an_account_a_read_confirms
             cluster.kill_bookie(0, signal.SIGCONT)
             writing.kill()
             numbers.kill()
+            numbers.wait(timeout=30)
         quiet(err)
         account = re.fullmatch(r"([\d,]+) records durable in load up to (\S+); ([\d,]+) in flight with an "
                                r"unknown outcome\n", out)
@@ -116,6 +117,9 @@ def test_a_writer_whose_ledger_is_deleted_under_it_fails_at_once_and_reports_not
             out, err = (stream.read().decode() for stream in (writing.stdout, writing.stderr))  # type: ignore[union-attr]
         finally:
             writing.kill()
+            writing.wait(timeout=30)
+            for stream in (writing.stdin, writing.stdout, writing.stderr):
+                stream.close()  # type: ignore[union-attr]
         quiet(err)
         assert writing.returncode == 1 and len(err.splitlines()) == 1, err
         assert err.startswith(f"dlog: ledger {ledger} of the in-progress segment 1 of stream 'deleted' was "
