@@ -27,7 +27,7 @@ redis: install
 
 demo: install java
 	@echo "make: starting the demo (ZooKeeper, 3 bookies, then Spark)"
-	@$(VENV)/bin/python -m tools.demo
+	@$(VENV)/bin/python -m dlog_tools.demo
 
 test: install java chromium redis
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -3,7 +3,7 @@
 Spark 4 runs `pyspark.sql.worker.lookup_data_sources` once per session: it lists the top-level
 modules on `sys.path` (`pkgutil.iter_modules`), imports those named `pyspark_*` and registers
 each one's `DefaultSource` under `DefaultSource.name()`. This module is that hook; the data
-source itself lives in `spark/source.py`.
+source itself lives in `dlog_spark/source.py`.
 
 The hook runs in Spark's Python worker, which is `$PYSPARK_PYTHON` (else `python3` on the PATH).
 When that interpreter finds this module but not what dlog needs (its dependencies live in another
@@ -15,7 +15,7 @@ at all cannot say anything (Spark reports the "dlog" data source as not found: d
 import sys
 
 try:
-    from spark.source import DlogDataSource as DefaultSource
+    from dlog_spark.source import DlogDataSource as DefaultSource
 except ImportError as exc:
     raise ImportError(
         f"the dlog Spark data source cannot load in the Python worker {sys.executable} ({exc}): Spark's workers "

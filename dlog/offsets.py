@@ -17,7 +17,7 @@ tasks as segments in commit order, whatever ids they got. A ``(ledger, entry, sl
 would therefore silently misorder offsets of different segments. Inside one ledger the order is
 `key_within_ledger()`; across ledgers, the stream layer orders through its segment list (a
 `dlog.core.snapshot.Cursor` is an offset resolved against one). Spark's offset JSON is the Spark
-source's (`spark.offsets`).
+source's (`dlog_spark.offsets`).
 """
 
 from __future__ import annotations

@@ -67,8 +67,8 @@ def secure_cluster(tmp_path_factory):
     under ACLs, and the namespaces `orders` and `billing` provisioned."""
     import asyncio
 
-    from tools.cluster import LocalCluster
-    from tools.secure import create, provision_namespace
+    from dlog_tools.cluster import LocalCluster
+    from dlog_tools.secure import create, provision_namespace
 
     directory = tmp_path_factory.mktemp("secure")
     secure = create(directory / "secure")

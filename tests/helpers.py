@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 T = TypeVar("T")
 
@@ -99,7 +99,7 @@ def dlog_runner(zk: str, zk_root: str, namespace: str | None = None,
         scope = ["--zk", zk, "--zk-root", zk_root]
         if namespaced and namespace is not None:
             scope += ["--namespace", namespace]
-        result = subprocess.run([sys.executable, "-m", "tools.cli", *arguments, *scope], input=stdin,
+        result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments, *scope], input=stdin,
                                 capture_output=True, text=isinstance(stdin, str), timeout=timeout_s,
                                 env={**os.environ, **(env or {})})
         if ok:
@@ -129,7 +129,7 @@ def readme_blocks(language: str) -> list[str]:
 def secure_local_cluster(directory: Path, bookies: int, bookie_args: list[str]) -> Iterator[LocalCluster]:
     """A secure cluster of its own (as `dlog standalone --secure` makes one) under `directory`, with
     the admin's client.toml written; `cluster.secure_dir` holds the CA, keys and tokens."""
-    from tools.secure import create, write_admin_config
+    from dlog_tools.secure import create, write_admin_config
 
     secure = create(directory / "secure")
     cluster = LocalCluster(directory / "cluster", bookies=bookies, secure=secure, bookie_args=bookie_args)

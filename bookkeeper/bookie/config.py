@@ -1,4 +1,4 @@
-"""Every setting of a bookie, with its default and its check (tools/bookie_settings.py makes the
+"""Every setting of a bookie, with its default and its check (dlog_tools/bookie_settings.py makes the
 flags, the config file's keys and the docs from these fields and their defaults)."""
 
 from __future__ import annotations

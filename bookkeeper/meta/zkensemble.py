@@ -9,7 +9,7 @@ tests and the soak: find the leader (the `srvr` four-letter word), kill -9 it, s
     ensemble.start_member(index)         # it rejoins as a follower
 
 Every process is one this object started, signalled by its pid only. It offers what a
-`tools.cluster.LocalCluster` and the fault helpers ask of an `EmbeddedZooKeeper` (`address`,
+`dlog_tools.cluster.LocalCluster` and the fault helpers ask of an `EmbeddedZooKeeper` (`address`,
 `running`, `paused`, `start`, `stop`), so a cluster of bookie processes can run on it.
 """
 

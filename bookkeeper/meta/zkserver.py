@@ -37,7 +37,7 @@ QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"  # a mem
 # bigger, on the request path (a node of 1 MiB is refused, not stored). The heap holds the data tree
 # plus a snapshot being written and the requests in flight: 512 MiB keeps a tree of about 150 MiB
 # (millions of dlog's small nodes) with room. Only the cluster's identities may create nodes at all
-# on a secure cluster (tools/secure.lock_down): anonymous clients cannot fill it.
+# on a secure cluster (dlog_tools/secure.lock_down): anonymous clients cannot fill it.
 JUTE_MAX_BUFFER_BYTES = 1024 * 1024
 HEAP_BYTES_MAX = 512 * 1024 * 1024
 JVM_FLAGS = [f"-Xmx{HEAP_BYTES_MAX // 2**20}m", f"-Djute.maxbuffer={JUTE_MAX_BUFFER_BYTES}", "-XX:+UseSerialGC",

@@ -27,7 +27,7 @@ without the column, exactly as before headers existed; an entry with the HEADERS
 fourth column (`headers`). A codec decodes every entry to one shape: the stream's schema (any
 headers dropped), or with `headers=True` the schema with `headers` (null where an entry has none).
 
-`dlog bench codec` (tools/bench/codec.py) on ~120-byte JSON-like values: one frame over the whole
+`dlog bench codec` (dlog_tools/bench/codec.py) on ~120-byte JSON-like values: one frame over the whole
 message decodes up to 2x faster than Arrow's own per-buffer IPC compression at 1,000-record batches and
 encodes as fast, but Arrow's per-buffer frames are 4-12% smaller; levels 1 and 3 compress alike
 and level 1 encodes 1.4-1.7x faster.

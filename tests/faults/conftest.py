@@ -10,7 +10,7 @@ import pytest
 
 from tests.harness.history import History
 from tests.helpers import local_clusters
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ async def fully_replicated_without(workload: Workload, store: RecoveryStore, boo
 
 
 def dlog(cluster, *arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments, "--zk", cluster.zk_address,
+    return subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments, "--zk", cluster.zk_address,
                            "--zk-root", cluster.zk_root], capture_output=True, text=True, timeout=120)
 
 

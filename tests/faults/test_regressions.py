@@ -20,7 +20,7 @@ from bookkeeper.protocol.wire import ReadRequest
 from dlog import Namespace, TruncatedError, WriterFencedError
 from tests.harness.faults.faults import entry_log_records, flip_entry_log_bytes
 from tests.helpers import eventually
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 

@@ -26,7 +26,7 @@ from tests.harness.faults.faults import (
 from tests.harness.faults.network import NetnsCluster, NetnsLab, netem_missing
 from tests.harness.faults.workload import Settings, Workload, WriterProcess
 from tests.helpers import eventually
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 

@@ -61,7 +61,7 @@ from tests.harness.faults.faults import (
 from tests.harness.faults.network import NetnsCluster, NetnsLab
 from tests.harness.faults.workload import Settings, Workload, WriterProcess
 from tests.harness.history import History, Report
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 BOOKIES = 5
 DAMAGEABLE = 0  # the one bookie whose disk faults may hit (one damaged replica at most)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import local_clusters
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 
 @pytest.fixture

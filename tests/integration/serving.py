@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tools.cluster import LineReader, LocalCluster
+from dlog_tools.cluster import LineReader, LocalCluster
 
 READY = re.compile(r"^dlog serve ready id=(\d+) kafka=(\S+):(\d+)$")
 
@@ -45,7 +45,7 @@ def serve_processes(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Ca
 
     def start(cluster: LocalCluster, namespace: str, *args: str, replication: int = 1) -> ServeProcess:
         quorum = str(min(replication, 2))
-        command = [sys.executable, "-m", "tools.cli", "serve", "--zk", cluster.zk_address, "--zk-root",
+        command = [sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", cluster.zk_address, "--zk-root",
                    cluster.zk_root, "--namespace", namespace, "--kafka-port", "0", "--ensemble", str(replication),
                    "--write-quorum", quorum, "--ack-quorum", quorum, *args]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

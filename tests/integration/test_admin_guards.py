@@ -12,8 +12,8 @@ import pytest
 
 import dlog
 from tests.helpers import dlog_runner, one_error_line
-from tools.cluster import LocalCluster
-from tools.ui import Collector, UiOptions
+from dlog_tools.cluster import LocalCluster
+from dlog_tools.ui import Collector, UiOptions
 
 
 @pytest.fixture(scope="module")

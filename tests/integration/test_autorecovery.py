@@ -24,7 +24,7 @@ from bookkeeper.protocol.metadata import LedgerState
 from tests.harness.faults.autorecovery import RecoveryProcess
 from tests.harness.replication import replication_problems
 from tests.helpers import dlog_runner, eventually, one_error_line
-from tools.cluster import project_root
+from dlog_tools.cluster import project_root
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -201,7 +201,7 @@ async def test_a_worker_killed_mid_copy_leaves_metadata_consistent_and_another_f
 
 
 def test_bad_recovery_settings_get_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "bookie", "start", "--dir", str(tmp_path),
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "bookie", "start", "--dir", str(tmp_path),
                              "--config", str(_toml(tmp_path, 'lost_bookie_recovery_delay = "soon"'))],
                             capture_output=True, text=True, timeout=60, cwd=project_root())
     assert "lost_bookie_recovery_delay" in one_error_line(result) and "bad duration 'soon'" in result.stderr

@@ -13,7 +13,7 @@ from bookkeeper.client import BookKeeper
 from dlog.namespace import Namespace
 from tests.helpers import eventually, secure_local_cluster
 from tests.integration.test_streams import read_all, values
-from tools.secure import provision_namespace
+from dlog_tools.secure import provision_namespace
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -19,7 +19,7 @@ NO_MATPLOTLIB = "needs matplotlib: pip install 'dlog[bench]'"
 
 
 def run_bench(*arguments: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "bench", *arguments, "--json"],
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "bench", *arguments, "--json"],
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -27,7 +27,7 @@ def run_bench(*arguments: str) -> dict:
 
 def run_without(module: str, *arguments: str) -> subprocess.CompletedProcess:
     """The CLI in a process where `module` cannot be imported, as if it were not installed."""
-    code = f"import sys; sys.modules[{module!r}] = None; from tools.cli import main; main()"
+    code = f"import sys; sys.modules[{module!r}] = None; from dlog_tools.cli import main; main()"
     return subprocess.run([sys.executable, "-c", code, "bench", *arguments], capture_output=True,
                           text=True, timeout=60)
 
@@ -80,7 +80,7 @@ def test_bench_ledger_reports_throughput_latency_and_tail():
 
 
 def test_bench_refuses_a_bad_size_with_one_clear_line():
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "bookie", "--size", "12 parsecs"],
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "bench", "bookie", "--size", "12 parsecs"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "bad size '12 parsecs'" in result.stderr and "64KiB" in result.stderr
@@ -209,7 +209,7 @@ def test_bench_compare_of_a_run_too_short_to_time_reports_no_figure_instead_of_a
                     "\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"'\n"
                     "echo '\"XADD\",\"inf\",\"0.0\",\"0.0\",\"0.0\",\"0.0\",\"0.0\",\"0.0\"'\n")
     fake.chmod(0o755)
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "compare", "--records", "100", "--json",
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "bench", "compare", "--records", "100", "--json",
                              "--peers", "redis"],
                             capture_output=True, text=True, timeout=180,
                             env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})

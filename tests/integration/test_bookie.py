@@ -309,7 +309,7 @@ async def test_http_admin_endpoints(cluster_factory):
 
 def test_bookie_list_command_prints_one_json_object_per_bookie(cluster_factory, zk_server):
     cluster = cluster_factory(bookies=2)
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "bookie", "list", "--json",
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "bookie", "list", "--json",
                              "--zk", zk_server.address, "--zk-root", cluster.zk_root],
                             capture_output=True, text=True, timeout=60, check=True)
     listed = [json.loads(line) for line in result.stdout.splitlines()]

@@ -30,7 +30,7 @@ DIGEST = Digest.for_ledger(DigestType.CRC32C, b"pw")
 def bookie_address(zk_server, tmp_path_factory):
     import uuid
 
-    from tools.cluster import LocalCluster
+    from dlog_tools.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path_factory.mktemp("bad-input"), bookies=1,
                            zk_root=f"/t-{uuid.uuid4().hex[:8]}", zk_server=zk_server,

@@ -35,7 +35,7 @@ ATTACKER_HOST = "127.0.0.2"  # loopback too, but another host to the per-host ca
 def bookie(zk_server, tmp_path_factory):
     import uuid
 
-    from tools.cluster import LocalCluster
+    from dlog_tools.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path_factory.mktemp("exhaust"), bookies=1,
                            zk_root=f"/t-{uuid.uuid4().hex[:8]}", zk_server=zk_server,

@@ -25,7 +25,7 @@ from bookkeeper.protocol.wire import AuthMechanism, AuthRequest, encode_request
 from bookkeeper.security.tls import ClientTls
 from tests.helpers import eventually
 from tests.integration.test_bookie_exhaustion import closed_by_peer, rss_bytes
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,7 +49,7 @@ class LimitedCluster(LocalCluster):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from tools.secure import create
+    from dlog_tools.secure import create
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the attacks below hold 800 sockets
     if soft < 4096:

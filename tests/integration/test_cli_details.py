@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from tests.helpers import dlog_runner, one_error_line
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_bench_tables_fit_an_80_column_terminal():
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     environment = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "bench", "codec", "--records", "200",
+    process = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "bench", "codec", "--records", "200",
                                 "--batch-records", "100", "--repeat", "1"],
                                stdin=follower, stdout=follower, stderr=follower, env=environment)
     os.close(follower)

@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
-from tools.cluster import free_port
+from dlog_tools.cluster import free_port
 
 
 def dlog(*arguments: str, stdin: str = "", timeout_s: str = "1") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments], input=stdin,
+    return subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments], input=stdin,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "DLOG_ZK_TIMEOUT_S": timeout_s})
 

@@ -17,8 +17,8 @@ import pytest
 
 import dlog
 from tests.helpers import dlog_runner, one_error_line
-from tools.cluster import LocalCluster
-from tools.console import RECORD_BYTES_MAX
+from dlog_tools.cluster import LocalCluster
+from dlog_tools.console import RECORD_BYTES_MAX
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_read_json_piped_to_write_jsonl_copies_records_losslessly(first):
         writer.write(b'{"a":1}', b"k1", 1_700_000_000_000, [("trace", b"abc"), ("none", None)])
         writer.write(b"\xff\xfe binary", b"\x00\xffkey", 1_700_000_000_001, [("bin", b"\xc3\x28")])
         writer.write("téxt".encode(), None, 1_700_000_000_002)
-    read = subprocess.run([sys.executable, "-m", "tools.cli", "read", "copied-from", "--json", "--headers", *scope],
+    read = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "read", "copied-from", "--json", "--headers", *scope],
                           capture_output=True, check=True)
     run("write", "copied-to", "--format", "jsonl", stdin=read.stdout)
     assert records_of(ns, "copied-to") == records_of(ns, "copied-from")
@@ -125,7 +125,7 @@ def test_connect_takes_the_keywords_of_namespace(first, zk_server):
     with dlog.connect(zk=zk_server.address, name=other, bookkeeper_root=root) as keyworded:
         assert keyworded.namespace.name == other
         keyworded.create_stream("named", ensemble=1, write_quorum=1, ack_quorum=1)
-    listed = subprocess.run([sys.executable, "-m", "tools.cli", "stream", "list", "--zk", zk_server.address,
+    listed = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "stream", "list", "--zk", zk_server.address,
                              "--zk-root", root, "--namespace", other], capture_output=True, text=True, check=True)
     assert listed.stdout.split() == ["named"]
 
@@ -195,15 +195,15 @@ def test_tokens_expire_by_default_and_a_written_config_keeps_the_secret_off_the_
     import tomllib
 
     from bookkeeper.security.tokens import TokenKey, TokenVerifier
-    from tools.secure import create as create_secure
-    from tools.secure import write_admin_config
+    from dlog_tools.secure import create as create_secure
+    from dlog_tools.secure import write_admin_config
 
     secure = create_secure(tmp_path / "secure")
     admin = write_admin_config(secure, "127.0.0.1:1")  # no ZooKeeper needed for a cluster-wide token
     key = TokenKey.from_file(str(secure.token_key))
 
     def token_create(*arguments: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tools.cli", "token", "create", "--role", "admin", *arguments,
+        return subprocess.run([sys.executable, "-m", "dlog_tools.cli", "token", "create", "--role", "admin", *arguments,
                                "--config", str(admin)], capture_output=True, text=True, timeout=60)
 
     printed = token_create()
@@ -224,7 +224,7 @@ def test_tokens_expire_by_default_and_a_written_config_keeps_the_secret_off_the_
 
 def dlog_cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     clean = {key: value for key, value in os.environ.items() if not key.startswith("DLOG_")}
-    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments], capture_output=True, text=True,
                           timeout=120, env={**clean, **(env or {})})
 
 
@@ -270,7 +270,7 @@ def test_ledger_read_of_a_streams_segment_says_how_to_read_the_stream(first):
     (("strem", "list"), "dlog: no such command 'strem'"),
 ])
 def test_usage_errors_are_one_line(arguments, words):
-    result = subprocess.run([sys.executable, "-c", "from tools.cli import main; main(prog_name='dlog')", *arguments],
+    result = subprocess.run([sys.executable, "-c", "from dlog_tools.cli import main; main(prog_name='dlog')", *arguments],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and words in one_error_line(result)
 
@@ -302,7 +302,7 @@ def test_a_wrong_zk_root_says_no_bookies_are_registered_there(first, zk_server):
 
 def test_a_secure_cluster_used_without_client_settings_names_the_file_to_export(secure_cluster, tmp_path,
                                                                                   monkeypatch):
-    from tools.secure import write_admin_config
+    from dlog_tools.secure import write_admin_config
 
     monkeypatch.setenv("DLOG_HOME", str(tmp_path / "home"))
     admin_toml = write_admin_config(secure_cluster.secure_dir, secure_cluster.zk_address)

@@ -18,7 +18,7 @@ import pytest
 
 import dlog
 from tests.helpers import dlog_runner, eventually_blocking, one_error_line
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 BASE_MS = 1_700_000_000_000  # records one minute apart from here
 
@@ -98,7 +98,7 @@ def test_a_subscription_commits_as_it_reads_and_ctrl_c_ends_a_follow_quietly(con
     run, ns, scope = consumer
     create(run, "followed")
     write_minutes(run, "followed", 2)
-    reading = subprocess.Popen([sys.executable, "-m", "tools.cli", "read", "followed", "--follow",
+    reading = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "read", "followed", "--follow",
                                 "--subscription", "tail", "--commit-every", "1", *scope],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

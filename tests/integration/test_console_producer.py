@@ -18,7 +18,7 @@ import pytest
 
 import dlog
 from tests.helpers import dlog_runner, eventually_blocking, one_error_line
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def stderr_line(process: subprocess.Popen, timeout_s: float = 60) -> str:
 def test_each_line_is_written_as_it_arrives_through_one_writer(producer):
     run, ns, scope = producer
     create(run, "tail")
-    writing = subprocess.Popen([sys.executable, "-m", "tools.cli", "write", "tail", *scope],
+    writing = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "write", "tail", *scope],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         writing.stdin.write(b"first\n")
@@ -121,7 +121,7 @@ def test_a_waiting_writer_says_who_holds_the_lock_and_takeover_fences_it(produce
     create(run, "locked")
     holder = ns.open_writer("locked")
     holder.write(b"from the holder")
-    waiting = subprocess.Popen([sys.executable, "-m", "tools.cli", "write", "locked", *scope],
+    waiting = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "write", "locked", *scope],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         waiting.stdin.write(b"from the console\n")

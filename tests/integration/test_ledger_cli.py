@@ -18,7 +18,7 @@ def ledger_cli(cluster_factory):
     cluster = cluster_factory(bookies=3)
 
     def run(*arguments: str, ok: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "tools.cli", "ledger", *arguments, "--zk",
+        result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "ledger", *arguments, "--zk",
                                  cluster.zk_address, "--zk-root", cluster.zk_root],
                                 capture_output=True, text=True, timeout=120)
         if ok:

@@ -17,7 +17,7 @@ from bookkeeper.client import BookKeeper
 from bookkeeper.errors import ConfigError, LedgerFencedError, NoSuchEntryError, UnauthorizedError
 from bookkeeper.protocol.metadata import LedgerState
 from tests.helpers import eventually
-from tools.cluster import LineReader
+from dlog_tools.cluster import LineReader
 
 
 def client_for(cluster, **options) -> BookKeeper:

@@ -16,7 +16,7 @@ from dlog.core.policies import PolicyLimits
 from dlog.policies import PolicyRunner
 from tests.helpers import dlog_runner, eventually
 from tests.integration.test_standalone import start_standalone, stop_standalone
-from tools.cluster import LocalCluster, free_port
+from dlog_tools.cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.timeout(180)
 FAST = PolicyLimits(interval_min_ms=100, interval_max_ms=1_000, backoff_max_ms=5_000, list_interval_ms=100)

@@ -14,9 +14,9 @@ import pytest
 from dlog import Namespace, OffsetOutOfRangeError, PositionsUnknownError, TruncatedError, WriterFencedError
 from dlog.segments.codec import RecordSetCodec, default_schema, records_to_batch
 from dlog.segments.store import StreamStore
-from spark.segments import commit_batch
+from dlog_spark.segments import commit_batch
 from tests.harness.streamsim.actors import SinkMessage
-from tools.cli.read import record_json
+from dlog_tools.cli.read import record_json
 
 PROBE_EVERY = 1000
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import readme_blocks
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 PROJECT = Path(__file__).resolve().parent.parent.parent
 README_ZK = "127.0.0.1:2181"  # what the README connects to; the tests' cluster listens elsewhere

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import readme_blocks
-from tools.cluster import LineReader
+from dlog_tools.cluster import LineReader
 
 PROJECT = Path(__file__).resolve().parent.parent.parent
 
@@ -25,7 +25,7 @@ def test_the_secure_quick_start_works_as_printed(tmp_path):
     assert "standalone --secure" in start and len(commands) == 6
     arguments = start.split()[1:] + ["--zk-port", "0", "--ui-port", "-1"]
     environment = {key: value for key, value in os.environ.items() if not key.startswith("DLOG_")}
-    standalone = subprocess.Popen([sys.executable, "-m", "tools.cli", *arguments], cwd=PROJECT,
+    standalone = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", *arguments], cwd=PROJECT,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   env=environment)
     try:
@@ -38,7 +38,7 @@ def test_the_secure_quick_start_works_as_printed(tmp_path):
                 name, _, value = command[len("export "):].partition("=")
                 environment[name] = value
                 continue
-            result = subprocess.run(command.replace(".venv/bin/dlog", f"{sys.executable} -m tools.cli"),
+            result = subprocess.run(command.replace(".venv/bin/dlog", f"{sys.executable} -m dlog_tools.cli"),
                                     shell=True, cwd=PROJECT, capture_output=True, text=True, timeout=120,
                                     env=environment)
             assert result.returncode == 0, (command, result.stderr)

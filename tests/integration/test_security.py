@@ -131,7 +131,7 @@ async def test_a_plaintext_client_gets_a_clean_refusal(secure_cluster):
 
 
 async def test_a_bookie_with_an_untrusted_certificate_is_refused(secure_cluster, tmp_path):
-    from tools.secure import create
+    from dlog_tools.secure import create
 
     other_ca = create(tmp_path / "other").ca_file
     context = ClientTls(str(other_ca)).context()
@@ -360,8 +360,8 @@ async def test_namespace_quotas_limit_streams_and_pace_writes(secure_cluster):
 async def test_mutual_tls_names_the_principal_by_its_certificate(secure_cluster, tmp_path):
     """A bookie requiring client certificates: a certificate signed by the cluster CA authenticates
     (its OU roles are the principal's), a client without one is refused at the handshake."""
-    from tools.cluster import LocalCluster
-    from tools.secure import certificate_pem, make_certificate, private_pem
+    from dlog_tools.cluster import LocalCluster
+    from dlog_tools.secure import certificate_pem, make_certificate, private_pem
 
     secure = secure_cluster.secure_dir
     cluster = LocalCluster(tmp_path / "mtls", bookies=1, zk_server=secure_cluster.zk, zk_root="/mtls",

@@ -11,12 +11,12 @@ import sys
 import tomllib
 
 from tests.helpers import one_error_line
-from tools.secure import write_admin_config
+from dlog_tools.secure import write_admin_config
 
 
 def dlog(*arguments: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     clean = {key: value for key, value in os.environ.items() if not key.startswith("DLOG_")}
-    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments], input=stdin, text=True,
+    return subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments], input=stdin, text=True,
                           capture_output=True, timeout=120, env={**clean, **(env or {})})
 
 

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from bookkeeper.security.tls import ClientTls
-from tools.ui import verified_admin_url
+from dlog_tools.ui import verified_admin_url
 
 
 def call(cluster, path: str, *, method: str = "GET", token: str | None = None, body: bytes | None = None,

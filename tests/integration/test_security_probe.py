@@ -22,7 +22,7 @@ from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.wire import ReadRequest
 from bookkeeper.security.settings import role_zk_user
 from dlog import Namespace
-from tools.secure import provision_namespace
+from dlog_tools.secure import provision_namespace
 
 VICTIM, TENANT = "victim", "tenant"
 

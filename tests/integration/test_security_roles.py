@@ -18,15 +18,15 @@ from kazoo.exceptions import NoAuthError
 from bookkeeper.meta import layout
 from bookkeeper.security.settings import load_client_settings
 from tests.helpers import one_error_line
-from tools.secure import write_admin_config
+from dlog_tools.secure import write_admin_config
 
 NAMESPACE = "shop"
 
 
 def dlog(*arguments: str, config, stdin: str = "") -> subprocess.CompletedProcess:
     clean = {key: value for key, value in os.environ.items() if not key.startswith("DLOG_")}
-    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments, "--namespace", NAMESPACE]
-                          if arguments[0] not in ("ledger", "token") else [sys.executable, "-m", "tools.cli", *arguments],
+    return subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments, "--namespace", NAMESPACE]
+                          if arguments[0] not in ("ledger", "token") else [sys.executable, "-m", "dlog_tools.cli", *arguments],
                           input=stdin, text=True, capture_output=True, timeout=120,
                           env={**clean, "DLOG_CONFIG": str(config)})
 

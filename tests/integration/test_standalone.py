@@ -22,7 +22,7 @@ from bookkeeper.errors import PortInUseError
 from bookkeeper.meta import zkserver
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
-from tools.cluster import LineReader, LocalCluster, free_port
+from dlog_tools.cluster import LineReader, LocalCluster, free_port
 
 READY = re.compile(r"^dlog standalone ready zk=(\S+) bookies=(\S+)")
 
@@ -30,7 +30,7 @@ READY = re.compile(r"^dlog standalone ready zk=(\S+) bookies=(\S+)")
 def start_standalone(directory: Path, zk_port: int, bookies: int,
                      *options: str) -> tuple[subprocess.Popen, str, list[str]]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory), "--bookies",
+        [sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(directory), "--bookies",
          str(bookies), "--zk-port", str(zk_port), "--ui-port", "-1", *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = LineReader(process).line_starting("dlog standalone ready", 90)
@@ -47,7 +47,7 @@ def start_standalone(directory: Path, zk_port: int, bookies: int,
 def run_standalone(directory: Path, bookies: int, zk_port: int | None = None) -> subprocess.CompletedProcess:
     """A standalone expected to refuse: it must exit on its own."""
     port = ["--zk-port", str(zk_port)] if zk_port is not None else []
-    return subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+    return subprocess.run([sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(directory),
                            "--bookies", str(bookies), "--ui-port", "-1", *port],
                           capture_output=True, text=True, timeout=90)
 
@@ -67,7 +67,7 @@ def stop_standalone(process: subprocess.Popen) -> int:
 
 
 def list_bookies(zk: str) -> list[dict]:
-    result = subprocess.run([sys.executable, "-m", "tools.cli", "bookie", "list", "--json", "--zk", zk],
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "bookie", "list", "--json", "--zk", zk],
                             capture_output=True, text=True, timeout=60, check=True)
     return [json.loads(line) for line in result.stdout.splitlines()]
 

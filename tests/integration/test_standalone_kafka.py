@@ -13,11 +13,11 @@ from pathlib import Path
 
 from tests.integration.test_serve_kafka import expected_records, librdkafka_produce
 from tests.integration.test_standalone import start_standalone, stop_standalone
-from tools.cluster import LineReader, free_port
+from dlog_tools.cluster import LineReader, free_port
 
 
 def dlog(zk: str, *arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *arguments, "--zk", zk], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments, "--zk", zk], capture_output=True,
                           text=True, timeout=60, check=True)
 
 
@@ -50,7 +50,7 @@ async def _port_closed(address: str) -> bool:
 
 def standalone_ready(directory: Path, kafka_port: int, bookies: int = 1) -> tuple[subprocess.Popen, str]:
     """A standalone with this --kafka-port, and its ready line."""
-    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+    process = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(directory),
                                 "--bookies", str(bookies), "--zk-port", str(free_port()), "--ui-port", "-1",
                                 "--kafka-port", str(kafka_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
@@ -90,7 +90,7 @@ def test_the_readme_kafka_quick_start_works_as_printed(tmp_path):
         assert result.stdout.strip() == "0 b'o-1' b'{\"total\": 9.5}'"
         outputs = []
         for command in [line.split("  #")[0].strip() for line in commands.splitlines() if line.strip()]:
-            command = command.replace(".venv/bin/dlog", f"{sys.executable} -m tools.cli") + f" --zk {zk}"
+            command = command.replace(".venv/bin/dlog", f"{sys.executable} -m dlog_tools.cli") + f" --zk {zk}"
             outputs.append(subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60))
         assert all(output.returncode == 0 for output in outputs), outputs
         record = json.loads(outputs[0].stdout.splitlines()[0])

@@ -19,7 +19,7 @@ from bookkeeper.security.quota import Quota
 from dlog.namespace import Namespace
 from dlog.segments.metadata import StreamConfig
 from tests.helpers import dlog_runner, eventually, secure_local_cluster
-from tools.secure import provision_namespace
+from dlog_tools.secure import provision_namespace
 
 pytestmark = pytest.mark.timeout(180)
 QUOTA_BYTES = 200_000

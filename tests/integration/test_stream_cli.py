@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def cli(zk_server, tmp_path_factory):
     namespace = f"ns{uuid.uuid4().hex[:6]}"
 
     def run(*arguments: str, stdin: str = "", ok: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "tools.cli", *arguments, "--zk", zk_server.address,
+        result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", *arguments, "--zk", zk_server.address,
                                  "--zk-root", root, "--namespace", namespace],
                                 input=stdin, capture_output=True, text=True, timeout=120)
         if ok:

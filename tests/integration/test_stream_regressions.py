@@ -19,7 +19,7 @@ import pytest
 from dlog import Namespace, Offset, TruncatedError
 from dlog.segments.metadata import SegmentState
 from tests.helpers import dlog_runner, eventually
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,7 +20,7 @@ from bookkeeper.errors import ConfigError, NoSuchLedgerError
 from dlog import Namespace, Offset, OffsetOutOfRangeError, TruncatedError, WriterFencedError, WriterLockedError
 from dlog.segments.metadata import SegmentState
 from tests.helpers import eventually
-from tools.cluster import LineReader
+from dlog_tools.cluster import LineReader
 
 
 @pytest.fixture

@@ -27,9 +27,9 @@ from bookkeeper.clock import wall_ms
 from bookkeeper.meta import layout
 from dlog import Namespace
 from tests.helpers import readme_blocks
-from tools.cli.standalone import UI_PORT_DEFAULT
-from tools.cluster import LineReader, LocalCluster, free_port, load_state
-from tools.ui import (
+from dlog_tools.cli.standalone import UI_PORT_DEFAULT
+from dlog_tools.cluster import LineReader, LocalCluster, free_port, load_state
+from dlog_tools.ui import (
     HTTP_TIMEOUT_S,
     NO_WRITER_NOTE,
     Collector,
@@ -445,7 +445,7 @@ async def test_the_stream_filter_is_a_query_parameter_served_filtered(cluster_fa
 
 
 async def test_standalone_serves_the_page_and_prints_its_url(tmp_path):
-    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(tmp_path / "sa"),
+    process = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(tmp_path / "sa"),
                                 "--bookies", "1", "--zk-port", str(free_port()), "--ui-port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -466,7 +466,7 @@ async def test_standalone_serves_the_page_and_prints_its_url(tmp_path):
 
 
 def start_standalone(directory: Path, *arguments: str) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+    process = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(directory),
                                 "--bookies", "1", *arguments],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = LineReader(process)
@@ -498,7 +498,7 @@ def test_standalone_keeps_its_status_page_port_as_it_keeps_the_zookeeper_port(tm
 
     process, second_url = start_standalone(directory)  # neither port given: both as last time
     try:
-        again = subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory)],
+        again = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(directory)],
                                capture_output=True, text=True, timeout=90)
     finally:
         status, stderr = stop(process)
@@ -509,7 +509,7 @@ def test_standalone_keeps_its_status_page_port_as_it_keeps_the_zookeeper_port(tm
     with socket.socket() as holder:  # someone else took it meanwhile: named before anything starts
         holder.bind(("127.0.0.1", port))
         holder.listen()
-        result = subprocess.run([sys.executable, "-m", "tools.cli", "standalone", "--dir", str(directory),
+        result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(directory),
                                  "--bookies", "1"], capture_output=True, text=True, timeout=90)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"the status page port 127.0.0.1:{port} is held by" in result.stderr and "--ui-port" in result.stderr

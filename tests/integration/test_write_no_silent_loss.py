@@ -57,7 +57,7 @@ def test_a_second_ctrl_c_under_load_ends_the_run_with_an_account_a_read_confirms
     with ns:
         create(run, "load")
         numbers = subprocess.Popen(["seq", "1", "5000000"], stdout=subprocess.PIPE)  # distinct, in order
-        writing = subprocess.Popen([sys.executable, "-m", "tools.cli", "write", "load", *scope],
+        writing = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "write", "load", *scope],
                                    stdin=numbers.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert numbers.stdout is not None
         numbers.stdout.close()
@@ -94,7 +94,7 @@ def test_a_writer_whose_ledger_is_deleted_under_it_fails_at_once_and_reports_not
     cluster, run, scope, ns = start(cluster_factory, zk_server)
     with ns:
         create(run, "deleted")
-        writing = subprocess.Popen([sys.executable, "-m", "tools.cli", "write", "deleted", *scope],
+        writing = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "write", "deleted", *scope],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert writing.stdin is not None
         try:

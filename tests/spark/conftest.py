@@ -15,7 +15,7 @@ import pytest
 import dlog
 from dlog.blocking import BlockingNamespace
 from dlog.segments.codec import records_to_batch
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def cluster(zk_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     local = LocalCluster(tmp_path_factory.mktemp("spark-cluster"), bookies=3, zk_root=root, zk_server=zk_server)
     local.start()
     yield local
-    from spark.connection import close_all
+    from dlog_spark.connection import close_all
 
     close_all()  # this process's cached connections, before their ZooKeeper root goes away
     local.stop()

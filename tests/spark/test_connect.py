@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.spark.conftest import values
-from tools.spark_cluster import SparkConnectServer
+from dlog_tools.spark_cluster import SparkConnectServer
 
 pytestmark = pytest.mark.spark
 CONNECT_MODE_VARIABLES = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")

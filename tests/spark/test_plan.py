@@ -11,9 +11,9 @@ from bookkeeper.errors import ConfigError
 from dlog.core import snapshot
 from dlog.core.snapshot import Cursor, SegmentView, StreamView
 from dlog.offsets import Offset
-from spark import plan
-from spark.options import parse_sink_options, parse_source_options
-from spark.plan import Range
+from dlog_spark import plan
+from dlog_spark.options import parse_sink_options, parse_source_options
+from dlog_spark.plan import Range
 
 
 def segment(sequence: int, ledger: int, entries: int, *, live: bool = True, completed: bool = True,
@@ -147,7 +147,7 @@ def test_timestamp_and_byte_options_are_checked():
 def test_docs_spark_md_lists_every_option():
     from pathlib import Path
 
-    from spark.options import BATCH_SOURCE_OPTIONS, SINK_OPTIONS
+    from dlog_spark.options import BATCH_SOURCE_OPTIONS, SINK_OPTIONS
 
     table = Path(__file__).resolve().parents[2].joinpath("docs", "spark.md").read_text()
     table = table[table.index("## Options"):table.index("## Read schema")]

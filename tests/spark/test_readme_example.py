@@ -8,7 +8,7 @@ import pytest
 
 import dlog
 from tests.helpers import eventually_blocking, readme_blocks
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 README_ZK = "127.0.0.1:2181"
 README_CHECKPOINT = "/tmp/checkpoints/upper"
@@ -20,7 +20,7 @@ def readme_cluster(tmp_path_factory):
     cluster = LocalCluster(tmp_path_factory.mktemp("readme-spark"), bookies=3)
     cluster.start()
     yield cluster
-    from spark.connection import close_all
+    from dlog_spark.connection import close_all
 
     close_all()
     cluster.stop()

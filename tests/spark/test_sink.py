@@ -10,8 +10,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from spark.connection import connection
-from spark.options import ConnectionOptions
+from dlog_spark.connection import connection
+from dlog_spark.options import ConnectionOptions
 from tests.spark.conftest import Dlog, input_rows, run_available_now, values
 
 pytestmark = pytest.mark.spark

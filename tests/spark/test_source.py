@@ -145,7 +145,7 @@ def test_subscription_is_committed_at_the_end_of_each_batch_and_its_lag_is_visib
     dlog_ns.write("subscribed", values(200, start=500), entry_records=100)
     lag = ns.subscription_lag("subscribed", "spark-job")["spark-job"]  # what `dlog subscription describe` shows
     assert lag["lag_records"] == 200 and lag["lag_bytes"] > 0
-    from tools.ui import UiOptions, UiThread
+    from dlog_tools.ui import UiOptions, UiThread
 
     page = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, dlog_ns.options["namespaceRoot"]))
     url = page.start()
@@ -170,7 +170,7 @@ def test_unknown_and_bad_options_are_refused_by_name(spark, dlog_ns):
 
 
 def test_registered_explicitly_and_option_names_ignore_case(spark, dlog_ns):
-    from spark.source import DlogDataSource
+    from dlog_spark.source import DlogDataSource
 
     spark.dataSource.register(DlogDataSource)
     dlog_ns.ns.create_stream("cased")

@@ -1,4 +1,4 @@
-"""Spark's offset JSON (spark.offsets) is canonical, round-trips through Offsets, carries a slot only
+"""Spark's offset JSON (dlog_spark.offsets) is canonical, round-trips through Offsets, carries a slot only
 when a position is inside an entry, and every malformed form is a ConfigError saying what is wanted."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bookkeeper.errors import ConfigError
 from dlog.offsets import ENTRY_ID_MAX, LEDGER_ID_MAX, SLOT_MAX, Offset
-from spark.offsets import offset_document, offsets_of, parse_offsets
+from dlog_spark.offsets import offset_document, offsets_of, parse_offsets
 
 OFFSETS = st.builds(Offset, st.integers(0, LEDGER_ID_MAX), st.integers(0, ENTRY_ID_MAX), st.integers(0, SLOT_MAX))
 

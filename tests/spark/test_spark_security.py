@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.secure import write_client_toml
+from dlog_tools.secure import write_client_toml
 
 pytestmark = pytest.mark.spark
 

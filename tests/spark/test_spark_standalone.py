@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from spark.connection import connection
-from spark.options import ConnectionOptions
+from dlog_spark.connection import connection
+from dlog_spark.options import ConnectionOptions
 from tests.helpers import eventually_blocking
 from tests.spark.conftest import Dlog, classic_session, input_rows, run_available_now, stop_session, values
-from tools.cluster import die_with_parent
-from tools.spark_cluster import SparkStandalone
+from dlog_tools.cluster import die_with_parent
+from dlog_tools.spark_cluster import SparkStandalone
 
 pytestmark = pytest.mark.spark
 

@@ -14,12 +14,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from bookkeeper.client.ledger import ReadHandle
 from dlog.segments.codec import default_schema, records_to_batch
-from spark.connection import connection
-from spark.options import parse_source_options
-from spark.partition import DlogPartition, read_partition
-from spark.plan import Range
-from spark.reader import DlogStreamReader
-from spark.schema import read_schema
+from dlog_spark.connection import connection
+from dlog_spark.options import parse_source_options
+from dlog_spark.partition import DlogPartition, read_partition
+from dlog_spark.plan import Range
+from dlog_spark.reader import DlogStreamReader
+from dlog_spark.schema import read_schema
 from tests.spark.conftest import values
 
 STREAMS = ("left", "right")

@@ -1,15 +1,15 @@
-"""docs/cli.md is exactly what the commands' --help says today (regenerate: python -m tools.clidoc)."""
+"""docs/cli.md is exactly what the commands' --help says today (regenerate: python -m dlog_tools.clidoc)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tools.clidoc import render
+from dlog_tools.clidoc import render
 
 
 def test_the_cli_reference_matches_the_commands():
     documented = Path("docs/cli.md").read_text()
-    assert documented == render(), "docs/cli.md is stale: run `python -m tools.clidoc > docs/cli.md`"
+    assert documented == render(), "docs/cli.md is stale: run `python -m dlog_tools.clidoc > docs/cli.md`"
 
 
 def test_every_command_is_in_the_reference():

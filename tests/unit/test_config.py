@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from bookkeeper.errors import ConfigError
-from tools.bookie_settings import SETTINGS, bookie_config
-from tools.cli.bookie import bookie_start
-from tools.config import client_options, layered_params
-from tools.units import SIZE
+from dlog_tools.bookie_settings import SETTINGS, bookie_config
+from dlog_tools.cli.bookie import bookie_start
+from dlog_tools.config import client_options, layered_params
+from dlog_tools.units import SIZE
 
 
 @click.command()
@@ -76,7 +76,7 @@ def test_client_options_come_from_the_file_and_environment(tmp_path, monkeypatch
 
 
 def test_the_example_autorecovery_table_holds_only_settings_of_dlog_autorecovery():
-    from tools.cli.autorecovery import autorecovery
+    from dlog_tools.cli.autorecovery import autorecovery
 
     example = tomllib.loads(Path("docs/dlog.example.toml").read_text())["autorecovery"]
     settings = {param.name for param in autorecovery.params} - {"config"}

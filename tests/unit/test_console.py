@@ -14,10 +14,10 @@ from bookkeeper.errors import ConfigError
 from bookkeeper.meta.zk import parse_hosts
 from dlog import LedgerDeletedError, Offset, WriterAbortedError
 from dlog.describe import subscription_lag
-from tools.cli.common import cli_wording
-from tools.console import RECORD_BYTES_MAX, BadInputError, Produced, RecordParser
-from tools.positions import parse_start
-from tools.units import format_duration_ms, parse_duration_ms, plural
+from dlog_tools.cli.common import cli_wording
+from dlog_tools.console import RECORD_BYTES_MAX, BadInputError, Produced, RecordParser
+from dlog_tools.positions import parse_start
+from dlog_tools.units import format_duration_ms, parse_duration_ms, plural
 
 
 def parse(input_format: str, *chunks: bytes, separator: str | None = None, **options) -> list[tuple]:

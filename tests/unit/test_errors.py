@@ -23,7 +23,7 @@ from bookkeeper.errors import (
 )
 from bookkeeper.protocol.wire import Status
 
-SHIPPED = ("bookkeeper", "dlog", "spark", "tools")
+SHIPPED = ("bookkeeper", "dlog", "dlog_spark", "dlog_tools")
 
 
 def import_everything() -> None:

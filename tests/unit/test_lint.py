@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("bookkeeper", "dlog", "spark", "tools", "pyspark_dlog.py")
+SHIPPED = ("bookkeeper", "dlog", "dlog_spark", "dlog_tools", "pyspark_dlog.py")
 BIN = Path(sys.executable).parent
 
 
@@ -39,7 +39,7 @@ def test_mypy_is_strict_where_configured(tmp_path):
     """A function without annotations passes in dlog/ but is refused in dlog/core (strict)."""
     config = tmp_path / "pyproject.toml"
     config.write_text((ROOT / "pyproject.toml").read_text().replace(
-        'files = ["bookkeeper", "dlog", "spark", "tools", "pyspark_dlog.py"]', "files = []"))
+        'files = ["bookkeeper", "dlog", "dlog_spark", "dlog_tools", "pyspark_dlog.py"]', "files = []"))
     for package in ("dlog", "dlog/core"):
         (tmp_path / package).mkdir(parents=True, exist_ok=True)
         (tmp_path / package / "__init__.py").write_text("")

@@ -201,7 +201,7 @@ async def test_a_timeout_never_swallows_a_cancel_that_arrives_with_the_answer():
     if sys.version_info < (3, 12):
         assert await _parked_then_answered_and_cancelled(with_wait_for) == "answer"  # the race
     offenders = []
-    for top in ("bookkeeper", "dlog", "spark", "tools"):
+    for top in ("bookkeeper", "dlog", "dlog_spark", "dlog_tools"):
         for file in sorted((ROOT / top).rglob("*.py")):
             for node in ast.walk(ast.parse(file.read_text(), str(file))):
                 if isinstance(node, ast.Attribute) and node.attr == "wait_for" and \
@@ -262,7 +262,7 @@ def test_only_the_clock_port_reads_the_time():
     """Every read of the time in shipped code goes through bookkeeper/clock.py (the `Clock` a
     component is given, or the port's module-level readings), so a simulator can drive whatever
     decides by the time, and there is one place that says what each reading means."""
-    files = [ROOT / "pyspark_dlog.py"] + [file for top in ("bookkeeper", "dlog", "spark", "tools")
+    files = [ROOT / "pyspark_dlog.py"] + [file for top in ("bookkeeper", "dlog", "dlog_spark", "dlog_tools")
                                           for file in sorted((ROOT / top).rglob("*.py"))]
     offenders = [f"{file.relative_to(ROOT)}:{line}: {what}" for file in files
                  if file != ROOT / "bookkeeper/clock.py"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("bookkeeper", "dlog", "spark", "tools", "pyspark_dlog")
+SHIPPED = ("bookkeeper", "dlog", "dlog_spark", "dlog_tools", "pyspark_dlog")
 PROJECT = (*SHIPPED, "tests")
 # packages none of whose modules import each other in a circle
 CIRCLE_FREE = ("dlog", "bookkeeper.bookie", "bookkeeper.protocol")
@@ -142,7 +142,7 @@ def circle_through(graph: dict[str, set[str]], group: set[str]) -> list[str]:
 
 def test_the_map_names_every_package_with_code():
     rules = package_map()
-    assert {"bookkeeper", "bookkeeper.protocol", "dlog", "spark", "tools", "tests.harness"} <= set(rules)
+    assert {"bookkeeper", "bookkeeper.protocol", "dlog", "dlog_spark", "dlog_tools", "tests.harness"} <= set(rules)
     for module, _ in module_files():
         assert owner(module, set(rules)) is not None, f"{module} is in no package of the map"
 
@@ -266,7 +266,7 @@ DlogError._not_a_module
 
 @pytest.mark.parametrize("package", ["bookkeeper", "bookkeeper/protocol", "bookkeeper/meta",
                                      "bookkeeper/client", "bookkeeper/bookie", "bookkeeper/autorecovery", "dlog", "dlog/segments", "dlog/core", "dlog/serve", "dlog/serve/kafka",
-                                     "spark", "tools", "tools/cli", "tools/bench", "tests/harness",
+                                     "dlog_spark", "dlog_tools", "dlog_tools/cli", "dlog_tools/bench", "tests/harness",
                                      "tests/harness/sim", "tests/harness/faults"])
 def test_every_package_says_its_role(package):
     init = ROOT / package / "__init__.py"

@@ -1,4 +1,4 @@
-"""Each bookie setting is defined once (tools/bookie_settings.py): its flag lands on the record field
+"""Each bookie setting is defined once (dlog_tools/bookie_settings.py): its flag lands on the record field
 the table names, its default is that field's, and the docs hold what the table makes."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from bookkeeper.bookie.config import BookieConfig
 from bookkeeper.bookie.limits import ServerLimits
 from bookkeeper.protocol.wire import ENTRY_BYTES_MAX_DEFAULT, HEADER_BYTES
-from tools.bookie_settings import RECOVERY_SETTINGS, SETTINGS, bookie_config
-from tools.settings import (
+from dlog_tools.bookie_settings import RECOVERY_SETTINGS, SETTINGS, bookie_config
+from dlog_tools.settings import (
     FROM_RECORD,
     CommaList,
     Directory,
@@ -25,14 +25,14 @@ from tools.settings import (
     Whole,
     record_default,
 )
-from tools.settingsdoc import BLOCKS, ROOT, rewritten
+from dlog_tools.settingsdoc import BLOCKS, ROOT, rewritten
 
 LANDING = [setting for setting in SETTINGS if setting.lands != "*" and not isinstance(setting.kind, Switch)]
 
 
 @pytest.mark.parametrize("path", sorted(BLOCKS))
 def test_the_docs_hold_what_the_table_makes(path):
-    assert (ROOT / path).read_text() == rewritten(path), f"{path} is stale: run `python -m tools.settingsdoc`"
+    assert (ROOT / path).read_text() == rewritten(path), f"{path} is stale: run `python -m dlog_tools.settingsdoc`"
 
 
 @pytest.mark.parametrize("setting", [setting for setting in LANDING if setting.default is FROM_RECORD],
@@ -98,9 +98,9 @@ def test_the_default_flags_make_the_records_defaults(tmp_path, monkeypatch):
 
 
 def test_every_option_of_the_bookie_and_autorecovery_commands_is_in_the_table():
-    from tools.cli.autorecovery import autorecovery
-    from tools.cli.bookie import bookie_start
-    from tools.cli.standalone import standalone
+    from dlog_tools.cli.autorecovery import autorecovery
+    from dlog_tools.cli.bookie import bookie_start
+    from dlog_tools.cli.standalone import standalone
 
     assert [param.name for param in bookie_start.params] == [setting.name for setting in SETTINGS] + ["config"]
     own = {param.name for param in autorecovery.params} - {setting.name for setting in RECOVERY_SETTINGS}

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tools.cluster import LineReader, die_with_parent, project_root
+from dlog_tools.cluster import LineReader, die_with_parent, project_root
 
 READY_PREFIX = "autorecovery ready"
 
@@ -20,7 +20,7 @@ class RecoveryProcess:
     def __init__(self, cluster: Any, name: str, log_dir: Path, *args: str, timeout_s: float = 60.0) -> None:
         self.name = name
         self.log_path = Path(log_dir) / f"{name}.log"
-        self.command = [sys.executable, "-m", "tools.cli", "autorecovery", "--zk", cluster.zk_address,
+        self.command = [sys.executable, "-m", "dlog_tools.cli", "autorecovery", "--zk", cluster.zk_address,
                         "--zk-root", cluster.zk_root, "--id", name, *args]
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=log, text=True,

@@ -381,7 +381,7 @@ class WriterProcess:
         import subprocess
         import sys
 
-        from tools.cluster import LineReader, die_with_parent, project_root
+        from dlog_tools.cluster import LineReader, die_with_parent, project_root
 
         assert history.path is not None, "a writer process needs a history file"
         command = [sys.executable, "-m", "tests.harness.faults.writer_process", "--zk", cluster.zk_address,

@@ -4,7 +4,7 @@ Every injector acts only on what this process started (by pid, by a path it crea
 namespace it made) and every one has its heal. `Nemesis` records each fault and heal in the run's
 history, so a soak's figures and a failing run's story come from the same file.
 
-    bookies     kill -9, SIGSTOP/SIGCONT, restart (tools.cluster.LocalCluster)
+    bookies     kill -9, SIGSTOP/SIGCONT, restart (dlog_tools.cluster.LocalCluster)
     ZooKeeper   pause/resume (SIGSTOP), restart (EmbeddedZooKeeper), expiry of one client session
     disks       a small tmpfs as a bookie's data directory, filled up; flipped bytes in one
                 replica's entry logs; a torn or junk-tailed journal
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.history import History
-from tools.cluster import LocalCluster
+from dlog_tools.cluster import LocalCluster
 
 COMMAND_TIMEOUT_S = 20.0
 

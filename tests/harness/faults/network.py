@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bookkeeper.meta.zkserver import EmbeddedZooKeeper
-from tools.cluster import BookieProcess, LocalCluster
+from dlog_tools.cluster import BookieProcess, LocalCluster
 
 from .faults import CapabilityMissing, run
 
@@ -236,7 +236,7 @@ def cleanup_stale_namespaces() -> None:
 
 class NetnsCluster(LocalCluster):
     """A LocalCluster whose ZooKeeper listens on the lab's ZooKeeper address and whose bookies each
-    run in their own namespace (`ip netns exec NS python -m tools.cli bookie start --host ...`)."""
+    run in their own namespace (`ip netns exec NS python -m dlog_tools.cli bookie start --host ...`)."""
 
     def __init__(self, directory: Path | str, lab: NetnsLab, *, zk_root: str = "/bookkeeper",
                  bookie_args: list[str] | None = None) -> None:
@@ -261,7 +261,7 @@ class NetnsCluster(LocalCluster):
 
     def bookie_command(self, bookie: BookieProcess) -> list[str]:
         assert isinstance(bookie, NetnsBookie)
-        return ["ip", "netns", "exec", bookie.netns, sys.executable, "-m", "tools.cli", "bookie", "start",
+        return ["ip", "netns", "exec", bookie.netns, sys.executable, "-m", "dlog_tools.cli", "bookie", "start",
                 "--dir", str(bookie.data_dir), "--host", bookie.host, "--port", str(bookie.port),
                 "--http-port", "0", "--zk", self.zk_address, "--zk-root", self.zk_root,
                 # off loopback a bookie is secure unless told by name; these test networks are private

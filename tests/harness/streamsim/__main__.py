@@ -76,7 +76,7 @@ def explore(start: int, count: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("dlog", "bookkeeper", "spark", "asyncio"):
+    for noisy in ("dlog", "bookkeeper", "dlog_spark", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     arguments = _parser().parse_args(argv)
     with plants.planted(arguments.plant):

@@ -23,7 +23,7 @@ import pyarrow as pa
 from bookkeeper.errors import ConfigError, DlogError
 from dlog import Namespace, Offset, TruncatedError
 from dlog.segments.codec import RecordSetCodec, default_schema, records_to_batch, split_batch
-from spark.segments import SinkLockedError, commit_batch, delete_ledgers
+from dlog_spark.segments import SinkLockedError, commit_batch, delete_ledgers
 from tests.harness.history import History, offset_list
 
 if TYPE_CHECKING:
@@ -439,7 +439,7 @@ class Sink:
 
 @dataclass
 class SinkMessage:
-    """What spark.sink's DlogCommitMessage carries (commit_batch reads only these)."""
+    """What dlog_spark.sink's DlogCommitMessage carries (commit_batch reads only these)."""
 
     ledger_id: int
     last_entry: int = -1

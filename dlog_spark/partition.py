@@ -1,0 +1,103 @@
+"""The worker side of the dlog source: a partition (entries of one ledger) and its read, which
+decodes entries straight into Arrow batches of the read schema in a Python worker (an executor's,
+or the driver's in local mode). A worker process keeps its read handles (`dlog.snapshot`, on the
+process's connection): the partitions of a ledger that later tasks read cost no second open."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.types import StructType
+
+from bookkeeper.errors import NoSuchEntryError, NoSuchLedgerError
+from dlog.segments.codec import HEADERS_SCHEMA, RecordSetCodec
+from dlog.segments.store import StreamNotFoundError
+from dlog_spark.connection import connection
+from dlog_spark.options import SourceOptions
+from dlog_spark.plan import DataLossError, Range
+from dlog_spark.schema import BatchShaper, arrow_read_schema
+
+log = logging.getLogger(__name__)
+READ_CHUNK_ENTRIES = 16
+READ_TIMEOUT_S = 120.0
+
+
+class DlogPartition(InputPartition):
+    """Entries first..last of one ledger of one stream (records from `first_slot` of the first)."""
+
+    def __init__(self, span: Range, fail_on_data_loss: bool) -> None:
+        super().__init__(None)
+        self.stream = span.stream
+        self.ledger_id = span.ledger_id
+        self.first_entry = span.first_entry
+        self.last_entry = span.last_entry
+        self.first_slot = span.first_slot
+        self.end_slot = span.end_slot
+        self.fail_on_data_loss = fail_on_data_loss
+
+    def __repr__(self) -> str:
+        end = "" if self.end_slot is None else f", end_slot={self.end_slot}"
+        return (f"DlogPartition({self.stream!r}, ledger={self.ledger_id}, entries={self.first_entry}.."
+                f"{self.last_entry}, first_slot={self.first_slot}{end})")
+
+
+
+def on_loss(fail: bool, losses: tuple[str, ...]) -> None:
+    text = "; ".join(losses)
+    if fail:
+        raise DataLossError(f"data loss: {text}. Records the query had not read were removed by "
+                            "truncation or retention. Start the query again from a new checkpoint, or set "
+                            "failOnDataLoss=false to skip to the earliest available records")
+    log.warning("dlog source skipped removed records (failOnDataLoss=false): %s", text)
+
+
+# ------------------------------------------------------------------------------ workers
+
+
+def read_partition(options: SourceOptions, schema: StructType, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Decode the partition's entries into record batches of the read schema (in a worker)."""
+    if not isinstance(partition, DlogPartition):
+        return  # Spark's placeholder partition of an empty batch read
+    conn = connection(options.connection)
+    namespace = conn.namespace
+    try:
+        config = conn.call(namespace.config(partition.stream))
+        # the process's cached handle when an earlier task opened the ledger; the planner saw
+        # these entries confirmed, so no LAC read
+        handle = conn.call(namespace.reads.handle(partition.ledger_id, namespace.password_of(config),
+                                                  partition.last_entry))
+    except (StreamNotFoundError, NoSuchLedgerError) as error:
+        on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))
+        return
+    stream_schema = namespace.schema_of(config)
+    output = arrow_read_schema(schema)
+    headers = "headers" in output.names  # includeHeaders: decode every entry with its headers column
+    codec = RecordSetCodec(stream_schema, headers=headers)
+    shaper = BatchShaper(partition.stream, HEADERS_SCHEMA if headers else stream_schema, output)
+    first, last = partition.first_entry, partition.last_entry
+
+    def fetch(start: int) -> Any:
+        return conn.submit(handle.read(start, min(last, start + READ_CHUNK_ENTRIES - 1)))
+
+    pending = fetch(first)
+    next_start = first
+    while pending is not None:
+        try:
+            entries = pending.result(READ_TIMEOUT_S)
+        except (NoSuchLedgerError, NoSuchEntryError) as error:
+            namespace.reads.forget(partition.ledger_id)
+            on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
+            return
+        next_start += len(entries)
+        pending = fetch(next_start) if next_start <= last else None  # decode while the next arrives
+        for entry in entries:
+            slot = partition.first_slot if entry.entry_id == first else 0
+            batch = codec.records_from(entry.payload, slot)
+            if entry.entry_id == last and partition.end_slot is not None:
+                batch = batch.slice(0, max(0, partition.end_slot - slot))
+            if batch.num_rows:
+                yield shaper.shape(batch, partition.ledger_id, entry.entry_id, slot)

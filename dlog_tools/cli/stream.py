@@ -1,0 +1,258 @@
+"""`dlog stream create|list|info|delete`: streams and their segments."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from bookkeeper.errors import ConfigError
+from dlog_tools.cli.common import (
+    cluster_options,
+    fails_cleanly,
+    json_option,
+    print_table,
+    run_namespace,
+)
+from dlog_tools.units import DURATION, SIZE, format_duration_ms, format_size, format_time_ms, plural
+
+ENSEMBLE_DEFAULT, WRITE_QUORUM_DEFAULT, ACK_QUORUM_DEFAULT = 3, 2, 2  # on a cluster of 3 bookies or more
+
+
+@click.group()
+def stream() -> None:
+    """Create, list, inspect and delete streams."""
+
+
+@stream.command("create")
+@click.argument("name")
+@click.option("--ensemble", default=None, type=click.IntRange(1, 64),
+              help=f"bookies per segment (default {ENSEMBLE_DEFAULT}, or every bookie of a smaller cluster)")
+@click.option("--write-quorum", default=None, type=click.IntRange(1, 64),
+              help=f"copies of each entry (default {WRITE_QUORUM_DEFAULT}, at most the ensemble)")
+@click.option("--ack-quorum", default=None, type=click.IntRange(1, 64),
+              help=f"copies fsynced before a write is acknowledged (default {ACK_QUORUM_DEFAULT}, at most the "
+                   "write quorum)")
+@click.option("--roll-size", type=SIZE, help="roll to a new segment after this many bytes (default 256MiB)")
+@click.option("--roll-age", type=DURATION, help="roll after this long (default 2h)")
+@click.option("--roll-records", default=0, type=click.IntRange(0), help="roll after this many records (0: never)")
+@click.option("--retention-age", type=DURATION, default=None, help="remove segments older than this")
+@click.option("--retention-size", type=SIZE, default=None, help="keep at most this many bytes")
+@click.option("--if-not-exists", is_flag=True, help="succeed, changing nothing, if the stream exists")
+@cluster_options
+@json_option
+@fails_cleanly
+def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack_quorum: int | None,
+                  roll_size: int | None,
+                  roll_age: int | None, roll_records: int, retention_age: int | None,
+                  retention_size: int | None, if_not_exists: bool, cluster: tuple[str, str, str],
+                  as_json: bool) -> None:
+    """Create a stream (default schema: key, value, timestamp).
+
+    Replication not given is fitted to the cluster: on fewer bookies than the default ensemble of
+    3, the ensemble is every registered bookie and the quorums at most that (one line on stderr
+    says which); replication given that needs more bookies than are registered is created as
+    asked, with a warning. `dlog stream alter` changes it for new segments."""
+    from bookkeeper.protocol.metadata import check_quorum
+    from dlog.names import check_stream_name
+
+    check_stream_name(name)
+    asked = (ensemble, write_quorum, ack_quorum)
+    check_quorum(*fitted_quorums(asked, max(asked[0] or 0, ENSEMBLE_DEFAULT)))
+
+    async def action(ns: Any) -> Any:
+        bookies = len(await ns.client.store.bookies())
+        quorums = fitted_quorums(asked, bookies if bookies else ENSEMBLE_DEFAULT)
+        created = await ns.create_stream(
+            name, ensemble=quorums[0], write_quorum=quorums[1], ack_quorum=quorums[2],
+            roll_bytes=roll_size, roll_age_ms=roll_age, roll_records=roll_records,
+            retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0, exist_ok=if_not_exists)
+        note = replication_note(name, asked, quorums, bookies, cluster[1])
+        if note and created.ensemble == quorums[0]:
+            click.echo(f"dlog: {note}", err=True)
+        return created
+
+    config = run_namespace(cluster, action, create=True)
+    click.echo(json.dumps(config.public_json(), sort_keys=True) if as_json else f"created stream {name}")
+
+
+def fitted_quorums(asked: tuple[int | None, int | None, int | None], bookies: int) -> tuple[int, int, int]:
+    """(ensemble, write quorum, ack quorum): what was asked, the rest defaults that fit `bookies`
+    (ensemble at most the bookies, write quorum at most the ensemble, ack at most the write quorum)."""
+    ensemble = asked[0] if asked[0] is not None else max(1, min(ENSEMBLE_DEFAULT, bookies), asked[1] or 0,
+                                                         asked[2] or 0)
+    write_quorum = asked[1] if asked[1] is not None else max(min(WRITE_QUORUM_DEFAULT, ensemble),
+                                                             min(asked[2] or 0, ensemble))
+    ack_quorum = asked[2] if asked[2] is not None else min(ACK_QUORUM_DEFAULT, write_quorum)
+    return ensemble, write_quorum, ack_quorum
+
+
+def replication_note(name: str, asked: tuple[int | None, ...], quorums: tuple[int, int, int], bookies: int,
+                     zk_root: str) -> str | None:
+    """The one line `stream create` says when the cluster is smaller than the stream's ensemble."""
+    replication = f"ensemble {quorums[0]}, write quorum {quorums[1]}, ack quorum {quorums[2]}"
+    if bookies == 0:
+        return (f"no bookies are registered under --zk-root {zk_root}: the stream has {replication}, and "
+                "writes fail until that many bookies run there (is --zk-root the bookies' root?)")
+    if quorums[0] > bookies:
+        fits = fitted_quorums((None, None, None), bookies)
+        return (f"only {plural(bookies, 'bookie')} registered: the stream has {replication}, and writes fail "
+                f"until {quorums[0]} run (`dlog stream alter {name} --ensemble {fits[0]} --write-quorum {fits[1]} "
+                f"--ack-quorum {fits[2]}` fits it to this cluster)")
+    if quorums != (ENSEMBLE_DEFAULT, WRITE_QUORUM_DEFAULT, ACK_QUORUM_DEFAULT) and None in asked:
+        return (f"{plural(bookies, 'bookie')} registered, fewer than the default ensemble of {ENSEMBLE_DEFAULT}: "
+                f"the stream has {replication} (`dlog stream alter` changes it for new segments)")
+    return None
+
+
+@stream.command("list")
+@cluster_options
+@json_option
+@fails_cleanly
+def stream_list(cluster: tuple[str, str, str], as_json: bool) -> None:
+    """List the streams of a namespace."""
+    names = run_namespace(cluster, lambda ns: ns.list_streams())
+    click.echo(json.dumps({"streams": names}) if as_json else "\n".join(names))
+
+
+@stream.command("info")
+@click.argument("name")
+@cluster_options
+@json_option
+@fails_cleanly
+def stream_info(name: str, cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Settings, records, sizes, offsets, subscriptions (with lag) and segments of a stream.
+
+    A segment whose ledger is missing is shown as DAMAGED: its records are lost."""
+    info = run_namespace(cluster, lambda ns: ns.stream_info(name))
+    if as_json:
+        click.echo(json.dumps(info, sort_keys=True))
+        return
+    _print_settings(info["name"], info["config"])
+    _print_contents(info)
+    if info["subscriptions"]:
+        click.echo("subscriptions")
+        print_table(["name", "offset", "lag_records", "lag_bytes", "note"],
+                    [{**sub, "lag_records": f"{sub['lag_records']:,}", "lag_bytes": format_size(sub["lag_bytes"])}
+                     for sub in info["subscriptions"]])
+    click.echo("segments")
+    print_table(["sequence", "ledger", "state", "entries", "records", "bytes", "first_time", "last_time"],
+                [_segment_row(segment) for segment in info["segments"]])
+
+
+def _print_settings(name: str, config: dict[str, Any]) -> None:
+    click.echo(f"stream {name}")
+    click.echo(f"  replication   ensemble {config['ensemble']}, write quorum {config['write_quorum']}, "
+               f"ack quorum {config['ack_quorum']}")
+    limits = [format_size(config["roll_bytes"]), format_duration_ms(config["roll_age_ms"])]
+    if config["roll_records"]:
+        limits.append(plural(config["roll_records"], "record"))
+    click.echo(f"  roll          after {', '.join(limits[:-1])} or {limits[-1]}, whichever comes first")
+    age, size = config["retention_age_ms"], config["retention_bytes"]
+    click.echo(f"  retention     age {format_duration_ms(age) if age else 'off'}, "
+               f"size {format_size(size) if size else 'off'}, "
+               f"{'keeps' if config['retention_keeps_unconsumed'] else 'ignores'} what subscribers have not read")
+    click.echo(f"  created       {format_time_ms(config['created_ms'])}")
+
+
+def _print_contents(info: dict[str, Any]) -> None:
+    segments = info["segments"]
+    alive = [s for s in segments if s["state"] != "truncated"]
+    truncated = len(segments) - len(alive)
+    estimated = any(s["bytes_estimated"] for s in alive)
+    click.echo(f"  records       {plural(info['records'], 'record')} in {plural(len(alive), 'live segment')}"
+               + (f" ({truncated} truncated)" if truncated else ""))
+    click.echo(f"  size          {format_size(info['bytes'])}"
+               + (" (the in-progress segment's is estimated)" if estimated else ""))
+    click.echo(f"  offsets       first {info['first_offset'] or '-'}, last {info['last_offset'] or '-'}")
+    if info["next_position"] is not None:
+        click.echo(f"  positions     first {info['first_position']}, next {info['next_position']}")
+    for segment in segments:
+        if segment["damaged"]:
+            click.echo(f"  DAMAGED       segment {segment['sequence']}: {segment['damaged']}")
+
+
+def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
+    last, first = segment["last_entry"], segment["first_entry"]
+    entries = "-" if last is None or segment["state"] == "truncated" else f"{first}..{last}"
+    size = "-" if segment["bytes"] is None else format_size(segment["bytes"])
+    return {"sequence": segment["sequence"], "ledger": segment["ledger"],
+            "state": "DAMAGED" if segment["damaged"] else segment["state"].replace("_", " "),
+            "entries": entries, "records": "-" if segment["records"] is None else f"{segment['records']:,}",
+            "bytes": ("~" + size) if segment["bytes_estimated"] else size,
+            "first_time": format_time_ms(segment["first_timestamp_ms"], "seconds"),
+            "last_time": format_time_ms(segment["last_timestamp_ms"], "seconds")}
+
+
+@stream.command("alter")
+@click.argument("name")
+@click.option("--roll-size", type=SIZE, help="roll to a new segment after this many bytes")
+@click.option("--roll-age", type=DURATION, help="roll after this long")
+@click.option("--roll-records", type=click.IntRange(0), help="roll after this many records (0: no limit)")
+@click.option("--retention-age", type=DURATION, help="remove completed segments older than this (0: off)")
+@click.option("--retention-size", type=SIZE, help="keep at most this many bytes (0: off)")
+@click.option("--keep-unconsumed/--ignore-subscribers", default=None,
+              help="whether retention keeps what a subscriber has not read yet")
+@click.option("--ensemble", type=click.IntRange(1, 64), help="bookies per new segment")
+@click.option("--write-quorum", type=click.IntRange(1, 64), help="copies of each entry of new segments")
+@click.option("--ack-quorum", type=click.IntRange(1, 64), help="copies fsynced before a write is acknowledged")
+@cluster_options
+@json_option
+@fails_cleanly
+def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_records: int | None,
+                 retention_age: int | None, retention_size: int | None, keep_unconsumed: bool | None,
+                 ensemble: int | None, write_quorum: int | None, ack_quorum: int | None,
+                 cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Change a stream's roll, retention and replication settings.
+
+    A writer takes new roll and replication settings when it next opens the stream (`dlog write`
+    does at each run): replication applies to the segments it creates, existing ones keep theirs.
+    The quorums must satisfy ensemble >= write quorum >= ack quorum, checked with the stream's
+    current values for those not given. Retention applies its settings at its next run."""
+    changes = {key: value for key, value in (
+        ("roll_bytes", roll_size), ("roll_age_ms", roll_age), ("roll_records", roll_records),
+        ("retention_age_ms", retention_age), ("retention_bytes", retention_size),
+        ("retention_keeps_unconsumed", keep_unconsumed), ("ensemble", ensemble), ("write_quorum", write_quorum),
+        ("ack_quorum", ack_quorum)) if value is not None}
+    if not changes:
+        raise ConfigError("nothing to change: give --roll-size, --roll-age, --roll-records, --retention-age, "
+                          "--retention-size, --keep-unconsumed/--ignore-subscribers, --ensemble, --write-quorum "
+                          "or --ack-quorum")
+
+    async def action(ns: Any) -> tuple[Any, Any]:
+        before = await ns.config(name)
+        return before, await ns.alter_stream(name, **changes)
+
+    before, after = run_namespace(cluster, action)
+    if as_json:
+        click.echo(json.dumps(after.public_json(), sort_keys=True))
+        return
+    for key in changes:
+        click.echo(f"{name}: {key.removesuffix('_ms')} {_setting_text(key, getattr(before, key))} -> "
+                   f"{_setting_text(key, getattr(after, key))}")
+
+
+def _setting_text(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key.startswith("retention") and value == 0:
+        return "off"
+    if key.endswith("_ms"):
+        return format_duration_ms(value)
+    if key.endswith("_bytes"):
+        return format_size(value)
+    return f"{value:,}" if value else "no limit"
+
+
+@stream.command("delete")
+@click.argument("name")
+@cluster_options
+@json_option
+@fails_cleanly
+def stream_delete(name: str, cluster: tuple[str, str, str], as_json: bool) -> None:
+    """Delete a stream and its ledgers (bookies reclaim the space by garbage collection)."""
+    ledgers = run_namespace(cluster, lambda ns: ns.delete_stream(name))
+    click.echo(json.dumps({"deleted": name, "ledgers": ledgers}) if as_json
+               else f"deleted stream {name} ({plural(len(ledgers), 'ledger')})")
+
