@@ -16,7 +16,8 @@ ledger deleted under the writer (LedgerDeletedError names it, and records acknow
 earlier are moved from durable to lost), not written, or unknown (any other failure: it may have
 reached an ack quorum). Acknowledgements come in order, so durable records are a prefix of the
 input (what a deleted ledger took aside) and the last durable offset is where to resume. The first
-Ctrl-C closes the writer, flushing it; the second aborts it (dlog_tools/interrupts.py), and what was in flight is unknown.
+Ctrl-C closes the writer, flushing it; the second aborts it (dlog_tools/interrupts.py), and what
+was in flight is unknown.
 
 Formats. `lines`: one record per line, as bytes (any encoding, no decoding); `raw`: all of
 standard input is one record; `base64`: one base64-encoded value per line; `jsonl`: one JSON
