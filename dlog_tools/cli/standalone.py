@@ -44,7 +44,8 @@ class ServeProcess:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", cluster.zk_address,
-                 "--zk-root", cluster.zk_root, "--namespace", "default", "--kafka-port", str(kafka_port), "--auto-create-topics",
+                 "--zk-root", cluster.zk_root, "--namespace", "default", "--kafka-port", str(kafka_port),
+                 "--auto-create-topics",
                  "--ensemble", str(min(bookies, 3)), "--write-quorum", quorum, "--ack-quorum", quorum],
                 stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
