@@ -153,6 +153,7 @@ async def test_an_open_directory_planted_in_the_way_is_skipped(secure_cluster, v
         assert created >= ahead + 10_000 and admin.get_children(planted) == []
     finally:
         admin.stop()
+        admin.close()
 
 
 @pytest.mark.parametrize("jam", ["garbage", "-5", str(layout.LEDGER_ID_MAX), "squatted"])
@@ -174,6 +175,7 @@ async def test_a_jammed_counter_or_squatted_ids_repair_themselves(secure_cluster
         assert await new_victim_ledger(secure_cluster) > created
     finally:
         admin.stop()
+        admin.close()
 
 
 def test_zookeeper_refuses_nodes_larger_than_dlog_writes(secure_cluster):
@@ -185,11 +187,13 @@ def test_zookeeper_refuses_nodes_larger_than_dlog_writes(secure_cluster):
             admin.create("/too-large", b"x" * (JUTE_MAX_BUFFER_BYTES + 1))
     finally:
         admin.stop()
+        admin.close()
     admin = admin_zk(secure_cluster)
     try:
         assert admin.exists("/too-large") is None
     finally:
         admin.stop()
+        admin.close()
 
 
 async def test_a_namespace_made_before_role_identities_is_migrated(secure_cluster):
