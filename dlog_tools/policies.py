@@ -100,7 +100,7 @@ class PolicyThread:
 
     async def _start_namespace(self, name: str) -> Namespace | None:
         namespace = Namespace(self.zk, name, root=self.namespace_root, bookkeeper_root=self.bookkeeper_root,
-                              security=self.security)
+                              security=self.security, create=False)  # a runner creates nothing
         try:
             return await namespace.start()
         except DlogError as exc:
