@@ -31,12 +31,13 @@ def test_the_quick_start_commands_work_as_printed(readme_cluster):
     block = next(body for body in readme_blocks("") if "dlog stream create" in body)
     commands = [line.split("  #")[0].strip() for line in block.splitlines()
                 if line.strip() and "dlog standalone" not in line]  # the cluster runs already
-    assert len(commands) == 3
+    assert len(commands) == 4
     outputs = [subprocess.run(command, shell=True, cwd=PROJECT, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "DLOG_ZK": readme_cluster.zk_address})
                for command in commands]
     assert all(result.returncode == 0 and result.stderr == "" for result in outputs), outputs
-    assert [json.loads(line)["value"] for line in outputs[-1].stdout.splitlines()] == ["hello", "world"]
+    assert [json.loads(line)["value"] for line in outputs[2].stdout.splitlines()] == ["hello", "world"]
+    assert outputs[3].stdout == "clicks: retention_age off -> 7d\n"  # the standalone then applies it by itself
 
 
 def test_the_python_example_runs_as_saved_and_again(readme_cluster, tmp_path):
