@@ -59,12 +59,31 @@ PRODUCER_ID_BLOCK_NODE = "producer_id_block"
 
 class ConnectionState:
     """What one connection's requests keep between them: the stream readers of its fetches, each
-    kept at the position it stopped, for the next fetch there (at most `readers_max`)."""
+    kept at the position it stopped, for the next fetch there (at most `readers_max`); and the
+    produce turns: Kafka processes a connection's requests in order, so a Produce request's batch
+    for a partition is buffered only after the batch of the request before it for that partition
+    was buffered (or refused), however their routing awaits interleave."""
 
     def __init__(self, readers_max: int) -> None:
         self.readers_max = readers_max
         self.readers: OrderedDict[tuple[str, int], StreamReader] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
+        self._turns: dict[tuple[str, int], asyncio.Future[None]] = {}
+
+    def produce_turn(self, topic: str, partition: int) -> tuple[asyncio.Future[None] | None, asyncio.Future[None]]:
+        """(the previous request's turn for the partition, still pending or None; this request's),
+        taken in request order (synchronously, as the request starts); `end_turn` ends it."""
+        key = (topic, partition)
+        previous = self._turns.get(key)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._turns[key] = mine
+        return (previous if previous is not None and not previous.done() else None), mine
+
+    def end_turn(self, topic: str, partition: int, mine: asyncio.Future[None]) -> None:
+        if not mine.done():
+            mine.set_result(None)
+        if self._turns.get((topic, partition)) is mine:
+            del self._turns[(topic, partition)]
 
     def take_reader(self, stream: str, position: int) -> StreamReader | None:
         return self.readers.pop((stream, position), None)
@@ -214,8 +233,10 @@ class KafkaApi:
             for part in topic.partition_data:
                 if error is not None:
                     work.append((topic.name, part, _done((error, -1))))
-                else:  # buffered now, in request order: each producer's order is kept
-                    work.append((topic.name, part, self._produce_partition(topic.name, part, version, acks)))
+                else:  # in request order: each producer's order is kept (ConnectionState)
+                    turn = state.produce_turn(topic.name, part.index)
+                    work.append((topic.name, part, self._produce_partition(topic.name, part, version, acks, turn,
+                                                                           state)))
         answers: dict[str, list[Any]] = {}
         results = await asyncio.gather(*(task for _, _, task in work))
         for (name, part, _), (code, base) in zip(work, results, strict=True):
@@ -224,7 +245,20 @@ class KafkaApi:
         return request.response(responses=[TopicAnswer(name=name, partition_responses=parts)
                                            for name, parts in answers.items()], throttle_time_ms=0)
 
-    async def _produce_partition(self, topic: str, part: Any, version: int, acks: int) -> tuple[ErrorCode, int]:
+    async def _produce_partition(self, topic: str, part: Any, version: int, acks: int,
+                                 turn: tuple[asyncio.Future[None] | None, asyncio.Future[None]],
+                                 state: ConnectionState) -> tuple[ErrorCode, int]:
+        previous, mine = turn
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)  # the request before this one buffered its batch, or gave up
+            return await self._produce_in_turn(topic, part, version, acks, lambda: state.end_turn(topic, part.index,
+                                                                                                     mine))
+        finally:
+            state.end_turn(topic, part.index, mine)
+
+    async def _produce_in_turn(self, topic: str, part: Any, version: int, acks: int,
+                               buffered: Callable[[], None]) -> tuple[ErrorCode, int]:
         batch = decode_produce_records(part.records, version, batch_bytes_max=self.settings.batch_bytes_max)
         if isinstance(batch, BatchRefused):
             refusals.warning(f"batch {batch.error.name}", "produce to %s-%d refused (%s): %s", topic, part.index,
@@ -241,11 +275,12 @@ class KafkaApi:
             return ErrorCode.INVALID_RECORD, -1
         if batch.producer_id >= 0:
             return await self._produce_idempotent(owned, batch.records, batch.producer_id, batch.producer_epoch,
-                                                  batch.base_sequence, batch.last_sequence)
+                                                  batch.base_sequence, batch.last_sequence, buffered)
         try:
             written = owned.append(batch.records)
         except DlogError:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1  # the writer ended: the stream is no longer served here
+        buffered()
         self.records_produced += len(batch.records)
         if acks == 0:
             written.add_done_callback(_ignore_outcome)
@@ -257,7 +292,8 @@ class KafkaApi:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
 
     async def _produce_idempotent(self, owned: OwnedStream, records: Sequence[Record], producer_id: int, epoch: int,
-                                  first_sequence: int, last_sequence: int) -> tuple[ErrorCode, int]:
+                                  first_sequence: int, last_sequence: int,
+                                  buffered: Callable[[], None]) -> tuple[ErrorCode, int]:
         """Through the stream's dedup table (dlog.core.dedup): a resend is answered, not written twice."""
         producer = kafka_producer(producer_id)
         dedup = owned.dedup
@@ -293,6 +329,7 @@ class KafkaApi:
             dedup.on_failed(producer, first_sequence, epoch)  # nothing was buffered
             owned.producer_settled(producer)
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        buffered()
         self.records_produced += len(records)
         count = len(records)
 
