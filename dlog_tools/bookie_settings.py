@@ -311,8 +311,9 @@ def _zk_password(user: str | None, password_file: str | None) -> str | None:
 
 def server_security(host: str, tls_cert: str | None, tls_key: str | None, tls_ca: str | None,
                     require_client_cert: bool, token_key: str | None, allow_anonymous: bool,
-                    insecure_plaintext: bool) -> ServerSecurity:
-    """The bookie's ServerSecurity; off loopback, TLS and authentication unless refused by name (S1)."""
+                    insecure_plaintext: bool, what: str = "a bookie") -> ServerSecurity:
+    """The bookie's ServerSecurity (or that of `what`, a Kafka server); off loopback, TLS and
+    authentication unless refused by name (S1)."""
     from bookkeeper.security.tls import ServerTls, is_loopback
     from bookkeeper.security.tokens import TokenKey
 
@@ -324,9 +325,9 @@ def server_security(host: str, tls_cert: str | None, tls_key: str | None, tls_ca
     key = TokenKey.from_file(token_key) if token_key else None
     if not is_loopback(host):
         if tls is None and not insecure_plaintext:
-            raise ConfigError(f"a bookie on {host} (not loopback) serves TLS: pass --tls-cert and "
+            raise ConfigError(f"{what} on {host} (not loopback) serves TLS: pass --tls-cert and "
                               "--tls-key, or --insecure-plaintext to serve plaintext anyway")
         if key is None and not require_client_cert and not allow_anonymous:
-            raise ConfigError(f"a bookie on {host} (not loopback) authenticates clients: pass "
+            raise ConfigError(f"{what} on {host} (not loopback) authenticates clients: pass "
                               "--token-key or --tls-require-client-cert, or --allow-anonymous")
     return ServerSecurity(tls, key, allow_anonymous)

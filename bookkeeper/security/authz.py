@@ -33,6 +33,7 @@ class Action(enum.Enum):
     METADATA_ADMIN = "metadata_admin"  # deleting ledgers and streams of any namespace
     REGISTER = "register"  # bookie registration and cookies
     INFO = "info"  # GET_BOOKIE_INFO, read-only admin pages
+    SUBSCRIBE = "consume in groups"  # commit a subscription (a Kafka consumer group's offsets)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -93,6 +94,8 @@ _NAMESPACE_GRANTS: dict[Action, frozenset[str]] = {
     Action.FENCE: frozenset({"produce", "admin"}),
     Action.READ: frozenset({"consume", "produce", "admin"}),
     Action.METADATA_ADMIN: frozenset({"admin"}),
+    # subscriptions are the consumers' (docs/security.md: a producer only reads them)
+    Action.SUBSCRIBE: frozenset({"consume", "admin"}),
 }
 # what bookies may do: registration, and copies between bookies for re-replication
 # FENCE: auto-recovery closes abandoned ledgers

@@ -22,6 +22,7 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 
 from bookkeeper.errors import ConfigError, DlogError
+from bookkeeper.security.authz import Action
 from dlog.names import check_stream_name
 from dlog.namespace import Namespace
 from dlog.segments.metadata import StreamConfig
@@ -56,8 +57,13 @@ class TopicAdmin:
 
     async def create_topics(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         Result = request.api.response.CreatableTopicResult
+        refused = state.refused(Action.METADATA_ADMIN)
         results = []
         for topic in body.topics:
+            if refused is not None:
+                results.append(Result(name=topic.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                      error_message=refused))
+                continue
             error, message = await self._create(topic, bool(body.validate_only))
             results.append(Result(name=topic.name, error_code=error, error_message=message))
         return request.response(throttle_time_ms=0, topics=results)
@@ -106,9 +112,11 @@ class TopicAdmin:
 
     async def delete_topics(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         Result = request.api.response.DeletableTopicResult
+        refused = state.refused(Action.METADATA_ADMIN) is not None
         results = []
         for name in body.topic_names:
-            results.append(Result(name=name, error_code=await self._delete(name)))
+            results.append(Result(name=name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED if refused
+                                  else await self._delete(name)))
         return request.response(throttle_time_ms=0, responses=results)
 
     async def _delete(self, name: str) -> ErrorCode:
@@ -133,8 +141,15 @@ class TopicAdmin:
     async def describe_configs(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         Result = request.api.response.DescribeConfigsResult
         Entry = Result.DescribeConfigsResourceResult
+        refused = state.refused(Action.READ)
         results = []
         for resource in body.resources:
+            if refused is not None:
+                error = (ErrorCode.TOPIC_AUTHORIZATION_FAILED if resource.resource_type == TOPIC_RESOURCE
+                         else ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+                results.append(Result(error_code=error, error_message=refused, resource_type=resource.resource_type,
+                                      resource_name=resource.resource_name, configs=[]))
+                continue
             if resource.resource_type != TOPIC_RESOURCE:
                 results.append(Result(error_code=0, error_message=None, resource_type=resource.resource_type,
                                       resource_name=resource.resource_name, configs=[]))

@@ -24,6 +24,8 @@ from kafka.protocol.api_message import ApiMessage
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import DlogError, MetadataExistsError, MetadataVersionError
+from bookkeeper.security import authz
+from bookkeeper.security.authz import ANONYMOUS, Principal
 from dlog.core.dedup import Accepted, Duplicate, Fenced, InFlight, OutOfOrder, kafka_producer
 from dlog.namespace import Namespace
 from dlog.reader import EntryBatch, OffsetOutOfRangeError, PositionsUnknownError, StreamReader, TruncatedError
@@ -38,7 +40,16 @@ from dlog.serve.kafka import (
     decode_produce_records,
     encode_record_batch,
 )
-from dlog.serve.kafka.apis import API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE
+from dlog.serve.kafka.apis import (
+    API_VERSIONS,
+    FETCH,
+    INIT_PRODUCER_ID,
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+)
 from dlog.serve.ownership import partition_stream
 from dlog.serve.producer_ids import ProducerIdBlock, ProducerIds, block_after
 from dlog.server.owned import OwnedStream
@@ -62,10 +73,16 @@ class ConnectionState:
     kept at the position it stopped, for the next fetch there (at most `readers_max`); and the
     produce turns: Kafka processes a connection's requests in order, so a Produce request's batch
     for a partition is buffered only after the batch of the request before it for that partition
-    was buffered (or refused), however their routing awaits interleave."""
+    was buffered (or refused), however their routing awaits interleave.
 
-    def __init__(self, readers_max: int) -> None:
+    And who the client is: `principal` (None until SASL succeeded on a server that requires it;
+    the anonymous admin on one that does not), checked against the roles of the server's
+    namespace (`bookkeeper.security.authz`) by every request that touches it."""
+
+    def __init__(self, readers_max: int, namespace: str = "", principal: Principal | None = ANONYMOUS) -> None:
         self.readers_max = readers_max
+        self.namespace = namespace
+        self.principal = principal
         self.readers: OrderedDict[tuple[str, int], StreamReader] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
         self._turns: dict[tuple[str, int], asyncio.Future[None]] = {}
@@ -84,6 +101,18 @@ class ConnectionState:
             mine.set_result(None)
         if self._turns.get((topic, partition)) is mine:
             del self._turns[(topic, partition)]
+
+    def may(self, action: authz.Action) -> bool:
+        return self.principal is not None and authz.decide(self.principal, action, self.namespace) is None
+
+    def refused(self, action: authz.Action) -> str | None:
+        """Why the client may not do `action` in the namespace (one rate-limited line), or None."""
+        if self.principal is None:
+            return "the client has not authenticated"
+        reason = authz.decide(self.principal, action, self.namespace)
+        if reason is not None:
+            refusals.warning(f"authz {action.name}", "Kafka request refused: %s", reason)
+        return reason
 
     def take_reader(self, stream: str, position: int) -> StreamReader | None:
         return self.readers.pop((stream, position), None)
@@ -124,6 +153,8 @@ class KafkaApi:
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce, FETCH: self.fetch,
             LIST_OFFSETS: self.list_offsets, INIT_PRODUCER_ID: self.init_producer_id,
         }
+        if settings.requires_auth:  # listed by ApiVersions; the connection answers them before authentication
+            self.handlers.update({SASL_HANDSHAKE: self.sasl_again, SASL_AUTHENTICATE: self.sasl_again})
         # counters, exported
         self.records_produced = 0
         self.records_fetched = 0
@@ -149,7 +180,17 @@ class KafkaApi:
             return None
         return await handler(request, request.body, state)
 
-    # ------------------------------------------------------------------ ApiVersions, Metadata
+    # ------------------------------------------------------------------ ApiVersions, Metadata, SASL
+
+    async def sasl_again(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
+        """SASL on a connection that authenticated already: dlog does not re-authenticate (its
+        SaslAuthenticate answers give no session lifetime, so clients do not try)."""
+        refusals.warning("sasl again", "%s after authentication refused (client %s)", request.api.name,
+                         request.header.client_id)
+        if request.api.key == SASL_HANDSHAKE:
+            return request.response(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
+        return request.response(error_code=ErrorCode.ILLEGAL_SASL_STATE, error_message="already authenticated",
+                                auth_bytes=b"", session_lifetime_ms=0)
 
     async def api_versions(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         return api_versions_response(request.header.api_version, apis=self.apis)
@@ -158,14 +199,21 @@ class KafkaApi:
         version = request.header.api_version
         Response = request.api.response
         Topic, Partition = Response.MetadataResponseTopic, Response.MetadataResponseTopic.MetadataResponsePartition
+        readable = state.may(authz.Action.READ)
         if body.topics is None or (version == 0 and not body.topics):
-            wanted = await self.topics.all()
+            wanted = await self.topics.all() if readable else {}  # Kafka lists only the topics one may describe
             names = sorted(wanted)
         else:
             names = [topic.name for topic in body.topics]
-        create = self.settings.auto_create_topics and (version < 4 or bool(body.allow_auto_topic_creation))
+        create = (self.settings.auto_create_topics and (version < 4 or bool(body.allow_auto_topic_creation))
+                  and state.may(authz.Action.ADD))  # a producer creates streams (docs/security.md)
         topics = []
         for name in names:
+            if not readable:
+                state.refused(authz.Action.READ)
+                topics.append(Topic(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=name, is_internal=False,
+                                    partitions=[]))
+                continue
             count = await self._partitions(name, create)
             if count is None:
                 topics.append(Topic(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, is_internal=False,
@@ -224,6 +272,8 @@ class KafkaApi:
         acks = body.acks
         if body.transactional_id is not None:
             error: ErrorCode | None = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif state.refused(authz.Action.ADD) is not None:
+            error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         elif acks not in (0, 1, -1):
             error = ErrorCode.INVALID_REQUIRED_ACKS
         else:
@@ -352,6 +402,9 @@ class KafkaApi:
         if body.transactional_id is not None:
             return request.response(throttle_time_ms=0, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                                     producer_id=-1, producer_epoch=-1)
+        if state.refused(authz.Action.ADD) is not None:  # Kafka: IdempotentWrite on the cluster
+            return request.response(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                                    producer_id=-1, producer_epoch=-1)
         producer_id = await self._next_producer_id()
         return request.response(throttle_time_ms=0, error_code=0, producer_id=producer_id, producer_epoch=0)
 
@@ -385,6 +438,7 @@ class KafkaApi:
         deadline = monotonic_s() + max(body.max_wait_ms, 0) / 1000
         budget = max(1, min(body.max_bytes, self.settings.fetch_bytes_max))
         wanted = [(topic.topic, part) for topic in body.topics for part in topic.partitions]
+        state.refused(authz.Action.READ)  # each partition answers TOPIC_AUTHORIZATION_FAILED then
         while True:
             answers, total, waiting, failed = [], 0, [], False
             for topic, part in wanted:
@@ -411,6 +465,9 @@ class KafkaApi:
         answer: dict[str, Any] = {"partition_index": part.partition, "error_code": ErrorCode.NONE,
                                   "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                                   "records": b""}
+        if not state.may(authz.Action.READ):
+            answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            return answer, 0, None
         owned = await self._owned(topic, part.partition)
         if not isinstance(owned, OwnedStream):
             answer["error_code"] = owned
@@ -471,11 +528,16 @@ class KafkaApi:
     async def list_offsets(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         version = request.header.api_version
         Topic = request.api.response.ListOffsetsTopicResponse
+        denied = state.refused(authz.Action.READ) is not None
         topics = []
         for topic in body.topics:
             partitions = []
             for part in topic.partitions:
-                error, offset, timestamp = await self._list_offset(topic.name, part.partition_index, part.timestamp)
+                if denied:
+                    error, offset, timestamp = ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1, -1
+                else:
+                    error, offset, timestamp = await self._list_offset(topic.name, part.partition_index,
+                                                                       part.timestamp)
                 partitions.append(Topic.ListOffsetsPartitionResponse(
                     partition_index=part.partition_index, error_code=error,
                     old_style_offsets=[offset] if version == 0 and offset >= 0 else [], timestamp=timestamp,

@@ -21,6 +21,7 @@ from typing import Any
 from kafka.protocol.api_message import ApiMessage
 
 from bookkeeper.errors import DlogError
+from bookkeeper.security.authz import Action
 from dlog.namespace import Namespace
 from dlog.offsets import Offset
 from dlog.reader import OffsetOutOfRangeError, PositionsUnknownError, TruncatedError
@@ -119,6 +120,10 @@ class GroupService:
     async def find_coordinator(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         version = request.header.api_version
         key_type = body.key_type if version >= 1 else 0
+        if key_type == 0 and state.refused(Action.SUBSCRIBE) is not None:
+            return request.response(throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                    error_message="the principal may not use consumer groups here", node_id=-1,
+                                    host="", port=-1)
         chosen = coordinator_of(body.key, self.registry.live) if key_type == 0 else None
         info = self.registry.servers.get(chosen) if chosen is not None else None
         if info is None:
@@ -129,8 +134,10 @@ class GroupService:
 
     async def join(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         version = request.header.api_version
-        if not self._coordinates(body.group_id):
-            result: Result = JoinResult(ErrorCode.NOT_COORDINATOR, body.member_id)
+        if state.refused(Action.SUBSCRIBE) is not None:
+            result: Result = JoinResult(ErrorCode.GROUP_AUTHORIZATION_FAILED, body.member_id)
+        elif not self._coordinates(body.group_id):
+            result = JoinResult(ErrorCode.NOT_COORDINATOR, body.member_id)
         else:
             join = JoinGroup(body.group_id, body.member_id, request.header.client_id or "", body.protocol_type,
                              tuple(Protocol(p.name, bytes(p.metadata)) for p in body.protocols),
@@ -147,8 +154,10 @@ class GroupService:
                                          for member_id, metadata in result.members])
 
     async def sync(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
-        if not self._coordinates(body.group_id):
-            result: Result = SyncResult(ErrorCode.NOT_COORDINATOR)
+        if state.refused(Action.SUBSCRIBE) is not None:
+            result: Result = SyncResult(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        elif not self._coordinates(body.group_id):
+            result = SyncResult(ErrorCode.NOT_COORDINATOR)
         else:
             sync = SyncGroup(body.group_id, body.generation_id, body.member_id,
                              tuple((a.member_id, bytes(a.assignment)) for a in body.assignments))
@@ -157,16 +166,20 @@ class GroupService:
         return request.response(throttle_time_ms=0, error_code=result.error, assignment=result.assignment)
 
     async def heartbeat(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
-        if not self._coordinates(body.group_id):
-            result: Result = HeartbeatResult(ErrorCode.NOT_COORDINATOR)
+        if state.refused(Action.SUBSCRIBE) is not None:
+            result: Result = HeartbeatResult(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        elif not self._coordinates(body.group_id):
+            result = HeartbeatResult(ErrorCode.NOT_COORDINATOR)
         else:
             result = await self._submit(self.coordinator.on_heartbeat,
                                         Heartbeat(body.group_id, body.generation_id, body.member_id))
         return request.response(throttle_time_ms=0, error_code=result.error)
 
     async def leave(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
-        if not self._coordinates(body.group_id):
-            result: Result = LeaveResult(ErrorCode.NOT_COORDINATOR)
+        if state.refused(Action.SUBSCRIBE) is not None:
+            result: Result = LeaveResult(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        elif not self._coordinates(body.group_id):
+            result = LeaveResult(ErrorCode.NOT_COORDINATOR)
         else:
             result = await self._submit(self.coordinator.on_leave, LeaveGroup(body.group_id, body.member_id))
         return request.response(throttle_time_ms=0, error_code=result.error)
@@ -177,7 +190,9 @@ class GroupService:
         group_id = body.group_id
         offsets = tuple(CommitOffset(topic.name, part.partition_index, part.committed_offset, part.committed_metadata)
                         for topic in body.topics for part in topic.partitions)
-        if not self._coordinates(group_id):
+        if state.refused(Action.SUBSCRIBE) is not None:
+            errors = [(o.topic, o.partition, ErrorCode.GROUP_AUTHORIZATION_FAILED) for o in offsets]
+        elif not self._coordinates(group_id):
             errors = [(o.topic, o.partition, ErrorCode.NOT_COORDINATOR) for o in offsets]
         else:
             judged = self.coordinator.on_commit(OffsetCommit(group_id, body.generation_id_or_member_epoch,
@@ -228,6 +243,13 @@ class GroupService:
     async def fetch_offsets(self, request: Request, body: Any, state: ConnectionState) -> ApiMessage:
         group_id = body.group_id
         Topic = request.api.response.OffsetFetchResponseTopic
+        if state.refused(Action.SUBSCRIBE) is not None:
+            Partition = Topic.OffsetFetchResponsePartition
+            return request.response(throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[
+                Topic(name=topic.name, partitions=[Partition(partition_index=index, committed_offset=-1, metadata="",
+                                                             error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+                                                   for index in topic.partition_indexes])
+                for topic in body.topics or ()])
         if not self._coordinates(group_id):
             return request.response(throttle_time_ms=0, topics=[], error_code=ErrorCode.NOT_COORDINATOR)
         if body.topics is None:

@@ -18,7 +18,9 @@ import socket
 from typing import Any
 
 from bookkeeper.bookie.refusals import RateLimitedLog
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError, PortInUseError
+from bookkeeper.security.tokens import TokenVerifier
 from dlog.namespace import Namespace
 from dlog.policies import PolicyRunner
 from dlog.server.admin import TopicAdmin
@@ -45,6 +47,9 @@ class KafkaServer:
         self.groups = GroupService(ns, self.registry, self.topics)
         self.api.add_handlers(self.groups.handlers(self.api))
         self.api.add_handlers(TopicAdmin(ns, settings, self.streams, self.topics).handlers())
+        # security: built once (a bad certificate or key file is one line at start)
+        self._tls = settings.tls.context() if settings.tls is not None else None
+        self._verifier = TokenVerifier(settings.token_key) if settings.token_key is not None else None
         self._listener: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], KafkaConnection] = {}
         # the owner of a stream applies its policies (retention): one runner per stream (dlog.policies)
@@ -76,15 +81,23 @@ class KafkaServer:
             await self.registry.deregister()
             raise
         self._policies_task = asyncio.get_running_loop().create_task(self.policies.run(self._policies_stop))
-        log.info("dlog server %d serves namespace %s to Kafka clients at %s", self.server_id, self.ns.name,
-                 self.address)
+        log.info("dlog server %d serves namespace %s to Kafka clients at %s (%s)", self.server_id, self.ns.name,
+                 self.address, self.security_protocol)
         return self
+
+    @property
+    def security_protocol(self) -> str:
+        """What a Kafka client sets as `security.protocol` for this server."""
+        if self.settings.requires_auth:
+            return "SASL_SSL" if self._tls is not None else "SASL_PLAINTEXT"
+        return "SSL" if self._tls is not None else "PLAINTEXT"
 
     def _session_lost(self) -> None:
         self.streams.session_lost()
         self.groups.stop()  # another server may coordinate the groups now: members find it again
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted_s = monotonic_s()
         if len(self._connections) >= self.settings.connections_max:
             self.connections_refused += 1
             refusals.warning("connections", "closed a Kafka connection from %s: %d are open, connections_max",
@@ -93,7 +106,7 @@ class KafkaServer:
             return
         task = asyncio.current_task()
         assert task is not None
-        connection = KafkaConnection(self.api, self.settings, reader, writer)
+        connection = KafkaConnection(self.api, self.settings, reader, writer, self._tls, self._verifier, accepted_s)
         self._connections[task] = connection
         try:
             await connection.serve()
@@ -123,6 +136,7 @@ class KafkaServer:
     def stats(self) -> dict[str, Any]:
         return {"id": self.server_id, "kafka": self.address, "connections": len(self._connections),
                 "connections_refused": self.connections_refused,
+                "security_protocol": self.security_protocol,
                 "streams": sorted(self.streams.owned), "takeovers": self.streams.takeovers,
                 "records_produced": self.api.records_produced, "records_fetched": self.api.records_fetched,
                 "policy_runs": self.policies.stats.runs, "policy_failures": self.policies.stats.failures}

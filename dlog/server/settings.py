@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bookkeeper.errors import ConfigError
+from bookkeeper.security.tls import ServerTls
+from bookkeeper.security.tokens import TokenKey
 from dlog.serve.kafka import BATCH_BYTES_MAX_DEFAULT, REQUEST_BYTES_MAX_DEFAULT
 
 SERVER_ID_MAX = 2**31 - 1  # a Kafka node id is an int32
@@ -35,6 +37,12 @@ class ServerSettings:
     readers_per_connection_max: int = 64  # open stream readers one connection's fetches keep
     fetch_bytes_max: int = 64 << 20  # one fetch answer, whatever the client asks
     writer_buffer_bytes_max: int = 64 << 20  # per owned stream: records buffered and in flight
+    # security (docs/serving.md, "Security"): as a bookie's, made by the same flags
+    tls: ServerTls | None = None  # the Kafka port speaks TLS (SSL / SASL_SSL)
+    token_key: TokenKey | None = None  # clients authenticate with SASL PLAIN or OAUTHBEARER carrying a dlog token
+    allow_anonymous: bool = False  # with a token key: clients that skip SASL act as admin (asked by name)
+    auth_timeout_s: float = 10.0  # from accept: the TLS handshake and SASL done within it, else closed
+    request_bytes_before_auth_max: int = 64 << 10  # one request frame before SASL succeeded
 
     def __post_init__(self) -> None:
         if self.server_id is not None and not 0 <= self.server_id <= SERVER_ID_MAX:
@@ -48,9 +56,16 @@ class ServerSettings:
                               "need ensemble >= write quorum >= ack quorum >= 1")
         for name in ("connections_max", "in_flight_per_connection_max", "unsent_bytes_max", "request_bytes_max",
                      "batch_bytes_max", "owned_streams_max", "tail_bytes_max", "readers_per_connection_max",
-                     "fetch_bytes_max", "writer_buffer_bytes_max"):
+                     "fetch_bytes_max", "writer_buffer_bytes_max", "request_bytes_before_auth_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"bad {name} {getattr(self, name)}: it must be at least 1")
+        if not 0.1 <= self.auth_timeout_s <= 600:
+            raise ConfigError(f"bad auth timeout {self.auth_timeout_s} s: use 0.1..600 s")
+
+    @property
+    def requires_auth(self) -> bool:
+        """Clients must authenticate with SASL before anything but ApiVersions is answered."""
+        return self.token_key is not None and not self.allow_anonymous
 
     @property
     def client_host(self) -> str:

@@ -35,20 +35,40 @@ KAFKA_PORT_DEFAULT = 9092
               help="of the streams the server creates")
 @click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--ack-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--tls-cert", default=None, help="PEM certificate: the Kafka port speaks TLS (SSL, SASL_SSL)")
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert")
+@click.option("--token-key", default=None,
+              help="key that verifies dlog tokens (an HS256 secret file or a PEM public key): clients must "
+                   "authenticate with SASL PLAIN (the token as password) or OAUTHBEARER (the token)")
+@click.option("--allow-anonymous", is_flag=True,
+              help="with --token-key: clients that skip SASL act as admin (asked for by name)")
+@click.option("--insecure-plaintext", is_flag=True, help="serve without TLS on a non-loopback --host (asked for "
+              "by name)")
+@click.option("--auth-timeout", default="10s", show_default=True, type=DURATION,
+              help="a connection's TLS handshake and SASL authentication end within this, or it is closed")
 @click.pass_context
 @fails_cleanly
 def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, host: str,
           advertised_host: str | None, server_id: int | None, session_timeout: int, auto_create_topics: bool,
-          ensemble: int, write_quorum: int, ack_quorum: int) -> None:
+          ensemble: int, write_quorum: int, ack_quorum: int, tls_cert: str | None, tls_key: str | None,
+          token_key: str | None, allow_anonymous: bool, insecure_plaintext: bool, auth_timeout: int) -> None:
     """Serve the namespace's streams to Kafka clients until SIGTERM or Ctrl-C, which hands the
-    streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients."""
+    streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients.
+
+    On a secure cluster give it the bookies' --tls-cert, --tls-key and --token-key: clients then
+    connect with SASL_SSL (docs/serving.md, "Security")."""
     if ctx.invoked_subcommand is not None:
         return
     from dlog.server import ServerSettings
+    from dlog_tools.bookie_settings import server_security
 
+    security = server_security(host, tls_cert, tls_key, None, False, token_key, allow_anonymous, insecure_plaintext,
+                               what="a Kafka server")
     settings = ServerSettings(server_id=server_id, host=host, kafka_port=kafka_port, advertised_host=advertised_host,
                               session_timeout_s=session_timeout / 1000, auto_create_topics=auto_create_topics,
-                              ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum)
+                              ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
+                              tls=security.tls, token_key=security.token_key,
+                              allow_anonymous=security.allow_anonymous, auth_timeout_s=auth_timeout / 1000)
     run_server(cluster, settings)
 
 

@@ -25,7 +25,9 @@ SERVE_STOP_S = 40.0
 
 class ServeProcess:
     """The standalone's one `dlog serve` process (namespace `default`, topics auto-created, streams
-    replicated as the bookie count allows); its log goes to DIR/serve.log."""
+    replicated as the bookie count allows); its log goes to DIR/serve.log. On a secure cluster it
+    runs with the admin's client.toml and the bookies' certificate and token key: Kafka clients
+    connect with SASL_SSL and a dlog token (docs/serving.md, "Security")."""
 
     def __init__(self, process: subprocess.Popen[str], kafka: str, log_path: Path) -> None:
         self.process = process
@@ -34,21 +36,28 @@ class ServeProcess:
         self.exit_reported = False
 
     @classmethod
-    def start(cls, cluster: Any, kafka_port: int, directory: Path) -> ServeProcess:
+    def start(cls, cluster: Any, kafka_port: int, directory: Path, secure: Any = None,
+              client_toml: Path | None = None) -> ServeProcess:
         from bookkeeper.errors import DlogError
         from dlog_tools.cluster import LineReader, die_with_parent
 
         bookies = cluster.bookie_count
         quorum = str(min(bookies, 2))
         log_path = Path(directory).resolve() / "serve.log"
+        security: list[str] = []
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if secure is not None:
+            security = ["--tls-cert", str(secure.server_cert), "--tls-key", str(secure.server_key),
+                        "--token-key", str(secure.token_key)]
+            env = {key: value for key, value in env.items() if key != "DLOG_TOKEN"}
+            env["DLOG_CONFIG"] = str(client_toml)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", cluster.zk_address,
                  "--zk-root", cluster.zk_root, "--namespace", "default", "--kafka-port", str(kafka_port),
                  "--auto-create-topics",
-                 "--ensemble", str(min(bookies, 3)), "--write-quorum", quorum, "--ack-quorum", quorum],
-                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                 "--ensemble", str(min(bookies, 3)), "--write-quorum", quorum, "--ack-quorum", quorum, *security],
+                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent, env=env)
         line = LineReader(process).line_starting("dlog serve ready", SERVE_READY_S)
         if line is None:
             process.kill()
@@ -128,8 +137,8 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int 
         if ui_port >= 0:
             ui, ui_url = _start_ui(cluster, ui_port, client_toml)
         policies = _start_policies(cluster, policy_interval_ms, client_toml)
-        if kafka_port >= 0 and bookies > 0 and client_toml is None:
-            server = ServeProcess.start(cluster, kafka_port, directory)
+        if kafka_port >= 0 and bookies > 0:
+            server = ServeProcess.start(cluster, kafka_port, directory, secure_dir, client_toml)
         _print_ready(cluster, ui_url, client_toml, server)
         _supervise(cluster, stop, server)
     finally:
@@ -219,8 +228,9 @@ def _print_ready(cluster: Any, ui_url: str | None, client_toml: Path | None = No
     addresses = ",".join(bookie.address for bookie in cluster.bookies) or "-"
     kafka = f" kafka={server.kafka}" if server is not None else ""
     click.echo(f"dlog standalone ready zk={cluster.zk_address} bookies={addresses} dir={cluster.directory}{kafka}")
-    if client_toml is not None:
-        click.echo("  no Kafka port: a secure cluster's would need TLS and SASL, which dlog serve does not speak yet")
+    if client_toml is not None and server is not None:
+        click.echo(f"  Kafka clients: security.protocol=SASL_SSL, CA {client_toml.parent / 'ca.pem'}, SASL PLAIN "
+                   "(a dlog token as password) or OAUTHBEARER (the token)")
     if client_toml is not None:
         click.echo(f"  client config {client_toml} (dlog --config {client_toml} ..., or "
                    f"export DLOG_CONFIG={client_toml}); admin token in {client_toml.parent / 'admin.token'}")

@@ -43,13 +43,14 @@ class ServeProcess:
 def serve_processes(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Callable[..., ServeProcess]]:
     started: list[ServeProcess] = []
 
-    def start(cluster: LocalCluster, namespace: str, *args: str, replication: int = 1) -> ServeProcess:
+    def start(cluster: LocalCluster, namespace: str, *args: str, replication: int = 1,
+              env: dict[str, str] | None = None) -> ServeProcess:
         quorum = str(min(replication, 2))
         command = [sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", cluster.zk_address, "--zk-root",
                    cluster.zk_root, "--namespace", namespace, "--kafka-port", "0", "--ensemble", str(replication),
                    "--write-quorum", quorum, "--ack-quorum", quorum, *args]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         lines = LineReader(process)
         line = lines.line_starting("dlog serve ready", 60)
         if line is None:

@@ -31,6 +31,10 @@ def principal(*roles: str) -> Principal:
     (["consume:orders"], Action.WRITE_LAC, "orders", False),
     (["consume:orders"], Action.READ, "billing", False),
     (["admin:orders"], Action.METADATA_ADMIN, "orders", True),
+    (["consume:orders"], Action.SUBSCRIBE, "orders", True),  # Kafka consumer groups commit subscriptions
+    (["admin:orders"], Action.SUBSCRIBE, "orders", True),
+    (["produce:orders"], Action.SUBSCRIBE, "orders", False),  # producers only read subscriptions
+    (["consume:shop"], Action.SUBSCRIBE, "orders", False),
     (["admin:orders"], Action.METADATA_ADMIN, "billing", False),
     (["admin:orders"], Action.BOOKIE_ADMIN, None, False),
     (["produce:orders"], Action.ADD, None, False),  # a ledger of no namespace: admins only
