@@ -99,3 +99,34 @@ def test_the_readme_kafka_quick_start_works_as_printed(tmp_path):
         assert "billing" in outputs[1].stdout and "orders" in outputs[2].stdout
     finally:
         assert stop_standalone(process) == 0
+
+
+def test_a_secure_standalone_serves_kafka_clients_over_sasl_ssl_only(tmp_path):
+    """`dlog standalone --secure` runs its server with the bookies' certificate and token key: a
+    client with the admin token over SASL_SSL produces; one without SASL gets nothing acknowledged."""
+    from tests.integration.test_serve_secure import librdkafka_consume
+    from tests.integration.test_serve_secure import librdkafka_produce as sasl_produce
+    directory = tmp_path / "secure-sa"
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "dlog_tools.cli", "standalone", "--dir", str(directory),
+                                "--bookies", "1", "--zk-port", str(free_port()), "--ui-port", "-1", "--secure",
+                                "--kafka-port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = LineReader(process)
+    line = lines.line_starting("dlog standalone ready", 120)
+    if line is None:
+        process.kill()
+        raise AssertionError(f"standalone not ready (status {process.wait()}): {process.stderr.read()}")
+    try:
+        assert line.endswith(f" kafka=127.0.0.1:{port}"), line
+        secure = directory / "secure"
+        config = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_SSL",
+                  "ssl.ca.location": str(secure / "ca.pem"), "sasl.mechanisms": "PLAIN", "sasl.username": "admin",
+                  "sasl.password": (secure / "admin.token").read_text().strip()}
+        assert sasl_produce(config, "secured", [b"one", b"two"]) == ([0, 1], [])
+        assert librdkafka_consume(config, "secured", 2) == [b"one", b"two"]
+        plain = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SSL",
+                 "ssl.ca.location": str(secure / "ca.pem")}
+        offsets, errors = sasl_produce(plain, "secured", [b"anonymous"], timeout_ms=5_000)
+        assert offsets == [] and len(errors) == 1, errors
+    finally:
+        assert stop_standalone(process) == 0
