@@ -40,7 +40,7 @@ class KafkaServer:
     def __init__(self, ns: Namespace, settings: ServerSettings) -> None:
         self.ns = ns
         self.settings = settings
-        self.registry = Registry(ns.zk, ns.root, on_session_lost=self._session_lost)
+        self.registry = Registry(ns.zk, ns.root, on_change=self._servers_changed, on_session_lost=self._session_lost)
         self.streams = Streams(ns, self.registry, settings)
         self.topics = Topics(ns, settings)
         self.api = KafkaApi(ns, settings, self.registry, self.streams, self.topics)
@@ -81,6 +81,7 @@ class KafkaServer:
             await self.registry.deregister()
             raise
         self._policies_task = asyncio.get_running_loop().create_task(self.policies.run(self._policies_stop))
+        self.streams.servers_changed()  # streams of servers gone while none was looking (or of this id's last run)
         log.info("dlog server %d serves namespace %s to Kafka clients at %s (%s)", self.server_id, self.ns.name,
                  self.address, self.security_protocol)
         return self
@@ -91,6 +92,9 @@ class KafkaServer:
         if self.settings.requires_auth:
             return "SASL_SSL" if self._tls is not None else "SASL_PLAINTEXT"
         return "SSL" if self._tls is not None else "PLAINTEXT"
+
+    def _servers_changed(self) -> None:
+        self.streams.servers_changed()  # a server gone: take its streams that hashing gives this one
 
     def _session_lost(self) -> None:
         self.streams.session_lost()
@@ -138,6 +142,7 @@ class KafkaServer:
                 "connections_refused": self.connections_refused,
                 "security_protocol": self.security_protocol,
                 "streams": sorted(self.streams.owned), "takeovers": self.streams.takeovers,
+                "proactive_takeovers": self.streams.proactive_takeovers,
                 "records_produced": self.api.records_produced, "records_fetched": self.api.records_fetched,
                 "policy_runs": self.policies.stats.runs, "policy_failures": self.policies.stats.failures}
 

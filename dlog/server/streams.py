@@ -6,6 +6,14 @@ writer with this server named in its lock node (a writer open seals the previous
 in-progress segment, fencing it, as any writer takeover does), then the stream is served. A writer
 that ends (fenced by a native `open_writer(takeover=True)`, or failed) stops the serving: the
 stream is dropped, and one fenced away is not taken again for `YIELD_S`.
+
+Proactive takeover. A server that takes a stream leaves a persistent marker
+`/dlog/<namespace>/serve/owners/<server id>/<stream, %-quoted>` (removed when it hands the stream
+back). When the registered servers change (a killed server's session expired and took its
+registration with it), every live server looks at the markers of servers that are no longer live
+(at most `TAKEOVER_SCAN_MAX` of them per change) and takes, without waiting for a client to ask,
+each stream whose lock is free and that rendezvous hashing assigns to it; the others leave it to
+the server hashing picks. A dead server's marker is removed once its stream has another holder.
 """
 
 from __future__ import annotations
@@ -14,14 +22,15 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 from bookkeeper.clock import monotonic_s
-from bookkeeper.errors import DlogError
+from bookkeeper.errors import DlogError, MetadataExistsError, MetadataNotFoundError
 from dlog.core.errors import WriterFencedError, WriterLockedError
 from dlog.namespace import Namespace
 from dlog.segments.port import StreamExistsError, StreamNotFoundError
 from dlog.serve.kafka import ErrorCode
-from dlog.serve.ownership import Action, decide, partition_stream, topics_of
+from dlog.serve.ownership import Action, decide, partition_stream, rendezvous_pick, stream_key, topics_of
 from dlog.server.owned import OwnedStream
 from dlog.server.registry import Registry, holder_of
 from dlog.server.settings import ServerSettings
@@ -30,6 +39,10 @@ log = logging.getLogger(__name__)
 YIELD_S = 60.0  # a stream fenced away from this server (native takeover) is not taken back meanwhile
 TOPICS_REFRESH_S = 0.5  # an unknown topic re-reads the stream list at most this often
 CLOSE_S_MAX = 30.0  # a clean stop waits this long for each owned writer to close
+OWNERS_NODE = "serve/owners"  # under the namespace root: who took which stream (proactive takeover)
+TAKEOVER_SCAN_MAX = 10_000  # markers of servers no longer live looked at per change of the servers
+TAKEOVER_RETRY_S = 1.0  # a dead server's stream whose lock is not free yet is looked at again after this
+TAKEOVER_ROUNDS_MAX = 30  # ... this many times at most per change
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +67,9 @@ class Streams:
         self._stopping = False
         self.takeovers = 0  # streams taken (counters, exported)
         self.losses = 0  # owned streams whose writer ended without a clean stop
+        self.proactive_takeovers = 0  # of the takeovers: a dead server's streams taken without a request
+        self._scan: asyncio.Task[None] | None = None
+        self._scan_again = False
 
     @property
     def me(self) -> int:
@@ -132,6 +148,7 @@ class Streams:
         self.owned[stream] = owned
         self.takeovers += 1
         log.info("server %d serves stream %s from position %d", self.me, stream, end)
+        await self._mark(stream)
         task = asyncio.get_running_loop().create_task(self._watch(owned))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -146,6 +163,7 @@ class Streams:
         self.losses += 1
         if isinstance(error, WriterFencedError):
             self._yielded[owned.name] = monotonic_s() + YIELD_S
+        await self._unmark(owned.name, self.me)
         log.warning("server %d stopped serving stream %s: %s", self.me, owned.name, error or "its writer closed")
         try:
             await owned.writer.close()  # releases the lock, if it still holds it
@@ -176,6 +194,7 @@ class Streams:
                 await owned.writer.close()
             except DlogError as exc:
                 log.warning("closing the writer of stream %s: %s", stream, exc)
+            await self._unmark(stream, self.me)
 
     async def stop(self) -> None:
         """Close every owned writer (what is buffered is written, segments completed, locks released)."""
@@ -191,9 +210,104 @@ class Streams:
                 log.warning("closing the writer of stream %s: %s", one.name, exc)
                 one.writer.abort()
 
+        if self._scan is not None:
+            self._scan.cancel()
         await asyncio.gather(*(close(one) for one in owned))
+        for one in owned:  # handed back cleanly: nothing for the others to take over
+            await self._unmark(one.name, self.me)
         for task in list(self._tasks):
             task.cancel()
+
+    # ------------------------------------------------------------------ proactive takeover
+
+    def _owners_path(self, server_id: int | None = None) -> str:
+        base = f"{self.ns.root}/{OWNERS_NODE}"
+        return base if server_id is None else f"{base}/{server_id}"
+
+    async def _mark(self, stream: str) -> None:
+        """Note that this server took `stream` (kept when the server dies: the others read it)."""
+        try:
+            await self.ns.zk.create(f"{self._owners_path(self.me)}/{quote(stream, safe='')}", b"", makepath=True)
+        except MetadataExistsError:
+            pass
+        except DlogError as exc:  # without it, the stream moves when a client asks, as before
+            log.warning("cannot note that server %d owns stream %s: %s", self.me, stream, exc)
+
+    async def _unmark(self, stream: str, server_id: int) -> None:
+        try:
+            await self.ns.zk.delete(f"{self._owners_path(server_id)}/{quote(stream, safe='')}")
+        except MetadataNotFoundError:
+            pass
+        except DlogError as exc:
+            log.warning("cannot remove the owner marker of stream %s (server %d): %s", stream, server_id, exc)
+
+    def servers_changed(self) -> None:
+        """The registered servers changed: look for dead servers' streams to take (one scan at a
+        time; a change during a scan runs another after it)."""
+        if self._stopping or self.registry.me is None:
+            return
+        if self._scan is not None and not self._scan.done():
+            self._scan_again = True
+            return
+        self._scan = asyncio.get_running_loop().create_task(self._take_over())
+
+    async def _take_over(self) -> None:
+        rounds = 0
+        while not self._stopping:
+            self._scan_again = False
+            try:
+                waiting = await self._take_over_once()
+            except DlogError as exc:  # ZooKeeper away: the next change scans again
+                log.warning("server %d: cannot look for dead servers' streams: %s", self.me, exc)
+                return
+            rounds += 1
+            if self._scan_again:
+                rounds = 0
+                continue
+            if not waiting or rounds >= TAKEOVER_ROUNDS_MAX:
+                return
+            await asyncio.sleep(TAKEOVER_RETRY_S)
+
+    async def _take_over_once(self) -> bool:
+        """One scan of the markers of servers that are not live; True when a stream assigned to
+        this server could not be taken yet (its lock not free) and the scan should run again."""
+        zk = self.ns.zk
+        live, me = self.registry.live, self.me
+        try:
+            holders = await zk.children(self._owners_path())
+        except MetadataNotFoundError:
+            return False
+        found: list[tuple[int, str]] = []
+        for name in holders:
+            if not name.isdigit() or (int(name) in live and int(name) != me):
+                continue
+            try:
+                streams = await zk.children(self._owners_path(int(name)))
+            except MetadataNotFoundError:
+                continue
+            found.extend((int(name), unquote(stream)) for stream in streams[: TAKEOVER_SCAN_MAX - len(found)])
+            if len(found) >= TAKEOVER_SCAN_MAX:
+                log.warning("server %d: more than %d streams of servers gone, TAKEOVER_SCAN_MAX: the rest move "
+                            "when a client asks", me, TAKEOVER_SCAN_MAX)
+                break
+        waiting = False
+        for holder, stream in found:
+            if stream in self.owned or stream in self._taking:
+                continue
+            if rendezvous_pick(stream_key(stream), live | {me}) != me:
+                if holder == me:  # a leftover of this server's previous run: the pick takes it when asked
+                    await self._unmark(stream, me)
+                continue
+            route = await self.route(stream)
+            if isinstance(route, OwnedStream):
+                self.proactive_takeovers += 1
+                log.info("server %d took stream %s of server %d, which is gone", me, stream, holder)
+            elif route is ErrorCode.LEADER_NOT_AVAILABLE:  # its lock not free yet, or the opening failed
+                waiting = True
+                continue
+            if holder != me or not isinstance(route, OwnedStream):  # taken, held elsewhere, or deleted
+                await self._unmark(stream, holder)
+        return waiting
 
 
 class Topics:

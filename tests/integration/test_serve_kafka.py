@@ -284,6 +284,37 @@ def owners(run: Callable[..., object]) -> dict[str, int]:
     return {stream: server["id"] for server in servers for stream in server["streams"]}
 
 
+def test_a_killed_server_s_streams_are_taken_without_any_client_asking(cluster_factory, serve, namespace):
+    """Proactive takeover: once the killed server's session expired, the live server that hashing
+    picks takes each of its streams by itself (no client request reaches any server meanwhile)."""
+    cluster = cluster_factory(bookies=1)
+    first = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
+    second = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
+    servers = {first.server_id: first, second.server_id: second}
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    topics = [f"idle-{n}" for n in range(6)]
+    for topic in topics:
+        assert librdkafka_produce(f"{first.bootstrap},{second.bootstrap}", topic, expected_records(topic, 3)) == \
+            [0, 1, 2]
+    owned = owners(run)
+    assert set(owned) == set(topics)
+    victim = max(servers, key=lambda server_id: list(owned.values()).count(server_id))
+    survivor = next(iter(set(servers) - {victim}))
+    victims = sorted(topic for topic, server_id in owned.items() if server_id == victim)
+    assert victims  # some stream is the victim's
+    servers[victim].kill()
+    killed_at = time.monotonic()
+    deadline_s = 2.0 + 15.0  # the session timeout, and the few seconds the expiry and the takeover take
+    while set(owners(run).values()) != {survivor}:
+        assert time.monotonic() - killed_at < deadline_s, owners(run)
+        time.sleep(0.2)
+    assert owners(run) == dict.fromkeys(topics, survivor)
+    # every acknowledged record is where it was, served by the survivor
+    for topic in victims:
+        got = librdkafka_read_from(servers[survivor].bootstrap, topic)
+        assert [offset for offset, *_ in got] == [0, 1, 2], got
+
+
 def test_a_killed_server_s_streams_move_and_every_acknowledged_record_is_read_once(cluster_factory, serve,
                                                                                      namespace):
     cluster = cluster_factory(bookies=1)
