@@ -117,7 +117,7 @@ class KafkaConnection:
                 data = await self.reader.read(READ_BYTES)
             else:
                 try:
-                    async with asyncio.timeout_at(loop.time() + self._auth_deadline_s - monotonic_s()):
+                    async with asyncio.timeout(self._auth_deadline_s - monotonic_s()):
                         data = await self.reader.read(READ_BYTES)
                 except TimeoutError:
                     refusals.warning("sasl timeout", "closed Kafka client %s: it did not authenticate within "
