@@ -325,3 +325,35 @@ def garbage_sasl(server: ServeProcess, secure, ca: str) -> None:
         assert good.request(MetadataRequest(version=1, topics=None)) is not None
     finally:
         good.close()
+
+
+def test_a_connection_whose_token_expires_is_closed_at_its_next_request(secure_server):
+    server, secure, ca = secure_server
+    raw = RawClient(server, ca)
+    try:
+        assert raw.request(SaslHandshakeRequest(version=1, mechanism="PLAIN")) is not None
+        short = secure.token("app", [f"consume:{NAMESPACE}"], ttl_s=2)
+        answer = raw.request(SaslAuthenticateRequest(version=1, auth_bytes=f"\0app\0{short}".encode()))
+        assert SaslAuthenticateResponse[1].decode(answer, header=True).error_code == 0
+        assert raw.request(MetadataRequest(version=1, topics=None)) is not None  # served while valid
+        deadline = time.monotonic() + 30
+        while raw.request(MetadataRequest(version=1, topics=None)) is not None:
+            assert time.monotonic() < deadline, "the connection outlived its token"
+            time.sleep(0.2)
+    finally:
+        raw.close()
+
+
+def test_a_server_off_loopback_without_tls_and_tokens_refuses_to_start_in_one_line():
+    import subprocess
+    import sys
+
+    from tests.helpers import one_error_line
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", "127.0.0.1:1", "--host",
+                             "10.0.0.1"], capture_output=True, text=True, timeout=60)
+    line = one_error_line(result)
+    assert "a Kafka server on 10.0.0.1" in line and "--insecure-plaintext" in line, line
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", "127.0.0.1:1", "--host",
+                             "10.0.0.1", "--insecure-plaintext"], capture_output=True, text=True, timeout=60)
+    line = one_error_line(result)
+    assert "--token-key" in line and "--allow-anonymous" in line, line
