@@ -357,3 +357,38 @@ def test_a_server_off_loopback_without_tls_and_tokens_refuses_to_start_in_one_li
                              "10.0.0.1", "--insecure-plaintext"], capture_output=True, text=True, timeout=60)
     line = one_error_line(result)
     assert "--token-key" in line and "--allow-anonymous" in line, line
+
+
+def test_a_produce_only_token_cannot_join_groups_and_only_an_admin_creates_topics(secure_server):
+    """Groups commit subscriptions, which only consumers (and admins) may; CreateTopics is an
+    admin's (a producer's topics are created by its first produce)."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+    server, secure, ca = secure_server
+    producer_only = librdkafka_config(server, ca, "PLAIN", token(secure, f"produce:{NAMESPACE}"))
+    topic = topic_name()
+    assert librdkafka_produce(producer_only, topic, [b"x"]) == ([0], [])  # auto-created by a producer
+    consumer = Consumer({**producer_only, "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + DEADLINE_S
+        error = None
+        while error is None and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is not None, "a producer-only token joined a group"
+                error = message.error().code()
+        assert error == KafkaError.GROUP_AUTHORIZATION_FAILED, error
+    finally:
+        consumer.close()
+    for roles, expected in (([f"produce:{NAMESPACE}", f"consume:{NAMESPACE}"], KafkaError.TOPIC_AUTHORIZATION_FAILED),
+                            ([f"admin:{NAMESPACE}"], None)):
+        admin = AdminClient(librdkafka_config(server, ca, "PLAIN", token(secure, *roles)))
+        created = admin.create_topics([NewTopic(topic_name(), 1, 2)], request_timeout=30)
+        (future,) = created.values()
+        if expected is None:
+            assert future.result(DEADLINE_S) is None
+        else:
+            with pytest.raises(Exception) as refused:
+                future.result(DEADLINE_S)
+            assert refused.value.args[0].code() == expected, refused.value
