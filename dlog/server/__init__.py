@@ -7,8 +7,10 @@ streams through their writer locks, and serves them to Kafka clients over the co
 - `owned`: a stream this server owns: its one writer (every producer's records go through it),
   the durable end position, the recent tail kept in memory for fetches, the producer dedup table.
 - `streams`: which streams this server owns; taking and handing back ownership.
-- `connection`: one client connection: framing, in-order answers, the in-flight and unsent bounds.
-- `api`: the Kafka requests, answered over dlog streams.
+- `connection`: one client connection: TLS, SASL authentication, framing, in-order answers, the
+  in-flight and unsent bounds.
+- `api`: the Kafka requests, answered over dlog streams and authorized with the roles of the
+  namespace (`bookkeeper.security.authz`).
 - `server`: the listener, the connection bound, start and a clean stop (writers closed, locks
   released, registration removed).
 """

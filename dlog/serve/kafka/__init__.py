@@ -11,6 +11,8 @@ messages and records in, bytes out. No sockets, no clock, no asyncio, no stream 
   decompression) and encoded for Fetch at a stream position.
 - `compression`: bounded gzip, snappy, lz4 and zstd decompression.
 - `errors`: the Kafka error codes dlog answers with, by name, with their meaning.
+- `sasl`: the SASL mechanisms offered (PLAIN, OAUTHBEARER) and the dlog token a client's SASL
+  message carries.
 """
 
 from dlog.serve.kafka.apis import SUPPORTED_APIS, Api, api_versions_response
