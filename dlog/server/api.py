@@ -153,7 +153,7 @@ class KafkaApi:
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce, FETCH: self.fetch,
             LIST_OFFSETS: self.list_offsets, INIT_PRODUCER_ID: self.init_producer_id,
         }
-        if settings.requires_auth:  # listed by ApiVersions; the connection answers them before authentication
+        if settings.token_key is not None:  # listed by ApiVersions; the connection answers them until authenticated
             self.handlers.update({SASL_HANDSHAKE: self.sasl_again, SASL_AUTHENTICATE: self.sasl_again})
         # counters, exported
         self.records_produced = 0

@@ -68,6 +68,7 @@ class KafkaConnection:
                                      None if authenticating else ANONYMOUS)
         self._auth_deadline_s = (monotonic_s() if accepted_s is None else accepted_s) + settings.auth_timeout_s
         self._mechanism: str | None = None
+        self._sasl_open = verifier is not None  # a SASL exchange may still come (with allow_anonymous too)
         self._answers: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
             maxsize=settings.in_flight_per_connection_max)
 
@@ -135,7 +136,7 @@ class KafkaConnection:
                     if event.close_connection:
                         return
                     continue
-                if not self.authenticated:
+                if not self.authenticated or (self._sasl_open and _is_sasl(event)):
                     if not await self._authenticate(event, decoder):
                         return
                     if self.authenticated:
@@ -223,6 +224,7 @@ class KafkaConnection:
                 problem = str(exc)
             else:
                 self.state.principal = principal
+                self._sasl_open = False
                 log.debug("Kafka client %s authenticated as %s with %s", self.peer, principal.describe(), mechanism)
                 return None
         refusals.warning("sasl refused", "Kafka client %s: SASL %s authentication failed: %s", self.peer,
@@ -265,3 +267,7 @@ class KafkaConnection:
 
     def stats(self) -> dict[str, Any]:
         return {"peer": self.peer, "in_flight": self._answers.qsize(), "readers": len(self.state.readers)}
+
+
+def _is_sasl(event: Request | SaslToken) -> bool:
+    return isinstance(event, SaslToken) or event.api.key in (SASL_HANDSHAKE, SASL_AUTHENTICATE)

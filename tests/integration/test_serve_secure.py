@@ -392,3 +392,22 @@ def test_a_produce_only_token_cannot_join_groups_and_only_an_admin_creates_topic
             with pytest.raises(Exception) as refused:
                 future.result(DEADLINE_S)
             assert refused.value.args[0].code() == expected, refused.value
+
+
+def test_allow_anonymous_serves_clients_without_sasl_and_still_authenticates_those_with_it(secure_cluster):
+    """`--allow-anonymous` (asked for by name) lets clients that skip SASL act as admin; a client
+    that authenticates is its token's principal, so a consume-only token still cannot produce."""
+    secure = secure_cluster.secure_dir
+    namespace = "billing"  # its own: a namespace's servers share one security setting (Metadata names them all)
+    admin_toml = write_admin_config(secure, secure_cluster.zk_address)
+    with serve_processes(None) as start:
+        server = start(secure_cluster, namespace, "--auto-create-topics", "--token-key", str(secure.token_key),
+                       "--allow-anonymous", replication=2, env={"DLOG_CONFIG": str(admin_toml)})
+        topic = topic_name()
+        assert librdkafka_produce({"bootstrap.servers": server.bootstrap}, topic, [b"anonymous"]) == ([0], [])
+        consumer_only = {"bootstrap.servers": server.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanisms": "PLAIN", "sasl.username": "app",
+                         "sasl.password": token(secure, f"consume:{namespace}")}
+        offsets, errors = librdkafka_produce(consumer_only, topic, [b"refused"], timeout_ms=10_000)
+        assert offsets == [] and errors == [TOPIC_AUTHORIZATION_FAILED], errors
+        assert librdkafka_consume(consumer_only, topic, 1) == [b"anonymous"]
