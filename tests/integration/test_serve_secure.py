@@ -187,6 +187,14 @@ class RawClient:
         self.sock.sendall(framed_request(message, self.correlation))
         return self.frame()
 
+    def authenticate(self, message: bytes, mechanism: str = "PLAIN", handshake: bool = True) -> int:
+        """SaslHandshake v1 (unless done) and SaslAuthenticate v1 with `message`: its error code."""
+        if handshake:
+            assert self.request(SaslHandshakeRequest(version=1, mechanism=mechanism)) is not None
+        answer = self.request(SaslAuthenticateRequest(version=1, auth_bytes=message))
+        assert answer is not None, "closed without an answer"
+        return SaslAuthenticateResponse[1].decode(answer, header=True).error_code
+
     def frame(self) -> bytes | None:
         head = self._exactly(4)
         if head is None:
@@ -271,9 +279,7 @@ def test_a_token_the_cluster_did_not_sign_fails_sasl_authentication(secure_serve
     # the answer librdkafka read: SaslAuthenticate with SASL_AUTHENTICATION_FAILED, then the close
     raw = RawClient(server, ca)
     try:
-        assert raw.request(SaslHandshakeRequest(version=1, mechanism="PLAIN")) is not None
-        answer = raw.request(SaslAuthenticateRequest(version=1, auth_bytes=f"\0app\0{forged}".encode()))
-        assert SaslAuthenticateResponse[1].decode(answer, header=True).error_code == SASL_AUTHENTICATION_FAILED
+        assert raw.authenticate(f"\0app\0{forged}".encode()) == SASL_AUTHENTICATION_FAILED
         assert raw.frame() is None
     finally:
         raw.close()
@@ -312,16 +318,13 @@ def garbage_sasl(server: ServeProcess, secure, ca: str) -> None:
         for garbage in (b"\xff\xfe not sasl", b"n,,\x01auth=Basic x\x01\x01", b"\0\0\0\0"):
             bad = RawClient(server, ca)
             try:
-                assert bad.request(SaslHandshakeRequest(version=1, mechanism="PLAIN")) is not None
-                answer = bad.request(SaslAuthenticateRequest(version=1, auth_bytes=garbage))
-                assert SaslAuthenticateResponse[1].decode(answer, header=True).error_code == SASL_AUTHENTICATION_FAILED
+                assert bad.authenticate(garbage) == SASL_AUTHENTICATION_FAILED
                 assert bad.frame() is None
             finally:
                 bad.close()
         # the other connection, mid-handshake, is untouched: it authenticates and is served
         message = f"n,,\x01auth=Bearer {token(secure, f'consume:{NAMESPACE}')}\x01\x01".encode()
-        answer = good.request(SaslAuthenticateRequest(version=1, auth_bytes=message))
-        assert SaslAuthenticateResponse[1].decode(answer, header=True).error_code == 0
+        assert good.authenticate(message, handshake=False) == 0
         assert good.request(MetadataRequest(version=1, topics=None)) is not None
     finally:
         good.close()
@@ -331,10 +334,8 @@ def test_a_connection_whose_token_expires_is_closed_at_its_next_request(secure_s
     server, secure, ca = secure_server
     raw = RawClient(server, ca)
     try:
-        assert raw.request(SaslHandshakeRequest(version=1, mechanism="PLAIN")) is not None
         short = secure.token("app", [f"consume:{NAMESPACE}"], ttl_s=2)
-        answer = raw.request(SaslAuthenticateRequest(version=1, auth_bytes=f"\0app\0{short}".encode()))
-        assert SaslAuthenticateResponse[1].decode(answer, header=True).error_code == 0
+        assert raw.authenticate(f"\0app\0{short}".encode()) == 0
         assert raw.request(MetadataRequest(version=1, topics=None)) is not None  # served while valid
         deadline = time.monotonic() + 30
         while raw.request(MetadataRequest(version=1, topics=None)) is not None:
