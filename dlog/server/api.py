@@ -158,6 +158,8 @@ class KafkaApi:
         # counters, exported
         self.records_produced = 0
         self.records_fetched = 0
+        self.authentications = 0  # SASL exchanges that succeeded
+        self.authentications_failed = 0  # SASL exchanges refused (bad token, malformed message)
 
     def add_handlers(self, handlers: dict[int, Handler]) -> None:
         self.handlers.update(handlers)

@@ -225,8 +225,10 @@ class KafkaConnection:
             else:
                 self.state.principal = principal
                 self._sasl_open = False
+                self.api.authentications += 1
                 log.debug("Kafka client %s authenticated as %s with %s", self.peer, principal.describe(), mechanism)
                 return None
+        self.api.authentications_failed += 1
         refusals.warning("sasl refused", "Kafka client %s: SASL %s authentication failed: %s", self.peer,
                          mechanism, problem)
         return f"authentication failed: {problem}"

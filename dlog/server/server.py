@@ -144,6 +144,8 @@ class KafkaServer:
                 "streams": sorted(self.streams.owned), "takeovers": self.streams.takeovers,
                 "proactive_takeovers": self.streams.proactive_takeovers,
                 "records_produced": self.api.records_produced, "records_fetched": self.api.records_fetched,
+                "authentications": self.api.authentications,
+                "authentications_failed": self.api.authentications_failed,
                 "policy_runs": self.policies.stats.runs, "policy_failures": self.policies.stats.failures}
 
 
