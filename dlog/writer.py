@@ -347,7 +347,8 @@ class StreamWriter:
         rows = []
         size_bytes = run_bytes(producer)
         for value, key, timestamp_ms, headers in records:
-            if type(value) is not bytes or (key is not None and type(key) is not bytes) or type(timestamp_ms) is not int:
+            if type(value) is not bytes or (key is not None and type(key) is not bytes) \
+                    or type(timestamp_ms) is not int:
                 value, key = _checked_record(value, key, timestamp_ms)
             size_bytes += (len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES
                            + (self._check_headers(headers) if headers else 0))

@@ -267,7 +267,7 @@ class KafkaApi:
         owned = await self._owned(topic, part.index, create=self.settings.auto_create_topics)
         if not isinstance(owned, OwnedStream):
             return owned, -1
-        problem = owned.check(batch.records)
+        problem = owned.check(batch.records, kafka_producer(batch.producer_id) if batch.producer_id >= 0 else None)
         if problem is None and batch.transactional:
             problem = "transactional batches are not supported"
         if problem is not None:
@@ -323,21 +323,16 @@ class KafkaApi:
                 return ErrorCode.INVALID_PRODUCER_EPOCH, -1
             refusals.warning("producers", "%s", verdict.message)  # Refused: a limit of the table
             return ErrorCode.THROTTLING_QUOTA_EXCEEDED, -1
-        try:
-            written = owned.append(records)
+        try:  # the batch lands whole in one entry that names it; the table hears of it as it is durable
+            written = owned.append_idempotent(records, producer, epoch, first_sequence, last_sequence)
         except DlogError:
             dedup.on_failed(producer, first_sequence, epoch)  # nothing was buffered
             owned.producer_settled(producer)
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
         buffered()
         self.records_produced += len(records)
-        count = len(records)
 
-        def settled(done: asyncio.Future[int]) -> None:  # in acknowledgement order: the table's push order
-            if not done.cancelled() and done.exception() is None:
-                first = done.result()
-                dedup.on_durable(producer, first_sequence, last_sequence, first, first + count - 1,
-                                 self.ns.clock.wall_ms(), epoch)
+        def settled(_: asyncio.Future[int]) -> None:  # a parked resend looks again
             owned.producer_settled(producer)
 
         written.add_done_callback(settled)

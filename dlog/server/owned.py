@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from dlog.core.dedup import DedupTable
+from dlog.core.dedup import DedupTable, encode_stored
 from dlog.core.settings import RECORD_OVERHEAD_BYTES
 from dlog.offsets import Offset
-from dlog.segments.codec import schema_with_headers
+from dlog.segments.codec import run_bytes, schema_with_headers
 from dlog.serve.kafka import Record
 from dlog.writer import StreamWriter
 
@@ -28,15 +28,26 @@ class RecordRefused(Exception):
     """A record the stream cannot take (too large for an entry, or headers on a typed stream)."""
 
 
+SaveSnapshot = Callable[["OwnedStream", bytes], None]  # stores the stored form; calls snapshot_saved after
+
+
 class OwnedStream:
     def __init__(self, name: str, writer: StreamWriter, start_position: int, end_position: int,
-                 tail_bytes_max: int) -> None:
+                 tail_bytes_max: int, dedup: DedupTable | None = None, replay_bytes_max: int = 8 << 20,
+                 save_snapshot: SaveSnapshot | None = None) -> None:
         self.name = name
         self.writer = writer
         self.start_position = start_position  # the first readable record (Kafka's log start offset)
         self.end_position = end_position  # the position the next durable record gets (high watermark)
         self.tail_bytes_max = tail_bytes_max
-        self.dedup = DedupTable()  # in memory: rebuilt empty by a new owner (docs/serving.md)
+        # rebuilt by the owner before it serves (`dlog.core.dedup.rebuild`); its snapshot is stored
+        # with the stream once `replay_bytes_max` of records became durable since the last one
+        self.dedup = dedup or DedupTable()
+        self.replay_bytes_max = replay_bytes_max
+        self._save_snapshot = save_snapshot
+        self._bytes_since_snapshot = 0
+        self._saving = False
+        self.snapshots_stored = 0
         self.typed = schema_with_headers(writer.codec.schema) is None
         # the tail: durable batches in position order (first positions, records, bytes)
         self._firsts: list[int] = []
@@ -50,17 +61,24 @@ class OwnedStream:
 
     # ------------------------------------------------------------------ writing
 
-    def check(self, records: Sequence[Record]) -> str | None:
-        """Why these records cannot be written (None: they can), before any of them is buffered."""
+    def check(self, records: Sequence[Record], producer: str | None = None) -> str | None:
+        """Why these records cannot be written (None: they can), before any of them is buffered;
+        an idempotent `producer`'s batch must fit in one entry whole."""
         if self.typed:
             return f"stream {self.name!r} has a typed schema: Kafka producers write untyped streams only"
         batcher = self.writer.machine.batcher
+        total = 0 if producer is None else run_bytes(producer)
         for record in records:
             size = (len(record.value or b"") + len(record.key or b"") + RECORD_OVERHEAD_BYTES
                     + sum(len(key) + len(value or b"") + RECORD_OVERHEAD_BYTES for key, value in record.headers))
             problem = batcher.check_record(size)
             if problem is not None:
                 return problem
+            total += size
+        if producer is not None and batcher.check_record(total) is not None:
+            return (f"an idempotent batch of {total} bytes does not fit in one entry of at most "
+                    f"{self.writer.settings.entry_bytes_limit} bytes (a producer's batch is never cut between "
+                    f"entries): send smaller batches, or raise the stream's roll size")
         return None
 
     def append(self, records: Sequence[Record]) -> asyncio.Future[int]:
@@ -103,8 +121,38 @@ class OwnedStream:
         last.add_done_callback(durable)
         return result
 
+    def append_idempotent(self, records: Sequence[Record], producer: str, epoch: int, first_sequence: int,
+                          last_sequence: int) -> asyncio.Future[int]:
+        """Buffer an idempotent producer's batch (checked, accepted by the dedup table) whole into
+        one entry whose producer section names it; the future resolves to its first position once
+        durable, after the table heard of it (`on_durable`, before the end position moves past it,
+        so a snapshot never claims a position whose batches the table does not hold)."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[int] = loop.create_future()
+        written = self.writer.write_producer_batch(
+            [(record.value or b"", record.key, record.timestamp_ms, list(record.headers) or None)
+             for record in records], producer, epoch, first_sequence, last_sequence)
+        kept = tuple(records)
+
+        def durable(done: asyncio.Future[Offset]) -> None:
+            error: BaseException | None = asyncio.CancelledError() if done.cancelled() else done.exception()
+            position = None if error is not None else done.result().position
+            if error is not None or position is None:
+                if not result.done():
+                    result.set_exception(error or RuntimeError(f"stream {self.name!r} gave no position"))
+                return
+            self.dedup.on_durable(producer, first_sequence, last_sequence, position, position + len(kept) - 1,
+                                  self.writer.now_ms(), epoch)
+            self._durable(position, kept)
+            if not result.done():
+                result.set_result(position)
+
+        written.add_done_callback(durable)
+        return result
+
     def _durable(self, first_position: int, records: tuple[Record, ...]) -> None:
         size = sum(len(r.value or b"") + len(r.key or b"") + 64 for r in records)
+        self._bytes_since_snapshot += size
         self._firsts.append(first_position)
         self._batches.append(records)
         self._sizes.append(size)
@@ -120,6 +168,21 @@ class OwnedStream:
             self._head = 0
         grown, self._grown = self._grown, asyncio.Event()
         grown.set()
+        if self._bytes_since_snapshot >= self.replay_bytes_max:
+            self.store_snapshot()
+
+    def store_snapshot(self) -> bool:
+        """Store the dedup table's snapshot at the end position now (one store at a time)."""
+        if self._saving or self._save_snapshot is None:
+            return False
+        self._saving = True
+        self._bytes_since_snapshot = 0
+        self._save_snapshot(self, encode_stored(self.end_position, self.dedup.snapshot()))
+        return True
+
+    def snapshot_saved(self, stored: bool) -> None:
+        self._saving = False
+        self.snapshots_stored += stored
 
     # ------------------------------------------------------------------ producers
 
@@ -174,4 +237,5 @@ class OwnedStream:
     def stats(self) -> dict[str, Any]:
         return {"stream": self.name, "start_position": self.start_position, "end_position": self.end_position,
                 "tail_records": sum(len(b) for b in self._batches[self._head:]), "tail_bytes": self._tail_bytes,
-                "producers": self.dedup.producer_count, "records_written": self.records_written}
+                "producers": self.dedup.producer_count, "records_written": self.records_written,
+                "dedup_snapshots_stored": self.snapshots_stored}

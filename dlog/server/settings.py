@@ -35,6 +35,7 @@ class ServerSettings:
     readers_per_connection_max: int = 64  # open stream readers one connection's fetches keep
     fetch_bytes_max: int = 64 << 20  # one fetch answer, whatever the client asks
     writer_buffer_bytes_max: int = 64 << 20  # per owned stream: records buffered and in flight
+    dedup_replay_bytes_max: int = 8 << 20  # per owned stream: records durable between dedup snapshots
 
     def __post_init__(self) -> None:
         if self.server_id is not None and not 0 <= self.server_id <= SERVER_ID_MAX:
@@ -48,7 +49,7 @@ class ServerSettings:
                               "need ensemble >= write quorum >= ack quorum >= 1")
         for name in ("connections_max", "in_flight_per_connection_max", "unsent_bytes_max", "request_bytes_max",
                      "batch_bytes_max", "owned_streams_max", "tail_bytes_max", "readers_per_connection_max",
-                     "fetch_bytes_max", "writer_buffer_bytes_max"):
+                     "fetch_bytes_max", "writer_buffer_bytes_max", "dedup_replay_bytes_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"bad {name} {getattr(self, name)}: it must be at least 1")
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bookkeeper.clock import monotonic_s
-from bookkeeper.errors import DlogError
+from bookkeeper.errors import DlogError, MetadataVersionError
+from dlog.core.dedup import DedupTable, ReplayedBatch, decode_stored, encode_stored, rebuild
 from dlog.core.errors import WriterFencedError, WriterLockedError
 from dlog.namespace import Namespace
 from dlog.segments.port import StreamExistsError, StreamNotFoundError
@@ -25,11 +26,13 @@ from dlog.serve.ownership import Action, decide, partition_stream, topics_of
 from dlog.server.owned import OwnedStream
 from dlog.server.registry import Registry, holder_of
 from dlog.server.settings import ServerSettings
+from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 YIELD_S = 60.0  # a stream fenced away from this server (native takeover) is not taken back meanwhile
 TOPICS_REFRESH_S = 0.5  # an unknown topic re-reads the stream list at most this often
 CLOSE_S_MAX = 30.0  # a clean stop waits this long for each owned writer to close
+REBUILD_S_MAX = 60.0  # taking a stream gives up when its dedup table is not rebuilt by then
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,9 @@ class Streams:
         self._yielded: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        self._snapshot_versions: dict[str, int] = {}  # stream -> version of the dedup snapshot this server stored
         self.takeovers = 0  # streams taken (counters, exported)
+        self.replayed_batches = 0  # producer batches replayed into rebuilt dedup tables
         self.losses = 0  # owned streams whose writer ended without a clean stop
 
     @property
@@ -128,7 +133,17 @@ class Streams:
         if segment is not None and segment.first_position is not None:
             end = segment.first_position
         end = end or 0
-        owned = OwnedStream(stream, writer, end if start is None else start, end, settings.tail_bytes_max)
+        try:  # before the first write: the dead owner's producers, from its snapshot and the entries after it
+            async with asyncio.timeout(REBUILD_S_MAX):
+                dedup, version = await self._rebuild(stream, end)
+        except (DlogError, TimeoutError) as exc:
+            log.warning("not serving stream %s: its producer dedup state cannot be rebuilt: %s", stream,
+                        exc or "it took too long")
+            await self._close_quietly_writer(writer)
+            return ErrorCode.LEADER_NOT_AVAILABLE
+        owned = OwnedStream(stream, writer, end if start is None else start, end, settings.tail_bytes_max,
+                            dedup, settings.dedup_replay_bytes_max, self._save_snapshot)
+        self._snapshot_versions[stream] = version
         self.owned[stream] = owned
         self.takeovers += 1
         log.info("server %d serves stream %s from position %d", self.me, stream, end)
@@ -136,6 +151,72 @@ class Streams:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return owned
+
+    async def _rebuild(self, stream: str, end: int) -> tuple[DedupTable, int]:
+        """The producer dedup table as the previous owners left it (docs/serving.md, "Producer
+        dedup across failover"): the stored snapshot restored, the entries from its position to
+        `end` replayed (their producer sections), idle producers expired; then stored again at
+        `end`, so the next owner replays only what this one writes. A stream no owner ever stored
+        a snapshot of holds no producer section: nothing to replay."""
+        store = self.ns.store
+        found = await store.dedup_snapshot(stream)
+        replayed: list[ReplayedBatch] = []
+        if found is not None:
+            position, _ = decode_stored(found[0])
+            if position < end:
+                replayed = await self._replay(stream, position, end)
+        table = rebuild(None if found is None else found[0], replayed, self.ns.clock.wall_ms())
+        version = await store.store_dedup_snapshot(stream, encode_stored(end, table.snapshot()),
+                                                   None if found is None else found[1])
+        self.replayed_batches += len(replayed)
+        log.info("stream %s: dedup table rebuilt with %d producers (%d batches replayed from position %s)", stream,
+                 table.producer_count, len(replayed), None if found is None else decode_stored(found[0])[0])
+        return table, version
+
+    async def _replay(self, stream: str, position: int, end: int) -> list[ReplayedBatch]:
+        """Every producer batch in the entries holding positions `position`..`end`-1, in order."""
+        replayed: list[ReplayedBatch] = []
+        async with self.ns.open_reader(stream, position, follow=False, skip_truncated=True) as reader:
+            while (entry := await reader.next_entry()) is not None:
+                if entry.first_position is None:
+                    raise DlogError(f"stream {stream!r} has entries without positions after the dedup snapshot")
+                entry_position = entry.first_position - entry.first_slot  # of the entry's slot 0
+                for run in entry.producers:
+                    first = entry_position + run.first_slot
+                    replayed.append(ReplayedBatch(run.producer, run.epoch, run.first_sequence, run.last_sequence,
+                                                  first, first + run.records - 1))
+                if entry.first_position + entry.batch.num_rows >= end:
+                    break
+        return replayed
+
+    def _save_snapshot(self, owned: OwnedStream, data: bytes) -> None:
+        task = asyncio.get_running_loop().create_task(self._store_snapshot(owned, data))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store_snapshot(self, owned: OwnedStream, data: bytes) -> None:
+        stored = False
+        try:
+            version = self._snapshot_versions.get(owned.name)
+            if version is not None and self.owned.get(owned.name) is owned:
+                self._snapshot_versions[owned.name] = await self.ns.store.store_dedup_snapshot(owned.name, data,
+                                                                                             version)
+                stored = True
+        except MetadataVersionError:  # a newer owner stored one: this server no longer owns the stream
+            log.warning("stream %s: another server stored the dedup snapshot; stopping serving it", owned.name)
+            self._snapshot_versions.pop(owned.name, None)
+            if self.owned.get(owned.name) is owned:
+                owned.writer.abort()
+        except DlogError as exc:  # the next snapshot tries again; meanwhile a new owner replays more
+            log.warning("stream %s: storing the dedup snapshot failed: %s", owned.name, exc)
+        finally:
+            owned.snapshot_saved(stored)
+
+    async def _close_quietly_writer(self, writer: StreamWriter) -> None:
+        try:
+            await writer.close()
+        except DlogError as exc:
+            log.info("closing the writer of stream %s: %s", writer.name, exc)
 
     async def _watch(self, owned: OwnedStream) -> None:
         await owned.writer.until_ended()

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from dlog_tools.cli.common import cluster_options, fails_cleanly, json_option, print_table, run_namespace
-from dlog_tools.units import DURATION, format_time_ms
+from dlog_tools.units import DURATION, SIZE, format_time_ms
 
 KAFKA_PORT_DEFAULT = 9092
 
@@ -35,11 +35,14 @@ KAFKA_PORT_DEFAULT = 9092
               help="of the streams the server creates")
 @click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--ack-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--dedup-replay-bytes", default="8MiB", show_default=True, type=SIZE,
+              help="per stream: records made durable between two stores of the producer dedup snapshot, "
+                   "about what a new owner replays after a kill")
 @click.pass_context
 @fails_cleanly
 def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, host: str,
           advertised_host: str | None, server_id: int | None, session_timeout: int, auto_create_topics: bool,
-          ensemble: int, write_quorum: int, ack_quorum: int) -> None:
+          ensemble: int, write_quorum: int, ack_quorum: int, dedup_replay_bytes: int) -> None:
     """Serve the namespace's streams to Kafka clients until SIGTERM or Ctrl-C, which hands the
     streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients."""
     if ctx.invoked_subcommand is not None:
@@ -48,7 +51,8 @@ def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, ho
 
     settings = ServerSettings(server_id=server_id, host=host, kafka_port=kafka_port, advertised_host=advertised_host,
                               session_timeout_s=session_timeout / 1000, auto_create_topics=auto_create_topics,
-                              ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum)
+                              ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
+                              dedup_replay_bytes_max=dedup_replay_bytes)
     run_server(cluster, settings)
 
 
