@@ -11,17 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dlog.core.dedup import DedupTable, encode_stored
+from bookkeeper.clock import monotonic_s
+from bookkeeper.errors import DlogError
+from dlog.core.dedup import (
+    Accepted,
+    DedupTable,
+    Duplicate,
+    Fenced,
+    InFlight,
+    OutOfOrder,
+    ReplayedBatch,
+    decode_stored,
+    encode_stored,
+    kafka_producer,
+    rebuild,
+)
 from dlog.core.settings import RECORD_OVERHEAD_BYTES
+from dlog.namespace import Namespace
 from dlog.offsets import Offset
 from dlog.segments.codec import run_bytes, schema_with_headers
-from dlog.serve.kafka import Record
+from dlog.serve.kafka import ErrorCode, Record
 from dlog.writer import StreamWriter
 
+log = logging.getLogger(__name__)
 TAIL_BATCHES_MAX = 65_536  # per stream, whatever their size: bounds the index of the tail
+IN_FLIGHT_RESEND_WAIT_S = 30.0  # a resend of a batch not yet durable waits this long for it
 
 
 class RecordRefused(Exception):
@@ -150,6 +168,58 @@ class OwnedStream:
         written.add_done_callback(durable)
         return result
 
+    async def produce_idempotent(self, records: Sequence[Record], producer_id: int, epoch: int, first_sequence: int,
+                                 last_sequence: int, appended: Callable[[], None],
+                                 refusals: Any = log) -> tuple[ErrorCode, int]:
+        """An idempotent Kafka producer's batch (checked), through the stream's dedup table: a
+        resend of a durable batch is answered with its first offset, not written twice; a resend
+        of one in flight waits for it. (error, base offset); `appended` is called once the batch
+        is buffered; `refusals` logs the refused ones (a rate-limited log)."""
+        producer = kafka_producer(producer_id)
+        dedup = self.dedup
+        deadline = monotonic_s() + IN_FLIGHT_RESEND_WAIT_S
+        while True:
+            verdict = dedup.offer(producer, first_sequence, last_sequence, self.writer.now_ms(), epoch)
+            if isinstance(verdict, Accepted):
+                break
+            if isinstance(verdict, Duplicate):  # design.md, "Producer deduplication"
+                if verdict.first_offset is None:
+                    return ErrorCode.DUPLICATE_SEQUENCE_NUMBER, -1
+                return ErrorCode.NONE, verdict.first_offset
+            if isinstance(verdict, InFlight) and (remaining := deadline - monotonic_s()) > 0:
+                next_durable = self.durable_event(producer)
+                try:
+                    async with asyncio.timeout(remaining):
+                        await next_durable.wait()
+                except TimeoutError:
+                    return ErrorCode.REQUEST_TIMED_OUT, -1
+                continue
+            if isinstance(verdict, InFlight):
+                return ErrorCode.REQUEST_TIMED_OUT, -1
+            if isinstance(verdict, OutOfOrder):
+                refusals.warning("sequence", "%s", verdict.message)
+                return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
+            if isinstance(verdict, Fenced):
+                return ErrorCode.INVALID_PRODUCER_EPOCH, -1
+            refusals.warning("producers", "%s", verdict.message)  # Refused: a limit of the table
+            return ErrorCode.THROTTLING_QUOTA_EXCEEDED, -1
+        try:  # the batch lands whole in one entry that names it; the table hears of it as it is durable
+            written = self.append_idempotent(records, producer, epoch, first_sequence, last_sequence)
+        except DlogError:
+            dedup.on_failed(producer, first_sequence, epoch)  # nothing was buffered
+            self.producer_settled(producer)
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        appended()
+
+        def settled(_: asyncio.Future[int]) -> None:  # a parked resend looks again
+            self.producer_settled(producer)
+
+        written.add_done_callback(settled)
+        try:
+            return ErrorCode.NONE, await written
+        except DlogError:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1  # outcome unknown: the stream's next owner decides
+
     def _durable(self, first_position: int, records: tuple[Record, ...]) -> None:
         size = sum(len(r.value or b"") + len(r.key or b"") + 64 for r in records)
         self._bytes_since_snapshot += size
@@ -239,3 +309,34 @@ class OwnedStream:
                 "tail_records": sum(len(b) for b in self._batches[self._head:]), "tail_bytes": self._tail_bytes,
                 "producers": self.dedup.producer_count, "records_written": self.records_written,
                 "dedup_snapshots_stored": self.snapshots_stored}
+
+
+async def rebuild_dedup(ns: Namespace, stream: str, end: int) -> tuple[DedupTable, int, int]:
+    """The producer dedup table of `stream` as its previous owners left it (docs/serving.md,
+    "Producer dedup across failover"), for an owner whose writer is open and whose stream ends at
+    `end`: the stored snapshot restored, the entries from its position to `end` replayed (their
+    producer sections), idle producers expired (`dlog.core.dedup.rebuild`); then stored again at
+    `end`, so the next owner replays only what this one writes. (table, stored version, batches
+    replayed). A stream no owner ever stored a snapshot of holds no producer section: nothing to
+    replay. MetadataVersionError: another owner stored one meanwhile."""
+    found = await ns.store.dedup_snapshot(stream)
+    replayed: list[ReplayedBatch] = []
+    position = None if found is None else decode_stored(found[0])[0]
+    if position is not None and position < end:
+        async with ns.open_reader(stream, position, follow=False, skip_truncated=True) as reader:
+            while (entry := await reader.next_entry()) is not None:
+                if entry.first_position is None:
+                    raise DlogError(f"stream {stream!r} has entries without positions after the dedup snapshot")
+                entry_position = entry.first_position - entry.first_slot  # of the entry's slot 0
+                for run in entry.producers:
+                    first = entry_position + run.first_slot
+                    replayed.append(ReplayedBatch(run.producer, run.epoch, run.first_sequence, run.last_sequence,
+                                                  first, first + run.records - 1))
+                if entry.first_position + entry.batch.num_rows >= end:
+                    break
+    table = rebuild(None if found is None else found[0], replayed, ns.clock.wall_ms())
+    version = await ns.store.store_dedup_snapshot(stream, encode_stored(end, table.snapshot()),
+                                                  None if found is None else found[1])
+    log.info("stream %s: dedup table rebuilt with %d producers (%d batches replayed from position %s)", stream,
+             table.producer_count, len(replayed), position)
+    return table, version, len(replayed)

@@ -17,13 +17,13 @@ from typing import Any
 
 from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import DlogError, MetadataVersionError
-from dlog.core.dedup import DedupTable, ReplayedBatch, decode_stored, encode_stored, rebuild
+from dlog.core.dedup import DedupTable
 from dlog.core.errors import WriterFencedError, WriterLockedError
 from dlog.namespace import Namespace
 from dlog.segments.port import StreamExistsError, StreamNotFoundError
 from dlog.serve.kafka import ErrorCode
 from dlog.serve.ownership import Action, decide, partition_stream, topics_of
-from dlog.server.owned import OwnedStream
+from dlog.server.owned import OwnedStream, rebuild_dedup
 from dlog.server.registry import Registry, holder_of
 from dlog.server.settings import ServerSettings
 from dlog.writer import StreamWriter
@@ -153,41 +153,9 @@ class Streams:
         return owned
 
     async def _rebuild(self, stream: str, end: int) -> tuple[DedupTable, int]:
-        """The producer dedup table as the previous owners left it (docs/serving.md, "Producer
-        dedup across failover"): the stored snapshot restored, the entries from its position to
-        `end` replayed (their producer sections), idle producers expired; then stored again at
-        `end`, so the next owner replays only what this one writes. A stream no owner ever stored
-        a snapshot of holds no producer section: nothing to replay."""
-        store = self.ns.store
-        found = await store.dedup_snapshot(stream)
-        replayed: list[ReplayedBatch] = []
-        if found is not None:
-            position, _ = decode_stored(found[0])
-            if position < end:
-                replayed = await self._replay(stream, position, end)
-        table = rebuild(None if found is None else found[0], replayed, self.ns.clock.wall_ms())
-        version = await store.store_dedup_snapshot(stream, encode_stored(end, table.snapshot()),
-                                                   None if found is None else found[1])
-        self.replayed_batches += len(replayed)
-        log.info("stream %s: dedup table rebuilt with %d producers (%d batches replayed from position %s)", stream,
-                 table.producer_count, len(replayed), None if found is None else decode_stored(found[0])[0])
+        table, version, replayed = await rebuild_dedup(self.ns, stream, end)
+        self.replayed_batches += replayed
         return table, version
-
-    async def _replay(self, stream: str, position: int, end: int) -> list[ReplayedBatch]:
-        """Every producer batch in the entries holding positions `position`..`end`-1, in order."""
-        replayed: list[ReplayedBatch] = []
-        async with self.ns.open_reader(stream, position, follow=False, skip_truncated=True) as reader:
-            while (entry := await reader.next_entry()) is not None:
-                if entry.first_position is None:
-                    raise DlogError(f"stream {stream!r} has entries without positions after the dedup snapshot")
-                entry_position = entry.first_position - entry.first_slot  # of the entry's slot 0
-                for run in entry.producers:
-                    first = entry_position + run.first_slot
-                    replayed.append(ReplayedBatch(run.producer, run.epoch, run.first_sequence, run.last_sequence,
-                                                  first, first + run.records - 1))
-                if entry.first_position + entry.batch.num_rows >= end:
-                    break
-        return replayed
 
     def _save_snapshot(self, owned: OwnedStream, data: bytes) -> None:
         task = asyncio.get_running_loop().create_task(self._store_snapshot(owned, data))
