@@ -39,10 +39,11 @@ whose first batches were lost, a lower sequence arriving after a higher one that
 be told from a duplicate.
 
 Rebuilding (a new owner, a restarted writer). `snapshot()` encodes the durable part of the table
-(JSON, at most `snapshot_bytes_max`); it is stored with the segment in the compare-and-set that
-completes the segment. A new owner `restore`s the last snapshot, feeds each entry written after
-it (the recovered in-progress segment) to `on_replayed`, calls `expire`, and only then accepts
-writes. The table is kept by time, not by records: retention and compaction of a producer's
+(JSON, at most `snapshot_bytes_max`); the owner stores it, after the stream position it covers
+(`encode_stored`), in a node of the stream that retention never touches (docs/serving.md). A new
+owner `rebuild`s: restores the last snapshot, feeds each producer batch of the entries from its
+position on (the entries' producer sections) to `on_replayed`, calls `expire`, and only then
+accepts writes. The table is kept by time, not by records: retention and compaction of a producer's
 records never remove its state (KAFKA-7190); only `producer_idle_ms_max` without activity does.
 
 Bounds. Per producer: `batches_remembered_max` durable batches (Kafka keeps 5) and

@@ -5,6 +5,12 @@ positions known durable, the recent tail kept in memory for fetches, and the pro
 
 Durable first: a record enters the tail (and the end position moves past it) only once its entry
 is acknowledged by an ack quorum of bookies, so a fetch never returns what could still be lost.
+
+Idempotent producers (`produce_idempotent`) go through the dedup table, which outlives the owner:
+each batch lands whole in one entry whose producer section names it, the table's snapshot is
+stored under the stream now and then, and a new owner rebuilds the table (`rebuild_dedup`: the
+snapshot, then the entries after it) before it serves (docs/serving.md, "Producer dedup across
+failover").
 """
 
 from __future__ import annotations

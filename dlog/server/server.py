@@ -124,6 +124,7 @@ class KafkaServer:
         return {"id": self.server_id, "kafka": self.address, "connections": len(self._connections),
                 "connections_refused": self.connections_refused,
                 "streams": sorted(self.streams.owned), "takeovers": self.streams.takeovers,
+                "dedup_batches_replayed": self.streams.replayed_batches,
                 "records_produced": self.api.records_produced, "records_fetched": self.api.records_fetched,
                 "policy_runs": self.policies.stats.runs, "policy_failures": self.policies.stats.failures}
 
