@@ -79,7 +79,10 @@ class SimServer:
             table, version, replayed = await rebuild_dedup(namespace, SERVED, end)
         except DlogError as exc:
             self.world.sim.history.record(f"server{self.server_id}", "served_take_failed", error=error_text(exc))
-            writer.abort()
+            try:
+                await writer.close()  # releases the lock: the stream is not left held by a server not serving it
+            except DlogError:
+                pass
             return
         self._version = version
         world = self.world
