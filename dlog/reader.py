@@ -52,7 +52,7 @@ from dlog.core.errors import OffsetOutOfRangeError, PositionsUnknownError, Trunc
 from dlog.core.reader import END, AtTimestamp, ReaderMachine, ReaderSettings, Start
 from dlog.core.snapshot import Cursor, Located, PositionAt, StreamView
 from dlog.offsets import Offset, check_position, record_offset
-from dlog.segments.codec import RecordSetCodec
+from dlog.segments.codec import FLAG_PRODUCERS, ProducerRun, RecordSetCodec
 from dlog.segments.metadata import Segment
 
 __all__ = ["EntryBatch", "OffsetOutOfRangeError", "PositionsUnknownError", "Record", "StreamReader",
@@ -86,6 +86,9 @@ class EntryBatch:
     first_slot: int
     batch: pa.RecordBatch
     first_position: int | None = None
+    # the idempotent producers' batches the whole entry holds (slots count from the entry's first
+    # record, not from `first_slot`): what a serving-tier owner rebuilds its dedup table from
+    producers: tuple[ProducerRun, ...] = ()
 
 
 class StreamReader:
@@ -331,7 +334,9 @@ class StreamReader:
         first_position = None
         if segment_first_position is not None:  # V4: the segment's first, plus the records before this one
             first_position = segment_first_position + header.first_record_index + first_slot
-        return EntryBatch(ledger_id, entry_id, first_slot, batch, first_position), batch.nbytes, batch.num_rows
+        producers = self.codec.producer_runs(payload) if header.flags & FLAG_PRODUCERS else ()
+        return (EntryBatch(ledger_id, entry_id, first_slot, batch, first_position, producers), batch.nbytes,
+                batch.num_rows)
 
     # ------------------------------------------------------------------ consumer
 
@@ -373,11 +378,12 @@ class StreamReader:
         indices = pc.indices_nonzero(keep)
         if len(indices) == 0:
             return EntryBatch(item.ledger_id, item.entry_id, item.first_slot, item.batch.slice(0, 0),
-                              item.first_position)
+                              item.first_position, item.producers)
         first = indices[0].as_py()
         self._skip_before_ms = None
         position = None if item.first_position is None else item.first_position + first
-        return EntryBatch(item.ledger_id, item.entry_id, item.first_slot + first, item.batch.slice(first), position)
+        return EntryBatch(item.ledger_id, item.entry_id, item.first_slot + first, item.batch.slice(first), position,
+                          item.producers)
 
     def __aiter__(self) -> StreamReader:
         return self

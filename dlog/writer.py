@@ -64,10 +64,12 @@ from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
     EncodedEntry,
     Headers,
+    ProducerRun,
     RecordSetCodec,
     check_batch,
     fill_missing_columns,
     records_to_batch,
+    run_bytes,
     schema_with_headers,
     split_batch,
 )
@@ -138,6 +140,17 @@ class _BatchWaiter:
             self.future.set_exception(error)
 
 
+@dataclass(frozen=True, slots=True)
+class _ProducerBatch:
+    """A buffered idempotent producer's batch: its records (rows as `offer` buffers them), one chunk."""
+
+    rows: list[tuple[bytes, bytes | None, int, Headers | None]]
+    producer: str
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+
+
 class StreamWriter:
     def __init__(self, context: StreamContext, *, flush_bytes: int = 1 << 20,
                  flush_records: int = 20_000, linger_ms: float = 0.0, partial_entries_in_flight_max: int = 1,
@@ -182,6 +195,7 @@ class StreamWriter:
         self._ended: asyncio.Future[None] = self.loop.create_future()
         self._aborted = False
         self._lock_holder = lock_holder
+        self._runs_buffered = 0  # producer batches buffered and not encoded yet
 
     # ------------------------------------------------------------------ state
 
@@ -320,6 +334,39 @@ class StreamWriter:
         if effects:
             self.run(effects)
 
+    def write_producer_batch(self, records: Sequence[tuple[bytes, bytes | None, int, Headers | None]],
+                             producer: str, epoch: int, first_sequence: int,
+                             last_sequence: int) -> asyncio.Future[Offset]:
+        """Buffer an idempotent producer's batch (value, key, timestamp ms, headers per record) to
+        land whole in one entry, whose producer section names it (so a new owner rebuilds its
+        dedup table from the stream); the future resolves to the first record's offset once
+        durable. A batch that cannot fit in one entry is refused (ConfigError), nothing buffered."""
+        machine = self.machine
+        if machine.ended or self._closed is not None or self._crash is not None:
+            self._check_open()
+        rows = []
+        size_bytes = run_bytes(producer)
+        for value, key, timestamp_ms, headers in records:
+            if type(value) is not bytes or (key is not None and type(key) is not bytes) \
+                    or type(timestamp_ms) is not int:
+                value, key = _checked_record(value, key, timestamp_ms)
+            size_bytes += (len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES
+                           + (self._check_headers(headers) if headers else 0))
+            rows.append((value, key, timestamp_ms, headers or None))
+        if not rows:
+            raise ConfigError("a producer batch holds at least one record")
+        if size_bytes > self._record_bytes_max:
+            raise ConfigError(f"a producer batch of {size_bytes} bytes does not fit in one entry of at most "
+                              f"{self.settings.entry_bytes_limit} bytes (the smaller of the stream's roll size "
+                              f"and the writer's entry_bytes_max); send smaller batches or raise those limits")
+        future: asyncio.Future[Offset] = self.loop.create_future()
+        self._runs_buffered += 1
+        effects = machine.write(_ProducerBatch(rows, producer, epoch, first_sequence, last_sequence), size_bytes,
+                                future, self._wall_ms(), len(rows))
+        if effects:
+            self.run(effects)
+        return future
+
     def _check_headers(self, headers: Headers) -> int:
         """Refuse headers that could not be written (now, not at flush time); their size."""
         if schema_with_headers(self.codec.schema) is None:
@@ -364,15 +411,27 @@ class StreamWriter:
         """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
             return self.codec.encode_entry(items[0], first_record_index)
+        runs: list[ProducerRun] = []
+        if self._runs_buffered:  # producer batches among the items: their records, and the section
+            rows: list[Any] = []
+            for item in items:
+                if type(item) is _ProducerBatch:
+                    runs.append(ProducerRun(item.producer, item.epoch, item.first_sequence, item.last_sequence,
+                                            len(rows), len(item.rows)))
+                    rows.extend(item.rows)
+                else:
+                    rows.append(item)
+            self._runs_buffered -= len(runs)
+            items = rows
         values, keys, timestamps, headers = zip(*items, strict=True)
         if any(headers):
             return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
-                                           first_record_index)
+                                           first_record_index, producers=runs)
         # built here from checked bytes and integer timestamps: no schema check and no Arrow
         # compute call for the timestamp range (the per-record path's cost)
         batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
         return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(timestamps), max(timestamps)),
-                                       checked=True)
+                                       checked=True, producers=runs)
 
     # ------------------------------------------------------------------ effects
 

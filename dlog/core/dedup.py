@@ -39,10 +39,11 @@ whose first batches were lost, a lower sequence arriving after a higher one that
 be told from a duplicate.
 
 Rebuilding (a new owner, a restarted writer). `snapshot()` encodes the durable part of the table
-(JSON, at most `snapshot_bytes_max`); it is stored with the segment in the compare-and-set that
-completes the segment. A new owner `restore`s the last snapshot, feeds each entry written after
-it (the recovered in-progress segment) to `on_replayed`, calls `expire`, and only then accepts
-writes. The table is kept by time, not by records: retention and compaction of a producer's
+(JSON, at most `snapshot_bytes_max`); the owner stores it, after the stream position it covers
+(`encode_stored`), in a node of the stream that retention never touches (docs/serving.md). A new
+owner `rebuild`s: restores the last snapshot, feeds each producer batch of the entries from its
+position on (the entries' producer sections) to `on_replayed`, calls `expire`, and only then
+accepts writes. The table is kept by time, not by records: retention and compaction of a producer's
 records never remove its state (KAFKA-7190); only `producer_idle_ms_max` without activity does.
 
 Bounds. Per producer: `batches_remembered_max` durable batches (Kafka keeps 5) and
@@ -58,7 +59,7 @@ first, only when even that does not fit (possible only when the limits were lowe
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -93,7 +94,8 @@ BATCHES_IN_SNAPSHOT_MAX = 64  # per producer: a restored table never holds more 
 
 __all__ = [  # the verdicts and rules callers need come with the table
     "Accepted", "Batch", "DedupLimits", "DedupTable", "Duplicate", "Fenced", "InFlight", "OutOfOrder",
-    "ProducerState", "Refused", "SequenceRule", "Verdict", "kafka_producer", "native_producer", "sequence_rule",
+    "ProducerState", "Refused", "ReplayedBatch", "SequenceRule", "Verdict", "decode_stored", "encode_stored",
+    "kafka_producer", "native_producer", "rebuild", "sequence_rule",
 ]
 
 
@@ -325,6 +327,49 @@ class DedupTable:
             table._producers[producer] = replace(state, batches=state.batches[-keep:] if keep else ())
             table._floor_bytes += producer_floor_bytes(producer)
         return table
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedBatch:
+    """A producer's batch found in an entry after the snapshot (an entry's producer section), at
+    the stream offsets first_offset..last_offset."""
+
+    producer: str
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+    first_offset: int
+    last_offset: int
+
+
+def rebuild(stored: bytes | None, replayed: Iterable[ReplayedBatch], now_ms: int,
+            limits: DedupLimits | None = None) -> DedupTable:
+    """A new owner's table: the stored snapshot (`encode_stored`; None: the stream never had an
+    owner, so no entry names a producer) restored, every batch of the entries from the snapshot's
+    position on replayed in stream order (replaying from too early changes nothing), idle
+    producers expired. The owner serves the stream only with this table (CorruptMetadataError:
+    it does not serve it)."""
+    table = DedupTable(limits) if stored is None else DedupTable.restore(decode_stored(stored)[1], limits)
+    for batch in replayed:
+        table.on_replayed(batch.producer, batch.first_sequence, batch.last_sequence, batch.first_offset,
+                          batch.last_offset, now_ms, batch.epoch)
+    table.expire(now_ms)
+    return table
+
+
+def encode_stored(position: int, snapshot: bytes) -> bytes:
+    """What an owner stores: the stream position its snapshot covers everything below (replay
+    starts there) and the snapshot, one line each."""
+    invariant(position >= 0, f"a snapshot position is a stream position, not {position}")
+    return b"%d\n%s" % (position, snapshot)
+
+
+def decode_stored(data: bytes) -> tuple[int, bytes]:
+    """(position, snapshot) of `encode_stored`'s form; CorruptMetadataError when it is not one."""
+    line, _, snapshot = bytes(data).partition(b"\n")
+    if not line.isdigit() or len(line) > 20 or not snapshot:
+        raise CorruptMetadataError(f"the stored dedup snapshot does not start with its position: {line[:40]!r}")
+    return int(line), snapshot
 
 
 def check_producer(producer: str) -> None:

@@ -8,16 +8,33 @@ payload that starts right after it keeps the 8-byte alignment Arrow IPC buffers 
          4     1  format version, u8 (1)
          5     1  codec, u8 (0 = none, 1 = zstd)
          6     2  flags, u16: bit 0 = HEADERS (the batch has the `headers` column after the
-                  default schema's; untyped streams only); any other bit is refused, so a
-                  future flag cannot be misread
+                  default schema's; untyped streams only); bit 1 = PRODUCERS (a producer
+                  section follows the header); any other bit is refused, so a future flag
+                  cannot be misread
          8     4  record_count, u32: rows in the batch
         12     8  first_record_index, u64: index of this entry's first record within its segment,
                   so the last entry of a segment gives the segment's record count
         20     8  min_timestamp_ms, i64 } from the batch's `timestamp` column when it is an Arrow
         28     8  max_timestamp_ms, i64 } timestamp (nulls skipped); 0/0 otherwise or if empty
         36     4  uncompressed_bytes, u32: length of the Arrow IPC message before compression
-        40     -  payload: the IPC record-batch message (`RecordBatch.serialize()`), as is or as
+        40     -  with PRODUCERS only: the producer section (below), a multiple of 8 bytes
+         -     -  payload: the IPC record-batch message (`RecordBatch.serialize()`), as is or as
                   ONE zstd frame that carries its content size
+
+The producer section says which records of the entry are which idempotent producer's batch, so a
+new owner rebuilds its deduplication table from the stream (docs/serving.md, "Producer dedup
+across failover"); readers skip it (no record, column or header shows it):
+
+    size  field
+       4  section_bytes, u32: the whole section, this field and the padding included
+       1  section version, u8 (1)
+       1  reserved, u8 (0)
+       2  run_count, u16
+          per run: u16 producer length, the producer (UTF-8, 1-256 bytes), u16 epoch,
+          u64 first_sequence, u64 last_sequence, u32 first_slot, u32 records: the batch
+          first_sequence..last_sequence of that producer is the entry's records
+          first_slot..first_slot+records-1, whole (a batch is never cut between entries)
+       -  zero bytes up to a multiple of 8
 
 The payload holds no schema: readers know the stream's schema from the stream config and pass it
 to `pyarrow.ipc.read_record_batch`, so decoding is a handful of C++ calls whatever the record
@@ -86,7 +103,13 @@ class Compression(enum.IntEnum):
 
 
 FLAG_HEADERS = 0x0001
-KNOWN_FLAGS = FLAG_HEADERS
+FLAG_PRODUCERS = 0x0002
+KNOWN_FLAGS = FLAG_HEADERS | FLAG_PRODUCERS
+PRODUCERS_VERSION = 1
+PRODUCERS_HEAD = struct.Struct(">IBBH")  # section bytes, version, reserved, run count
+RUN_NUMBERS = struct.Struct(">HQQII")  # epoch, first sequence, last sequence, first slot, records
+PRODUCER_BYTES_MAX = 256
+RUNS_PER_ENTRY_MAX = 2**16 - 1
 
 
 CODEC_VALUES = frozenset(int(codec) for codec in Compression)
@@ -102,11 +125,88 @@ class RecordSetHeader:
     max_timestamp_ms: int
     uncompressed_bytes: int
     flags: int = 0
+    payload_start: int = HEADER_BYTES  # past the producer section when there is one
 
     @property
     def next_record_index(self) -> int:
         """Index (within the segment) of the record after this entry's last one."""
         return self.first_record_index + self.record_count
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerRun:
+    """One idempotent producer's batch in an entry: its sequences and the entry's records (slots
+    first_slot..first_slot+records-1) that hold it."""
+
+    producer: str
+    epoch: int
+    first_sequence: int
+    last_sequence: int
+    first_slot: int
+    records: int
+
+
+def run_bytes(producer: str) -> int:
+    """What one run of `producer` adds to an entry's producer section."""
+    return 2 + len(producer.encode()) + RUN_NUMBERS.size
+
+
+def encode_producers(runs: Sequence[ProducerRun], record_count: int) -> bytes:
+    """The producer section of an entry of `record_count` records (b"" for no runs)."""
+    if not runs:
+        return b""
+    invariant(len(runs) <= RUNS_PER_ENTRY_MAX, f"an entry holds at most {RUNS_PER_ENTRY_MAX} producer runs")
+    parts = []
+    end = 0
+    for run in runs:
+        name = run.producer.encode()
+        invariant(0 < len(name) <= PRODUCER_BYTES_MAX and run.first_slot >= end and run.records > 0
+                  and run.first_slot + run.records <= record_count and 0 <= run.epoch < 2**16
+                  and 0 <= run.first_sequence <= U64_MAX and 0 <= run.last_sequence <= U64_MAX,
+                  f"bad producer run {run} in an entry of {record_count} records")
+        end = run.first_slot + run.records
+        parts.append(struct.pack(">H", len(name)) + name + RUN_NUMBERS.pack(
+            run.epoch, run.first_sequence, run.last_sequence, run.first_slot, run.records))
+    body = b"".join(parts)
+    size = PRODUCERS_HEAD.size + len(body)
+    size += -size % 8
+    return PRODUCERS_HEAD.pack(size, PRODUCERS_VERSION, 0, len(runs)) + body + bytes(size - PRODUCERS_HEAD.size
+                                                                                   - len(body))
+
+
+def decode_producers(view: memoryview, record_count: int) -> tuple[int, tuple[ProducerRun, ...]]:
+    """(section bytes, runs) of the producer section at the start of `view`; CorruptRecordSetError
+    names what is wrong."""
+    if view.nbytes < PRODUCERS_HEAD.size:
+        raise CorruptRecordSetError("record set has the PRODUCERS flag but no room for its section")
+    size, version, _, count = PRODUCERS_HEAD.unpack_from(view)
+    if version != PRODUCERS_VERSION:
+        raise CorruptRecordSetError(f"record set producer section version {version} is unknown "
+                                    f"(known: {PRODUCERS_VERSION})")
+    if size % 8 or not PRODUCERS_HEAD.size <= size <= view.nbytes:
+        raise CorruptRecordSetError(f"record set producer section claims {size} bytes (of {view.nbytes} left)")
+    at, end, runs = PRODUCERS_HEAD.size, 0, []
+    for _ in range(count):
+        if at + 2 > size:
+            raise CorruptRecordSetError("record set producer section is shorter than its runs")
+        (length,) = struct.unpack_from(">H", view, at)
+        if not 0 < length <= PRODUCER_BYTES_MAX or at + 2 + length + RUN_NUMBERS.size > size:
+            raise CorruptRecordSetError(f"record set producer section has a producer of {length} bytes "
+                                        "that does not fit")
+        try:
+            producer = bytes(view[at + 2: at + 2 + length]).decode()
+        except UnicodeDecodeError as error:
+            raise CorruptRecordSetError(f"record set producer section names a producer that is not UTF-8: "
+                                        f"{error}") from error
+        epoch, first_sequence, last_sequence, first_slot, records = RUN_NUMBERS.unpack_from(view, at + 2 + length)
+        if records == 0 or first_slot < end or first_slot + records > record_count:
+            raise CorruptRecordSetError(f"record set producer run {producer} holds records "
+                                        f"{first_slot}..{first_slot + records - 1} of {record_count}, "
+                                        "overlapping or outside the entry")
+        end = first_slot + records
+        runs.append(ProducerRun(producer, epoch, first_sequence, last_sequence, first_slot, records))
+        at += 2 + length + RUN_NUMBERS.size
+    return size, tuple(runs)
 
 
 class EncodedEntry(NamedTuple):
@@ -205,17 +305,19 @@ class RecordSetCodec:
         return self.encode_entry(batch, first_record_index).payload
 
     def encode_entry(self, batch: pa.RecordBatch, first_record_index: int, *,
-                     timestamp_range_ms: tuple[int, int] | None = None, checked: bool = False) -> EncodedEntry:
+                     timestamp_range_ms: tuple[int, int] | None = None, checked: bool = False,
+                     producers: Sequence[ProducerRun] = ()) -> EncodedEntry:
         """One entry holding ``batch``, and the range of its records' timestamps as written into
         its header; ``first_record_index`` is its first record's index in the segment. A batch of
         an untyped stream may carry the `headers` column (HEADERS flag). A caller that built the
         batch itself may pass its timestamps' (min, max) in milliseconds and ``checked=True`` (the
-        batch fits the schema): small entries then cost no Arrow compute call."""
-        flags = 0
+        batch fits the schema): small entries then cost no Arrow compute call. ``producers``: the
+        idempotent producers' batches among the records (PRODUCERS flag and section)."""
+        flags = FLAG_PRODUCERS if producers else 0
         if self._headers_schema is not None and batch.schema.get_field_index("headers") >= 0:
             batch = without_empty_headers(batch)
         if self._headers_schema is not None and batch.schema.equals(self._headers_schema):
-            flags = FLAG_HEADERS
+            flags |= FLAG_HEADERS
         if not checked:
             check_batch(batch, self.schema)
         invariant(
@@ -243,7 +345,8 @@ class RecordSetCodec:
             MAGIC, FORMAT_VERSION, codec, flags, batch.num_rows, first_record_index,
             min_timestamp_ms, max_timestamp_ms, message.size,
         )  # fmt: skip
-        return EncodedEntry(b"".join((header, payload)), min_timestamp_ms, max_timestamp_ms)
+        section = encode_producers(producers, batch.num_rows)
+        return EncodedEntry(b"".join((header, section, payload)), min_timestamp_ms, max_timestamp_ms)
 
     def peek_header(self, data: bytes | bytearray | memoryview) -> RecordSetHeader:
         """The header alone, checked but without decompressing anything."""
@@ -267,10 +370,28 @@ class RecordSetCodec:
             raise CorruptRecordSetError(
                 f"record set claims {raw_bytes} uncompressed bytes, over the limit {self.uncompressed_bytes_max}"
             )
-        payload_bytes = view.nbytes - HEADER_BYTES
+        payload_start = HEADER_BYTES
+        if flags & FLAG_PRODUCERS:
+            if view.nbytes < HEADER_BYTES + PRODUCERS_HEAD.size:
+                raise CorruptRecordSetError("record set has the PRODUCERS flag but no room for its section")
+            (section_bytes,) = struct.unpack_from(">I", view, HEADER_BYTES)
+            if section_bytes % 8 or not PRODUCERS_HEAD.size <= section_bytes <= view.nbytes - HEADER_BYTES:
+                raise CorruptRecordSetError(f"record set producer section claims {section_bytes} bytes "
+                                            f"(of {view.nbytes - HEADER_BYTES} after the header)")
+            payload_start += section_bytes
+        payload_bytes = view.nbytes - payload_start
         if codec == Compression.NONE and payload_bytes != raw_bytes:
             raise CorruptRecordSetError(f"record set has {payload_bytes} payload bytes, its header says {raw_bytes}")
-        return RecordSetHeader(version, Compression(codec), count, first, ts_min, ts_max, raw_bytes, flags)
+        return RecordSetHeader(version, Compression(codec), count, first, ts_min, ts_max, raw_bytes, flags,
+                               payload_start)
+
+    def producer_runs(self, data: bytes | bytearray | memoryview) -> tuple[ProducerRun, ...]:
+        """The idempotent producers' batches the entry holds (none for an entry without the
+        PRODUCERS flag), read without decompressing the records."""
+        header = self.peek_header(data)
+        if not header.flags & FLAG_PRODUCERS:
+            return ()
+        return decode_producers(memoryview(data)[HEADER_BYTES:header.payload_start], header.record_count)[1]
 
     def records_from(self, payload: bytes | bytearray | memoryview, first_slot: int) -> pa.RecordBatch:
         """The entry's records from `first_slot` on: what a reader hands out of an entry it enters
@@ -291,7 +412,7 @@ class RecordSetCodec:
                 raise CorruptRecordSetError("record set has record headers but the stream is typed "
                                             f"({describe_schema(self.schema)}); only untyped streams have headers")
             schema = self._headers_schema
-        payload = memoryview(data)[HEADER_BYTES:]
+        payload = memoryview(data)[header.payload_start:]
         ipc: bytes | memoryview = payload
         if header.codec == Compression.ZSTD:
             ipc = self._decompress(payload, header.uncompressed_bytes)

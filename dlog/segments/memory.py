@@ -45,6 +45,7 @@ class _Stream:
     subscriptions: dict[str, dict[str, int]] = field(default_factory=dict)
     sinks: dict[str, SinkBatch] = field(default_factory=dict)
     runner: tuple[int, str] | None = None  # (session, runner id) of the policy runner's claim
+    dedup: tuple[bytes, int] | None = None  # the serving-tier owner's producer-dedup snapshot, version
     lock_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -272,3 +273,17 @@ class MemorySegmentStore:
 
     async def sink_batch(self, name: str, sink_id: str) -> SinkBatch | None:
         return await self._operation("sink_batch", name, lambda: self.metadata.stream(name).sinks.get(sink_id))
+
+    async def dedup_snapshot(self, name: str) -> tuple[bytes, int] | None:
+        return await self._operation("dedup_snapshot", name, lambda: self.metadata.stream(name).dedup)
+
+    async def store_dedup_snapshot(self, name: str, data: bytes, version: int | None) -> int:
+        def apply() -> int:
+            stream = self.metadata.stream(name)
+            found = None if stream.dedup is None else stream.dedup[1]
+            if found != version:
+                raise MetadataVersionError(f"stream {name!r}: the dedup snapshot is at version {found}, not {version}")
+            stream.dedup = (bytes(data), 0 if found is None else found + 1)
+            return stream.dedup[1]
+
+        return await self._operation("store_dedup_snapshot", name, apply)

@@ -95,6 +95,14 @@ class SegmentStore(Protocol):
     async def sink_batch(self, stream: str, sink_id: str) -> SinkBatch | None:
         """The last batch `sink_id` committed to `stream`, or None before its first."""
 
+    async def dedup_snapshot(self, stream: str) -> tuple[bytes, int] | None:
+        """The producer-dedup snapshot a serving-tier owner stored (`dlog.core.dedup.encode_stored`)
+        and its version, or None before any owner stored one."""
+
+    async def store_dedup_snapshot(self, stream: str, data: bytes, version: int | None) -> int:
+        """Store the snapshot if it is still at `version` (None: there is none yet), compare-and-set;
+        the new version. MetadataVersionError when another owner stored one since."""
+
 
 class RetryingSegmentStore:
     """Any SegmentStore, with retryable failures retried within `policy` (see module docstring).

@@ -104,6 +104,9 @@ class ZooKeeperSegmentStore:
     def sink_path(self, name: str, sink_id: str) -> str:
         return f"{self.stream_path(name)}/sink/{check_subscription_name(sink_id)}"
 
+    def dedup_path(self, name: str) -> str:
+        return f"{self.stream_path(name)}/dedup"
+
     # ------------------------------------------------------------------ streams
 
     async def create_stream(self, config: StreamConfig) -> None:
@@ -327,6 +330,26 @@ class ZooKeeperSegmentStore:
                              version)
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptMetadataError(f"sink node of stream {name!r} sink {sink_id!r} is corrupt: {exc}") from exc
+
+
+    # ------------------------------------------------------------------ producer dedup
+
+    async def dedup_snapshot(self, name: str) -> tuple[bytes, int] | None:
+        return await self.zk.get_or_none(self.dedup_path(name))
+
+    async def store_dedup_snapshot(self, name: str, data: bytes, version: int | None) -> int:
+        path = self.dedup_path(name)
+        try:
+            if version is None:
+                await self.zk.create(path, data)
+                return 0
+            return await self.zk.set(path, data, version)
+        except MetadataExistsError as exc:
+            raise MetadataVersionError(f"stream {name!r}: another owner stored a dedup snapshot first") from exc
+        except MetadataNotFoundError as exc:
+            if version is not None:  # deleted since: the stream itself, or the node under it
+                raise MetadataVersionError(f"stream {name!r}: its dedup snapshot was removed") from exc
+            raise self.not_found(name) from exc
 
 
 StreamStore = ZooKeeperSegmentStore  # the name tools and tests know it by

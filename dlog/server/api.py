@@ -26,7 +26,7 @@ from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import DlogError, MetadataExistsError, MetadataVersionError
 from bookkeeper.security import authz
 from bookkeeper.security.authz import ANONYMOUS, Principal
-from dlog.core.dedup import Accepted, Duplicate, Fenced, InFlight, OutOfOrder, kafka_producer
+from dlog.core.dedup import kafka_producer
 from dlog.namespace import Namespace
 from dlog.reader import EntryBatch, OffsetOutOfRangeError, PositionsUnknownError, StreamReader, TruncatedError
 from dlog.serve.kafka import (
@@ -60,7 +60,6 @@ from dlog.server.streams import Redirect, Streams, Topics
 log = logging.getLogger(__name__)
 refusals = RateLimitedLog(log)
 EARLIEST, LATEST = -2, -1  # ListOffsets' special timestamps
-IN_FLIGHT_RESEND_WAIT_S = 30.0  # a resend of a batch not yet durable waits this long for it
 HISTORY_FIRST_ENTRY_WAIT_S = 1.0  # a fetch below the tail waits this long for the first entry
 TIME_LOOKUP_WAIT_S = 5.0  # ListOffsets by timestamp reads for this long at most
 READ_AHEAD_ENTRIES = 16  # of a fetch's reader (it serves one connection)
@@ -319,7 +318,7 @@ class KafkaApi:
         owned = await self._owned(topic, part.index, create=self.settings.auto_create_topics)
         if not isinstance(owned, OwnedStream):
             return owned, -1
-        problem = owned.check(batch.records)
+        problem = owned.check(batch.records, kafka_producer(batch.producer_id) if batch.producer_id >= 0 else None)
         if problem is None and batch.transactional:
             problem = "transactional batches are not supported"
         if problem is not None:
@@ -346,57 +345,13 @@ class KafkaApi:
     async def _produce_idempotent(self, owned: OwnedStream, records: Sequence[Record], producer_id: int, epoch: int,
                                   first_sequence: int, last_sequence: int,
                                   buffered: Callable[[], None]) -> tuple[ErrorCode, int]:
-        """Through the stream's dedup table (dlog.core.dedup): a resend is answered, not written twice."""
-        producer = kafka_producer(producer_id)
-        dedup = owned.dedup
-        deadline = monotonic_s() + IN_FLIGHT_RESEND_WAIT_S
-        while True:
-            verdict = dedup.offer(producer, first_sequence, last_sequence, self.ns.clock.wall_ms(), epoch)
-            if isinstance(verdict, Accepted):
-                break
-            if isinstance(verdict, Duplicate):  # design.md, "Producer deduplication"
-                if verdict.first_offset is None:
-                    return ErrorCode.DUPLICATE_SEQUENCE_NUMBER, -1
-                return ErrorCode.NONE, verdict.first_offset
-            if isinstance(verdict, InFlight) and (remaining := deadline - monotonic_s()) > 0:
-                next_durable = owned.durable_event(producer)
-                try:
-                    async with asyncio.timeout(remaining):
-                        await next_durable.wait()
-                except TimeoutError:
-                    return ErrorCode.REQUEST_TIMED_OUT, -1
-                continue
-            if isinstance(verdict, InFlight):
-                return ErrorCode.REQUEST_TIMED_OUT, -1
-            if isinstance(verdict, OutOfOrder):
-                refusals.warning("sequence", "%s", verdict.message)
-                return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
-            if isinstance(verdict, Fenced):
-                return ErrorCode.INVALID_PRODUCER_EPOCH, -1
-            refusals.warning("producers", "%s", verdict.message)  # Refused: a limit of the table
-            return ErrorCode.THROTTLING_QUOTA_EXCEEDED, -1
-        try:
-            written = owned.append(records)
-        except DlogError:
-            dedup.on_failed(producer, first_sequence, epoch)  # nothing was buffered
-            owned.producer_settled(producer)
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
-        buffered()
-        self.records_produced += len(records)
-        count = len(records)
+        """Through the stream's dedup table (OwnedStream.produce_idempotent)."""
+        def appended() -> None:
+            buffered()
+            self.records_produced += len(records)
 
-        def settled(done: asyncio.Future[int]) -> None:  # in acknowledgement order: the table's push order
-            if not done.cancelled() and done.exception() is None:
-                first = done.result()
-                dedup.on_durable(producer, first_sequence, last_sequence, first, first + count - 1,
-                                 self.ns.clock.wall_ms(), epoch)
-            owned.producer_settled(producer)
-
-        written.add_done_callback(settled)
-        try:
-            return ErrorCode.NONE, await written
-        except DlogError:
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1  # outcome unknown: the stream's next owner decides
+        return await owned.produce_idempotent(records, producer_id, epoch, first_sequence, last_sequence, appended,
+                                              refusals)
 
     # ------------------------------------------------------------------ InitProducerId
 

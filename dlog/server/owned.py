@@ -5,38 +5,73 @@ positions known durable, the recent tail kept in memory for fetches, and the pro
 
 Durable first: a record enters the tail (and the end position moves past it) only once its entry
 is acknowledged by an ack quorum of bookies, so a fetch never returns what could still be lost.
+
+Idempotent producers (`produce_idempotent`) go through the dedup table, which outlives the owner:
+each batch lands whole in one entry whose producer section names it, the table's snapshot is
+stored under the stream now and then, and a new owner rebuilds the table (`rebuild_dedup`: the
+snapshot, then the entries after it) before it serves (docs/serving.md, "Producer dedup across
+failover").
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from dlog.core.dedup import DedupTable
+from bookkeeper.clock import monotonic_s
+from bookkeeper.errors import DlogError
+from dlog.core.dedup import (
+    Accepted,
+    DedupTable,
+    Duplicate,
+    Fenced,
+    InFlight,
+    OutOfOrder,
+    ReplayedBatch,
+    decode_stored,
+    encode_stored,
+    kafka_producer,
+    rebuild,
+)
 from dlog.core.settings import RECORD_OVERHEAD_BYTES
+from dlog.namespace import Namespace
 from dlog.offsets import Offset
-from dlog.segments.codec import schema_with_headers
-from dlog.serve.kafka import Record
+from dlog.segments.codec import run_bytes, schema_with_headers
+from dlog.serve.kafka import ErrorCode, Record
 from dlog.writer import StreamWriter
 
+log = logging.getLogger(__name__)
 TAIL_BATCHES_MAX = 65_536  # per stream, whatever their size: bounds the index of the tail
+IN_FLIGHT_RESEND_WAIT_S = 30.0  # a resend of a batch not yet durable waits this long for it
 
 
 class RecordRefused(Exception):
     """A record the stream cannot take (too large for an entry, or headers on a typed stream)."""
 
 
+SaveSnapshot = Callable[["OwnedStream", bytes], None]  # stores the stored form; calls snapshot_saved after
+
+
 class OwnedStream:
     def __init__(self, name: str, writer: StreamWriter, start_position: int, end_position: int,
-                 tail_bytes_max: int) -> None:
+                 tail_bytes_max: int, dedup: DedupTable | None = None, replay_bytes_max: int = 8 << 20,
+                 save_snapshot: SaveSnapshot | None = None) -> None:
         self.name = name
         self.writer = writer
         self.start_position = start_position  # the first readable record (Kafka's log start offset)
         self.end_position = end_position  # the position the next durable record gets (high watermark)
         self.tail_bytes_max = tail_bytes_max
-        self.dedup = DedupTable()  # in memory: rebuilt empty by a new owner (docs/serving.md)
+        # rebuilt by the owner before it serves (`dlog.core.dedup.rebuild`); its snapshot is stored
+        # with the stream once `replay_bytes_max` of records became durable since the last one
+        self.dedup = dedup or DedupTable()
+        self.replay_bytes_max = replay_bytes_max
+        self._save_snapshot = save_snapshot
+        self._bytes_since_snapshot = 0
+        self._saving = False
+        self.snapshots_stored = 0
         self.typed = schema_with_headers(writer.codec.schema) is None
         # the tail: durable batches in position order (first positions, records, bytes)
         self._firsts: list[int] = []
@@ -50,17 +85,24 @@ class OwnedStream:
 
     # ------------------------------------------------------------------ writing
 
-    def check(self, records: Sequence[Record]) -> str | None:
-        """Why these records cannot be written (None: they can), before any of them is buffered."""
+    def check(self, records: Sequence[Record], producer: str | None = None) -> str | None:
+        """Why these records cannot be written (None: they can), before any of them is buffered;
+        an idempotent `producer`'s batch must fit in one entry whole."""
         if self.typed:
             return f"stream {self.name!r} has a typed schema: Kafka producers write untyped streams only"
         batcher = self.writer.machine.batcher
+        total = 0 if producer is None else run_bytes(producer)
         for record in records:
             size = (len(record.value or b"") + len(record.key or b"") + RECORD_OVERHEAD_BYTES
                     + sum(len(key) + len(value or b"") + RECORD_OVERHEAD_BYTES for key, value in record.headers))
             problem = batcher.check_record(size)
             if problem is not None:
                 return problem
+            total += size
+        if producer is not None and batcher.check_record(total) is not None:
+            return (f"an idempotent batch of {total} bytes does not fit in one entry of at most "
+                    f"{self.writer.settings.entry_bytes_limit} bytes (a producer's batch is never cut between "
+                    f"entries): send smaller batches, or raise the stream's roll size")
         return None
 
     def append(self, records: Sequence[Record]) -> asyncio.Future[int]:
@@ -103,8 +145,90 @@ class OwnedStream:
         last.add_done_callback(durable)
         return result
 
+    def append_idempotent(self, records: Sequence[Record], producer: str, epoch: int, first_sequence: int,
+                          last_sequence: int) -> asyncio.Future[int]:
+        """Buffer an idempotent producer's batch (checked, accepted by the dedup table) whole into
+        one entry whose producer section names it; the future resolves to its first position once
+        durable, after the table heard of it (`on_durable`, before the end position moves past it,
+        so a snapshot never claims a position whose batches the table does not hold)."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[int] = loop.create_future()
+        written = self.writer.write_producer_batch(
+            [(record.value or b"", record.key, record.timestamp_ms, list(record.headers) or None)
+             for record in records], producer, epoch, first_sequence, last_sequence)
+        kept = tuple(records)
+
+        def durable(done: asyncio.Future[Offset]) -> None:
+            error: BaseException | None = asyncio.CancelledError() if done.cancelled() else done.exception()
+            position = None if error is not None else done.result().position
+            if error is not None or position is None:
+                if not result.done():
+                    result.set_exception(error or RuntimeError(f"stream {self.name!r} gave no position"))
+                return
+            self.dedup.on_durable(producer, first_sequence, last_sequence, position, position + len(kept) - 1,
+                                  self.writer.now_ms(), epoch)
+            self._durable(position, kept)
+            if not result.done():
+                result.set_result(position)
+
+        written.add_done_callback(durable)
+        return result
+
+    async def produce_idempotent(self, records: Sequence[Record], producer_id: int, epoch: int, first_sequence: int,
+                                 last_sequence: int, appended: Callable[[], None],
+                                 refusals: Any = log) -> tuple[ErrorCode, int]:
+        """An idempotent Kafka producer's batch (checked), through the stream's dedup table: a
+        resend of a durable batch is answered with its first offset, not written twice; a resend
+        of one in flight waits for it. (error, base offset); `appended` is called once the batch
+        is buffered; `refusals` logs the refused ones (a rate-limited log)."""
+        producer = kafka_producer(producer_id)
+        dedup = self.dedup
+        deadline = monotonic_s() + IN_FLIGHT_RESEND_WAIT_S
+        while True:
+            verdict = dedup.offer(producer, first_sequence, last_sequence, self.writer.now_ms(), epoch)
+            if isinstance(verdict, Accepted):
+                break
+            if isinstance(verdict, Duplicate):  # design.md, "Producer deduplication"
+                if verdict.first_offset is None:
+                    return ErrorCode.DUPLICATE_SEQUENCE_NUMBER, -1
+                return ErrorCode.NONE, verdict.first_offset
+            if isinstance(verdict, InFlight) and (remaining := deadline - monotonic_s()) > 0:
+                next_durable = self.durable_event(producer)
+                try:
+                    async with asyncio.timeout(remaining):
+                        await next_durable.wait()
+                except TimeoutError:
+                    return ErrorCode.REQUEST_TIMED_OUT, -1
+                continue
+            if isinstance(verdict, InFlight):
+                return ErrorCode.REQUEST_TIMED_OUT, -1
+            if isinstance(verdict, OutOfOrder):
+                refusals.warning("sequence", "%s", verdict.message)
+                return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
+            if isinstance(verdict, Fenced):
+                return ErrorCode.INVALID_PRODUCER_EPOCH, -1
+            refusals.warning("producers", "%s", verdict.message)  # Refused: a limit of the table
+            return ErrorCode.THROTTLING_QUOTA_EXCEEDED, -1
+        try:  # the batch lands whole in one entry that names it; the table hears of it as it is durable
+            written = self.append_idempotent(records, producer, epoch, first_sequence, last_sequence)
+        except DlogError:
+            dedup.on_failed(producer, first_sequence, epoch)  # nothing was buffered
+            self.producer_settled(producer)
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+        appended()
+
+        def settled(_: asyncio.Future[int]) -> None:  # a parked resend looks again
+            self.producer_settled(producer)
+
+        written.add_done_callback(settled)
+        try:
+            return ErrorCode.NONE, await written
+        except DlogError:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1  # outcome unknown: the stream's next owner decides
+
     def _durable(self, first_position: int, records: tuple[Record, ...]) -> None:
         size = sum(len(r.value or b"") + len(r.key or b"") + 64 for r in records)
+        self._bytes_since_snapshot += size
         self._firsts.append(first_position)
         self._batches.append(records)
         self._sizes.append(size)
@@ -120,6 +244,21 @@ class OwnedStream:
             self._head = 0
         grown, self._grown = self._grown, asyncio.Event()
         grown.set()
+        if self._bytes_since_snapshot >= self.replay_bytes_max:
+            self.store_snapshot()
+
+    def store_snapshot(self) -> bool:
+        """Store the dedup table's snapshot at the end position now (one store at a time)."""
+        if self._saving or self._save_snapshot is None:
+            return False
+        self._saving = True
+        self._bytes_since_snapshot = 0
+        self._save_snapshot(self, encode_stored(self.end_position, self.dedup.snapshot()))
+        return True
+
+    def snapshot_saved(self, stored: bool) -> None:
+        self._saving = False
+        self.snapshots_stored += stored
 
     # ------------------------------------------------------------------ producers
 
@@ -174,4 +313,36 @@ class OwnedStream:
     def stats(self) -> dict[str, Any]:
         return {"stream": self.name, "start_position": self.start_position, "end_position": self.end_position,
                 "tail_records": sum(len(b) for b in self._batches[self._head:]), "tail_bytes": self._tail_bytes,
-                "producers": self.dedup.producer_count, "records_written": self.records_written}
+                "producers": self.dedup.producer_count, "records_written": self.records_written,
+                "dedup_snapshots_stored": self.snapshots_stored}
+
+
+async def rebuild_dedup(ns: Namespace, stream: str, end: int) -> tuple[DedupTable, int, int]:
+    """The producer dedup table of `stream` as its previous owners left it (docs/serving.md,
+    "Producer dedup across failover"), for an owner whose writer is open and whose stream ends at
+    `end`: the stored snapshot restored, the entries from its position to `end` replayed (their
+    producer sections), idle producers expired (`dlog.core.dedup.rebuild`); then stored again at
+    `end`, so the next owner replays only what this one writes. (table, stored version, batches
+    replayed). A stream no owner ever stored a snapshot of holds no producer section: nothing to
+    replay. MetadataVersionError: another owner stored one meanwhile."""
+    found = await ns.store.dedup_snapshot(stream)
+    replayed: list[ReplayedBatch] = []
+    position = None if found is None else decode_stored(found[0])[0]
+    if position is not None and position < end:
+        async with ns.open_reader(stream, position, follow=False, skip_truncated=True) as reader:
+            while (entry := await reader.next_entry()) is not None:
+                if entry.first_position is None:
+                    raise DlogError(f"stream {stream!r} has entries without positions after the dedup snapshot")
+                entry_position = entry.first_position - entry.first_slot  # of the entry's slot 0
+                for run in entry.producers:
+                    first = entry_position + run.first_slot
+                    replayed.append(ReplayedBatch(run.producer, run.epoch, run.first_sequence, run.last_sequence,
+                                                  first, first + run.records - 1))
+                if entry.first_position + entry.batch.num_rows >= end:
+                    break
+    table = rebuild(None if found is None else found[0], replayed, ns.clock.wall_ms())
+    version = await ns.store.store_dedup_snapshot(stream, encode_stored(end, table.snapshot()),
+                                                  None if found is None else found[1])
+    log.info("stream %s: dedup table rebuilt with %d producers (%d batches replayed from position %s)", stream,
+             table.producer_count, len(replayed), position)
+    return table, version, len(replayed)

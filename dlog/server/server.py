@@ -143,6 +143,7 @@ class KafkaServer:
                 "security_protocol": self.security_protocol,
                 "streams": sorted(self.streams.owned), "takeovers": self.streams.takeovers,
                 "proactive_takeovers": self.streams.proactive_takeovers,
+                "dedup_batches_replayed": self.streams.replayed_batches,
                 "records_produced": self.api.records_produced, "records_fetched": self.api.records_fetched,
                 "authentications": self.api.authentications,
                 "authentications_failed": self.api.authentications_failed,

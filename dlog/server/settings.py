@@ -43,6 +43,7 @@ class ServerSettings:
     allow_anonymous: bool = False  # with a token key: clients that skip SASL act as admin (asked by name)
     auth_timeout_s: float = 10.0  # from accept: the TLS handshake and SASL done within it, else closed
     request_bytes_before_auth_max: int = 64 << 10  # one request frame before SASL succeeded
+    dedup_replay_bytes_max: int = 8 << 20  # per owned stream: records durable between dedup snapshots
 
     def __post_init__(self) -> None:
         if self.server_id is not None and not 0 <= self.server_id <= SERVER_ID_MAX:
@@ -56,7 +57,8 @@ class ServerSettings:
                               "need ensemble >= write quorum >= ack quorum >= 1")
         for name in ("connections_max", "in_flight_per_connection_max", "unsent_bytes_max", "request_bytes_max",
                      "batch_bytes_max", "owned_streams_max", "tail_bytes_max", "readers_per_connection_max",
-                     "fetch_bytes_max", "writer_buffer_bytes_max", "request_bytes_before_auth_max"):
+                     "fetch_bytes_max", "writer_buffer_bytes_max", "request_bytes_before_auth_max",
+                     "dedup_replay_bytes_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"bad {name} {getattr(self, name)}: it must be at least 1")
         if not 0.1 <= self.auth_timeout_s <= 600:

@@ -25,15 +25,17 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from bookkeeper.clock import monotonic_s
-from bookkeeper.errors import DlogError, MetadataExistsError, MetadataNotFoundError
+from bookkeeper.errors import DlogError, MetadataExistsError, MetadataNotFoundError, MetadataVersionError
+from dlog.core.dedup import DedupTable
 from dlog.core.errors import WriterFencedError, WriterLockedError
 from dlog.namespace import Namespace
 from dlog.segments.port import StreamExistsError, StreamNotFoundError
 from dlog.serve.kafka import ErrorCode
 from dlog.serve.ownership import Action, decide, partition_stream, rendezvous_pick, stream_key, topics_of
-from dlog.server.owned import OwnedStream
+from dlog.server.owned import OwnedStream, rebuild_dedup
 from dlog.server.registry import Registry, holder_of
 from dlog.server.settings import ServerSettings
+from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 YIELD_S = 60.0  # a stream fenced away from this server (native takeover) is not taken back meanwhile
@@ -43,6 +45,7 @@ OWNERS_NODE = "serve/owners"  # under the namespace root: who took which stream 
 TAKEOVER_SCAN_MAX = 10_000  # markers of servers no longer live looked at per change of the servers
 TAKEOVER_RETRY_S = 1.0  # a dead server's stream whose lock is not free yet is looked at again after this
 TAKEOVER_ROUNDS_MAX = 30  # ... this many times at most per change
+REBUILD_S_MAX = 60.0  # taking a stream gives up when its dedup table is not rebuilt by then
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,9 @@ class Streams:
         self._yielded: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        self._snapshot_versions: dict[str, int] = {}  # stream -> version of the dedup snapshot this server stored
         self.takeovers = 0  # streams taken (counters, exported)
+        self.replayed_batches = 0  # producer batches replayed into rebuilt dedup tables
         self.losses = 0  # owned streams whose writer ended without a clean stop
         self.proactive_takeovers = 0  # of the takeovers: a dead server's streams taken without a request
         self._scan: asyncio.Task[None] | None = None
@@ -144,7 +149,17 @@ class Streams:
         if segment is not None and segment.first_position is not None:
             end = segment.first_position
         end = end or 0
-        owned = OwnedStream(stream, writer, end if start is None else start, end, settings.tail_bytes_max)
+        try:  # before the first write: the dead owner's producers, from its snapshot and the entries after it
+            async with asyncio.timeout(REBUILD_S_MAX):
+                dedup, version = await self._rebuild(stream, end)
+        except (DlogError, TimeoutError) as exc:
+            log.warning("not serving stream %s: its producer dedup state cannot be rebuilt: %s", stream,
+                        exc or "it took too long")
+            await self._close_quietly_writer(writer)
+            return ErrorCode.LEADER_NOT_AVAILABLE
+        owned = OwnedStream(stream, writer, end if start is None else start, end, settings.tail_bytes_max,
+                            dedup, settings.dedup_replay_bytes_max, self._save_snapshot)
+        self._snapshot_versions[stream] = version
         self.owned[stream] = owned
         self.takeovers += 1
         log.info("server %d serves stream %s from position %d", self.me, stream, end)
@@ -153,6 +168,40 @@ class Streams:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return owned
+
+    async def _rebuild(self, stream: str, end: int) -> tuple[DedupTable, int]:
+        table, version, replayed = await rebuild_dedup(self.ns, stream, end)
+        self.replayed_batches += replayed
+        return table, version
+
+    def _save_snapshot(self, owned: OwnedStream, data: bytes) -> None:
+        task = asyncio.get_running_loop().create_task(self._store_snapshot(owned, data))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store_snapshot(self, owned: OwnedStream, data: bytes) -> None:
+        stored = False
+        try:
+            version = self._snapshot_versions.get(owned.name)
+            if version is not None and self.owned.get(owned.name) is owned:
+                self._snapshot_versions[owned.name] = await self.ns.store.store_dedup_snapshot(owned.name, data,
+                                                                                             version)
+                stored = True
+        except MetadataVersionError:  # a newer owner stored one: this server no longer owns the stream
+            log.warning("stream %s: another server stored the dedup snapshot; stopping serving it", owned.name)
+            self._snapshot_versions.pop(owned.name, None)
+            if self.owned.get(owned.name) is owned:
+                owned.writer.abort()
+        except DlogError as exc:  # the next snapshot tries again; meanwhile a new owner replays more
+            log.warning("stream %s: storing the dedup snapshot failed: %s", owned.name, exc)
+        finally:
+            owned.snapshot_saved(stored)
+
+    async def _close_quietly_writer(self, writer: StreamWriter) -> None:
+        try:
+            await writer.close()
+        except DlogError as exc:
+            log.info("closing the writer of stream %s: %s", writer.name, exc)
 
     async def _watch(self, owned: OwnedStream) -> None:
         await owned.writer.until_ended()

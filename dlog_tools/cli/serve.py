@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from dlog_tools.cli.common import cluster_options, fails_cleanly, json_option, print_table, run_namespace
-from dlog_tools.units import DURATION, format_time_ms
+from dlog_tools.units import DURATION, SIZE, format_time_ms
 
 KAFKA_PORT_DEFAULT = 9092
 
@@ -46,12 +46,16 @@ KAFKA_PORT_DEFAULT = 9092
               "by name)")
 @click.option("--auth-timeout", default="10s", show_default=True, type=DURATION,
               help="a connection's TLS handshake and SASL authentication end within this, or it is closed")
+@click.option("--dedup-replay-bytes", default="8MiB", show_default=True, type=SIZE,
+              help="per stream: records made durable between two stores of the producer dedup snapshot, "
+                   "about what a new owner replays after a kill")
 @click.pass_context
 @fails_cleanly
 def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, host: str,
           advertised_host: str | None, server_id: int | None, session_timeout: int, auto_create_topics: bool,
           ensemble: int, write_quorum: int, ack_quorum: int, tls_cert: str | None, tls_key: str | None,
-          token_key: str | None, allow_anonymous: bool, insecure_plaintext: bool, auth_timeout: int) -> None:
+          token_key: str | None, allow_anonymous: bool, insecure_plaintext: bool, auth_timeout: int,
+          dedup_replay_bytes: int) -> None:
     """Serve the namespace's streams to Kafka clients until SIGTERM or Ctrl-C, which hands the
     streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients.
 
@@ -68,7 +72,8 @@ def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, ho
                               session_timeout_s=session_timeout / 1000, auto_create_topics=auto_create_topics,
                               ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
                               tls=security.tls, token_key=security.token_key,
-                              allow_anonymous=security.allow_anonymous, auth_timeout_s=auth_timeout / 1000)
+                              allow_anonymous=security.allow_anonymous, auth_timeout_s=auth_timeout / 1000,
+                              dedup_replay_bytes_max=dedup_replay_bytes)
     run_server(cluster, settings)
 
 

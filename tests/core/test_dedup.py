@@ -329,3 +329,30 @@ def test_replay_is_refused_once_writes_were_accepted_and_a_bad_entry_is_corrupt(
     table.offer(KAFKA, 30, 39, NOW)
     with pytest.raises(InvariantError):
         table.on_replayed(KAFKA, 40, 49, 140, 149, NOW)
+
+
+def test_rebuild_restores_the_stored_snapshot_replays_what_came_after_and_expires_the_idle():
+    from dlog.core.dedup import ReplayedBatch, encode_stored, rebuild
+    old = kafka_table(batches=2)  # 0..19 at 100..119
+    written(old, "idle", 0, 0, 50)
+    stored = encode_stored(120, old.snapshot())
+    later = [ReplayedBatch(KAFKA, 0, 20, 29, 120, 129), ReplayedBatch(KAFKA, 0, 30, 39, 130, 139)]
+    limits = DedupLimits(producer_idle_ms_max=1_000)
+    new = rebuild(stored, [ReplayedBatch(KAFKA, 0, 10, 19, 110, 119), *later], NOW + 500, limits)
+    assert new.offer(KAFKA, 30, 39, NOW + 500) == Duplicate(130, 139)  # made durable, never acknowledged
+    assert new.offer(KAFKA, 10, 19, NOW + 500) == Duplicate(110, 119)
+    assert new.offer(KAFKA, 40, 49, NOW + 500) == Accepted()
+    assert new.producer("idle") is not None
+    assert rebuild(stored, later, NOW + 5_000, limits).producer("idle") is None  # idle past the limit
+    assert rebuild(None, [], NOW).producer_count == 0  # never owned: nothing to rebuild
+    # without the replay the resend would be taken as new: the fault the simulator plants
+    assert DedupTable.restore(old.snapshot()).offer(KAFKA, 20, 29, NOW) == Accepted()
+
+
+@pytest.mark.parametrize("data", [b"", b"12", b"x\n{}", b"-1\n{}", b"1" * 21 + b"\n{}"])
+def test_a_corrupt_stored_snapshot_is_refused_with_one_line(data):
+    from dlog.core.dedup import decode_stored, rebuild
+    with pytest.raises(CorruptMetadataError):
+        decode_stored(data)
+    with pytest.raises(CorruptMetadataError):
+        rebuild(data, [], NOW)

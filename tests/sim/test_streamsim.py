@@ -1,5 +1,6 @@
 """Seeded runs of the real stream layer on simulated time keep L1-L7, V4 (dense, stable stream
-positions) and liveness under every fault (a ledger deleted under a live writer among them), replay
+positions), liveness, and the serving tier's exactly-once idempotent produce across server kills
+(no duplicate, no loss per producer) under every fault (a ledger deleted under a live writer among them), replay
 exactly, and catch each of issue 11's eleven bugs, and those found or feared since, when it is
 planted back."""
 
@@ -38,6 +39,10 @@ def fixed_runs() -> list[tuple[StreamRunResult, Counter[str]]]:
         result = drawing_nothing_global(simulation.run)
         kinds = Counter(str(event.get("kind")) for event in simulation.history.events if event["f"] == "fault")
         kinds.update({f"event {event['f']}": 1 for event in simulation.history.events})
+        kinds["rebuilt with producers"] = sum(1 for event in simulation.history.events
+                                              if event["f"] == "served_take" and event["producers"] > 0)
+        kinds["resent batches"] = sum(1 for event in simulation.history.events
+                                      if event["f"] == "producer_ack" and event["sends"] > 1)
         runs.append((result, kinds))
     return runs
 
@@ -54,9 +59,12 @@ def test_the_fixed_seeds_inject_every_fault_and_routine_operation(fixed_runs):
         faults.update(kinds)
     for kind in ("ledger_failure", "kill_writer", "session_expiry", "metadata blips", "metadata_delay", "delete_ledger",
                  "truncate", "retention", "sink_commit", "event writer_died", "event truncation_done",
-                 "event reader_stop"):
+                 "event reader_stop", "kill_server", "event served_take", "event producer_ack", "event served_final"):
         assert faults[kind] > 0, f"no {kind!r} in the fixed seeds: {dict(faults)}"
     assert sum(result.writes_ok for result, _ in fixed_runs) > 20_000
+    # the servers: owners killed, and new owners that rebuilt their producers from the stream
+    assert sum(kinds["rebuilt with producers"] for _, kinds in fixed_runs) > 5
+    assert sum(kinds["resent batches"] for _, kinds in fixed_runs) > 20
 
 
 def test_a_seed_replays_exactly_whatever_the_hash_seed():
@@ -89,6 +97,7 @@ PLANTED = [
     ("created-after-close-committed", 19),
     ("deleted-ledger-acknowledged", 3),
     ("roll-positions-from-entries", 0),
+    ("dedup-not-rebuilt", 3),
 ]
 
 

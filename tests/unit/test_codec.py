@@ -215,7 +215,8 @@ def test_header_corruption_is_refused(zstd_entry: bytes) -> None:
     expect_corrupt(b"XXXX" + zstd_entry[4:], "magic")
     expect_corrupt(patch_header(zstd_entry, version=2), "version 2 is unknown")
     expect_corrupt(patch_header(zstd_entry, codec=7), "codec 7 is unknown")
-    expect_corrupt(patch_header(zstd_entry, flags=2), "flags")
+    expect_corrupt(patch_header(zstd_entry, flags=4), "flags")
+    expect_corrupt(patch_header(zstd_entry, flags=2), "producer section")  # the flag without its section
     expect_corrupt(patch_header(zstd_entry, flags=1), "not a valid Arrow record batch")  # no headers column
     expect_corrupt(patch_header(zstd_entry, min_timestamp_ms=10, max_timestamp_ms=9), "after its max")
     expect_corrupt(patch_header(zstd_entry, first_record_index=2**64 - 1), "overflows")
@@ -447,3 +448,66 @@ def test_record_headers_are_refused_where_they_have_no_place() -> None:
         records_to_batch([b"a"], headers=[[("k", "text")]])
     entry = RecordSetCodec(default_schema()).encode(records_to_batch([b"a"], headers=[[("k", b"v")]]), 0)
     expect_corrupt(entry, "only untyped streams have headers", schema=pa.schema([pa.field("value", pa.binary())]))
+
+
+# ------------------------------------------------------------------ the producer section
+
+
+def test_producer_runs_round_trip_and_readers_see_only_the_records() -> None:
+    from dlog.segments.codec import ProducerRun
+    codec = RecordSetCodec(default_schema())
+    batch = records_to_batch([b"a" * 50] * 600, headers=[[("h", b"1")]] + [None] * 599)
+    runs = (ProducerRun("kafka:7", 3, 2**31 - 2, 1, 0, 3), ProducerRun("billing-1", 0, 2**63 - 1, 2**63 - 1, 5, 595))
+    plain = codec.encode(batch, 9)
+    for compress in (True, False):
+        with_runs = RecordSetCodec(default_schema(), compress=compress).encode_entry(batch, 9, producers=runs).payload
+        assert codec.producer_runs(with_runs) == runs
+        header, decoded = codec.decode(with_runs)
+        assert (header.record_count, header.first_record_index) == (600, 9)
+        assert decoded.equals(codec.decode(plain)[1])  # no column, no header, no record shows the section
+        assert decoded.schema.names == ["key", "value", "timestamp"]
+        assert (header.payload_start - HEADER_BYTES) % 8 == 0 and header.payload_start > HEADER_BYTES
+        with_headers = RecordSetCodec(default_schema(), headers=True).decode(with_runs)[1]
+        assert with_headers.column("headers").to_pylist()[0] == [{"key": "h", "value": b"1"}]
+    assert codec.producer_runs(plain) == ()  # an entry written before the section existed decodes as before
+    assert codec.peek_header(plain).payload_start == HEADER_BYTES
+
+
+def test_an_old_entry_written_before_the_section_still_decodes() -> None:
+    """An entry as the codec wrote it before producer sections (built here byte by byte) decodes."""
+    codec = RecordSetCodec(default_schema(), compress=False)
+    batch = records_to_batch([b"x", b"y"], timestamps_ms=[5, 6])
+    message = batch.serialize()
+    old = HEADER.pack(MAGIC, 1, 0, 0, 2, 4, 5, 6, message.size) + message.to_pybytes()
+    header, decoded = codec.decode(old)
+    assert decoded.column("value").to_pylist() == [b"x", b"y"] and header.first_record_index == 4
+    assert codec.producer_runs(old) == ()
+
+
+def test_a_corrupt_producer_section_is_refused() -> None:
+    from dlog.segments.codec import FLAG_PRODUCERS, ProducerRun
+    codec = RecordSetCodec(default_schema(), compress=False)
+    batch = records_to_batch([b"x", b"y"])
+    good = codec.encode_entry(batch, 0, producers=(ProducerRun("kafka:1", 0, 0, 1, 0, 2),)).payload
+
+    def patched(offset: int, raw: bytes) -> bytes:
+        return good[:offset] + raw + good[offset + len(raw):]
+
+    cases = {
+        "version": patched(HEADER_BYTES + 4, b"\x09"),
+        "claims": patched(HEADER_BYTES, struct.pack(">I", 12)),
+        "claims 2": patched(HEADER_BYTES, struct.pack(">I", len(good))),
+        "records": patched(HEADER_BYTES + 8 + 2 + 7 + 2 + 16, struct.pack(">II", 1, 2)),  # slots 1..2 of 2
+        "empty": patched(HEADER_BYTES + 8 + 2 + 7 + 2 + 16, struct.pack(">II", 0, 0)),
+        "name": patched(HEADER_BYTES + 8, struct.pack(">H", 900)),
+        "utf8": patched(HEADER_BYTES + 10, b"\xff"),
+        "flag without room": HEADER.pack(MAGIC, 1, 0, FLAG_PRODUCERS, 0, 0, 0, 0, 0),
+    }
+    for name, data in cases.items():
+        with pytest.raises(CorruptRecordSetError):
+            codec.producer_runs(data)
+            codec.decode(data)
+            raise AssertionError(f"case {name} was accepted")
+    from bookkeeper.errors import InvariantError
+    with pytest.raises(InvariantError):  # overlapping runs are never written
+        codec.encode_entry(batch, 0, producers=(ProducerRun("a", 0, 0, 1, 0, 2), ProducerRun("b", 0, 0, 0, 1, 1)))

@@ -5,7 +5,8 @@ facts, with an injected clock: `time.monotonic()` on real processes, simulated t
 simulators. `check` runs the checks that apply to the events present: the ledger checks A2-A10
 (ledger.py) for what the ledger simulator recorded, the stream checks L1-L7 and liveness
 (stream.py) for what stream clients recorded, on real processes (tests/faults, the soak) and in
-the stream simulator alike.
+the stream simulator alike, and the producer checks (producers.py: duplicates and losses per
+idempotent producer of the serving tier) for what the simulator's producers recorded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .ledger import LedgerRecorder, check_ledger, has_ledger_events
+from .producers import check_producers, has_producer_events
 from .recorder import Anomaly, History, Report, load, offset_list
 from .stream import (
     ANOMALY_KINDS,
@@ -52,6 +54,10 @@ def check(events: Iterable[dict[str, Any]], *, resume_bound_s: float | None = No
         stream = check_stream(events, resume_bound_s=resume_bound_s)
         report.anomalies += stream.anomalies
         report.stats.update(stream.stats)
+    if has_producer_events(events):
+        anomalies, stats = check_producers(events)
+        report.anomalies += anomalies
+        report.stats.update(stats)
     return report
 
 

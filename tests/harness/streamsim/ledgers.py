@@ -43,6 +43,7 @@ class LedgerEntry:
     ledger_id: int
     entry_id: int
     payload: bytes
+    length: int = -1  # the ledger's length up to this entry: unknown here, as the real client's may be
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """The eleven stream-layer bugs of issue 11, and the stream-layer bugs found since (issue 20's
 writer that kept acknowledging into a deleted ledger among them) or feared (issue 22's positions),
-planted on purpose: the checker must catch each one.
+planted on purpose: the checker must catch each one (issue 22's dedup table not rebuilt by a new
+owner among them, through the simulator's servers).
 
 Each plant puts one old behaviour back at the seam where the bug lived (a planner, a machine
 method, a driver's helper, the GC rule, the store's retries) for the duration of a `with
@@ -19,9 +20,11 @@ from dlog import writer as writer_driver
 from dlog.core import changes, reader, snapshot
 from dlog.core import settings as settings_core
 from dlog.core import writer as writer_core
+from dlog.core.dedup import DedupTable
 from dlog.core.effects import DeleteLedger, FailChunks, SetTimer, WakeWriters
 from dlog.segments import port
 from dlog.segments.metadata import SegmentChange, SegmentState
+from dlog.server import owned as owned_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,13 @@ def _roll_positioned_by_entries(completed: Any, created: Any) -> Any:
     return SegmentChange(update=(completed,), create=(created,))
 
 
+def _empty_table(stored: Any, replayed: Any, now_ms: int, limits: Any = None) -> DedupTable:
+    """Issue 22 item 6, planted: a new owner serves with an empty producer dedup table (the table
+    lived only in the dead owner's memory), so a resend of a batch it made durable but never
+    acknowledged is written again."""
+    return DedupTable(limits)
+
+
 PLANTS: dict[str, Plant] = {
     "lost-cas-is-takeover": Plant(
         ((changes, "still_owned", lambda segment, current: None),),
@@ -193,6 +203,9 @@ PLANTS: dict[str, Plant] = {
     "roll-positions-from-entries": Plant(
         ((changes, "roll_change", _roll_positioned_by_entries),),
         "a roll positions the next segment by the old one's entry count, not its records (issue 22)", "position"),
+    "dedup-not-rebuilt": Plant(
+        ((owned_stream, "rebuild", _empty_table),),
+        "a server taking a stream over does not rebuild its producer dedup table (issue 22)", "producer_duplicate"),
 }
 NAMES = tuple(PLANTS)
 

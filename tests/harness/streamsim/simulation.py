@@ -8,6 +8,10 @@ choices) and runs on a simulated-time event loop (loop.py), so a run is a functi
 in-memory segment store (dlog.segments.memory: lost compare-and-sets, lost answers, delays,
 sessions that expire) and modelled ledgers (ledgers.py).
 
+In half of the runs (serving.py) two servers own a stream of their own in turn, idempotent
+producers retry into it, and the owner is killed now and then: the producer checks count
+duplicates and losses per producer.
+
 Phases: (1) faults come and go for `fault_phase_s` while every client runs; (2) heal: faults stop;
 a write invoked after the heal must be acknowledged, and every tailing reader must return it, within
 the bound; (3) the writers stop; sequential writes of an idle writer must each be quick (no timer
@@ -32,6 +36,7 @@ from tests.harness.history import History, Report, check, offset_list
 from .actors import PROBE_BOUND_S, PROBE_WRITES, Process, ReaderFamily, Sink, WriterFamily, error_text
 from .ledgers import SimLedgers
 from .loop import SimulatedClock, SimulatedTimeLoop
+from .serving import ServingWorld
 
 STREAM = "sim"
 RESUME_BOUND_S = 10.0
@@ -137,6 +142,7 @@ class StreamSimulation:
         self._tasks: list[asyncio.Task[Any]] = []
         self.graveyard: list[Any] = []  # what killed processes left, cancelled at the end
         self._last_version = -1
+        self.serving = ServingWorld(self)  # servers and idempotent producers on a stream of their own
 
     # ------------------------------------------------------------------ the world
 
@@ -221,9 +227,13 @@ class StreamSimulation:
         faults = self.spawn(self._inject_faults()) if scenario.faults else None
         if scenario.ledger_deletions:
             self.spawn(self._delete_ledgers())
+        if self.serving.enabled:
+            self.spawn(self.serving.run())
         await asyncio.sleep(scenario.fault_phase_s)
         await self._heal(faults)
         await self._stop_writers()
+        if self.serving.enabled:
+            await self.serving.finish()
         await self._probe()
         for task in admins:
             task.cancel()
