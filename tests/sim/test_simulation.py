@@ -15,6 +15,7 @@ import pytest
 from bookkeeper.bookie.bookie import BookieCore
 from bookkeeper.protocol.entry import Digest, DigestType, master_key, pack_entry
 from bookkeeper.protocol.wire import AddRequest, AddResponse, ErrorResponse, ReadRequest, Status
+from tests.harness.seeds import map_seeds
 from tests.harness.sim.disk import MemoryJournal, MemoryStorage
 from tests.harness.sim.plants import NAMES, planted
 from tests.harness.sim.simulation import FAULT_KINDS, RunResult, Simulation, run
@@ -25,13 +26,14 @@ FIXED_SEEDS = range(0, 500)  # ~10 s; together they inject every fault kind (che
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def fixed_run(seed: int) -> tuple[RunResult, Counter[str]]:
+    simulation = Simulation(seed)
+    return simulation.run(), simulation.world.stats
+
+
 @pytest.fixture(scope="module")
 def fixed_runs() -> list[tuple[RunResult, Counter[str]]]:
-    runs = []
-    for seed in FIXED_SEEDS:
-        simulation = Simulation(seed)
-        runs.append((simulation.run(), simulation.world.stats))
-    return runs
+    return map_seeds(fixed_run, FIXED_SEEDS)
 
 
 def test_every_fixed_seed_keeps_every_promise(fixed_runs):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.seeds import map_seeds
 from tests.harness.streamsim.plants import NAMES, PLANTS, planted
 from tests.harness.streamsim.simulation import StreamRunResult, StreamSimulation, run
 
@@ -31,20 +32,21 @@ def drawing_nothing_global(run_once):
     return result
 
 
+def fixed_run(seed: int) -> tuple[StreamRunResult, Counter[str]]:
+    simulation = StreamSimulation(seed)
+    result = drawing_nothing_global(simulation.run)
+    kinds = Counter(str(event.get("kind")) for event in simulation.history.events if event["f"] == "fault")
+    kinds.update({f"event {event['f']}": 1 for event in simulation.history.events})
+    kinds["rebuilt with producers"] = sum(1 for event in simulation.history.events
+                                          if event["f"] == "served_take" and event["producers"] > 0)
+    kinds["resent batches"] = sum(1 for event in simulation.history.events
+                                  if event["f"] == "producer_ack" and event["sends"] > 1)
+    return result, kinds
+
+
 @pytest.fixture(scope="module")
 def fixed_runs() -> list[tuple[StreamRunResult, Counter[str]]]:
-    runs = []
-    for seed in FIXED_SEEDS:
-        simulation = StreamSimulation(seed)
-        result = drawing_nothing_global(simulation.run)
-        kinds = Counter(str(event.get("kind")) for event in simulation.history.events if event["f"] == "fault")
-        kinds.update({f"event {event['f']}": 1 for event in simulation.history.events})
-        kinds["rebuilt with producers"] = sum(1 for event in simulation.history.events
-                                              if event["f"] == "served_take" and event["producers"] > 0)
-        kinds["resent batches"] = sum(1 for event in simulation.history.events
-                                      if event["f"] == "producer_ack" and event["sends"] > 1)
-        runs.append((result, kinds))
-    return runs
+    return map_seeds(fixed_run, FIXED_SEEDS)
 
 
 def test_every_fixed_seed_keeps_every_promise(fixed_runs):
