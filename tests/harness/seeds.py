@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
+S = TypeVar("S")
 T = TypeVar("T")
 SEED_PROCESSES_MAX = 4  # processes that run a range of seeds side by side (at most one per core)
 
@@ -33,8 +34,8 @@ def seed_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def map_seeds(function: Callable[[int], T], seeds: Iterable[int]) -> list[T]:
-    """`function(seed)` for every seed, in seed order, the seeds spread over this machine's cores
+def map_seeds(function: Callable[[S], T], seeds: Iterable[S]) -> list[T]:
+    """`function(seed)` for every seed (or (plant, seed) pair...), in seed order, the seeds spread over this machine's cores
     (each run is deterministic and independent: only the wall time changes). `function` must be a
     module-level function, its result picklable. The processes are spawned, not forked: a fork of
     a test process copies whatever threads (ZooKeeper clients, Spark's gateway) hold locks."""
