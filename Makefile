@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# two workers, a file's tests together on one (tests/conftest.py); `make test PYTEST_WORKERS=` runs one by one
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
 .PHONY: demo test install java chromium redis clean
 
@@ -30,7 +32,7 @@ demo: install java
 	@$(VENV)/bin/python -m dlog_tools.demo
 
 test: install java chromium redis
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

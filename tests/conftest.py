@@ -81,3 +81,27 @@ def secure_cluster(tmp_path_factory):
     cluster.secure_dir = secure
     yield cluster
     cluster.stop()
+
+
+# ------------------------------------------------------------------------------ running side by side
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`): most of the suite waits
+    on real processes, so two files at once use the machine's two cores. A file's tests stay
+    together on one worker, in order (its module fixtures start once); the Spark files share one
+    worker (one Spark JVM at a time), and the tests of the session's secure cluster share one
+    (it starts once)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.nodeid.split("::")[0]
+        if path.startswith("tests/spark/"):
+            group = "spark"
+        elif "secure_cluster" in getattr(item, "fixturenames", ()):
+            group = "secure-cluster"
+        else:
+            group = path
+        item.add_marker(pytest.mark.xdist_group(group))
