@@ -204,6 +204,12 @@ class StreamWriter:
         return len(self.machine.batcher.in_flight)
 
     @property
+    def buffered_bytes(self) -> int:
+        """Bytes of records buffered and in flight (what buffer_bytes_max bounds)."""
+        batcher = self.machine.batcher
+        return batcher.buffered_bytes + batcher.in_flight_bytes
+
+    @property
     def writable(self) -> bool:
         """False while buffered and in-flight bytes are at the buffer maximum."""
         return self.machine.writable

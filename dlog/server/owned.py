@@ -138,6 +138,11 @@ class OwnedStream:
     # ------------------------------------------------------------------ reading
 
     @property
+    def tail_bytes(self) -> int:
+        """Bytes of durable records the in-memory tail holds (bounded by tail_bytes_max)."""
+        return self._tail_bytes
+
+    @property
     def tail_start(self) -> int:
         """The first position the in-memory tail holds (end_position when it holds none)."""
         return self._firsts[self._head] if self._head < len(self._firsts) else self.end_position

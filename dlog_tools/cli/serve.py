@@ -35,28 +35,39 @@ KAFKA_PORT_DEFAULT = 9092
               help="of the streams the server creates")
 @click.option("--write-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--ack-quorum", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--admin-port", default=-1, show_default=True, type=click.IntRange(-1, 65535),
+              help="admin endpoint (/metrics: counters and every limit with its use; /health); 0: any free "
+                   "port, -1: none")
+@click.option("--admin-host", default="127.0.0.1", show_default=True,
+              help="address of the admin endpoint (loopback only: it has no TLS nor tokens)")
 @click.pass_context
 @fails_cleanly
 def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, host: str,
           advertised_host: str | None, server_id: int | None, session_timeout: int, auto_create_topics: bool,
-          ensemble: int, write_quorum: int, ack_quorum: int) -> None:
+          ensemble: int, write_quorum: int, ack_quorum: int, admin_port: int, admin_host: str) -> None:
     """Serve the namespace's streams to Kafka clients until SIGTERM or Ctrl-C, which hands the
-    streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients."""
+    streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients
+    (with ` admin=URL` after it when it serves an admin endpoint)."""
     if ctx.invoked_subcommand is not None:
         return
     from dlog.server import ServerSettings
+    from dlog.server.metrics import check_admin_host
 
+    if admin_port >= 0:
+        check_admin_host(admin_host)
     settings = ServerSettings(server_id=server_id, host=host, kafka_port=kafka_port, advertised_host=advertised_host,
                               session_timeout_s=session_timeout / 1000, auto_create_topics=auto_create_topics,
                               ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum)
-    run_server(cluster, settings)
+    run_server(cluster, settings, admin=(admin_host, admin_port) if admin_port >= 0 else None)
 
 
-def run_server(cluster: tuple[str, str, str], settings: Any) -> None:
-    """Run one server in the foreground: the ready line, then until SIGTERM or SIGINT."""
+def run_server(cluster: tuple[str, str, str], settings: Any, admin: tuple[str, int] | None = None) -> None:
+    """Run one server in the foreground: the ready line, then until SIGTERM or SIGINT; `admin`:
+    (host, port) of its admin endpoint (port 0: any free one)."""
     from bookkeeper.meta.zk import refuse_unreachable
     from dlog import Namespace
     from dlog.server import KafkaServer
+    from dlog.server.metrics import AdminEndpoint
     from dlog_tools.config import client_options, zk_timeout_s
 
     zk, zk_root, namespace = cluster
@@ -72,11 +83,14 @@ def run_server(cluster: tuple[str, str, str], settings: Any) -> None:
         async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
                              zk_session_timeout_s=settings.session_timeout_s, **client_options()) as ns:
             server = await KafkaServer(ns, settings).start()
+            endpoint = AdminEndpoint(server)
             try:
-                click.echo(f"dlog serve ready id={server.server_id} kafka={server.address}")
+                shown = "" if admin is None else f" admin={await endpoint.start(*admin)}"
+                click.echo(f"dlog serve ready id={server.server_id} kafka={server.address}{shown}")
                 sys.stdout.flush()
                 await stop.wait()
             finally:
+                await endpoint.stop()
                 await server.stop()
         click.echo("dlog serve stopped")
 
