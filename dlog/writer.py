@@ -62,6 +62,7 @@ from dlog.core.writer import WriterMachine
 from dlog.offsets import Offset, record_offset
 from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
+    HEADERS_SCHEMA,
     EncodedEntry,
     Headers,
     RecordSetCodec,
@@ -136,6 +137,42 @@ class _BatchWaiter:
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+
+
+class _RunsWaiter:
+    """Waits for the runs of one offer_records call (each run the waiter of its chunk): resolves
+    its future to the first record's position once the last run is durable."""
+
+    __slots__ = ("future", "left", "first_position", "started")
+
+    def __init__(self, future: asyncio.Future[int | None], runs: int) -> None:
+        self.future, self.left, self.started = future, runs, False
+        self.first_position: int | None = None
+
+    def piece_done(self, ledger_id: int, entry_id: int, records: int, position: int | None) -> None:
+        if not self.started:
+            self.first_position, self.started = position, True
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(self.first_position)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Records of one offer_records call buffered as one chunk: their Arrow batch, built column by
+    column, and the range of their timestamps (for the entry header, with no Arrow compute call)."""
+
+    batch: pa.RecordBatch
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+
+
+_PIECE_WAITERS = (_BatchWaiter, _RunsWaiter)
+_BYTES, _BYTES_OR_NONE, _INT = frozenset({bytes}), frozenset({bytes, type(None)}), frozenset({int})
 
 
 class StreamWriter:
@@ -306,6 +343,77 @@ class StreamWriter:
         (or `await wait_writable()`) now and then to bound memory, as with `write_nowait`."""
         self._buffer(value, key, timestamp_ms, headers, None)
 
+    def offer_records(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
+                      timestamps_ms: Sequence[int] | None = None,
+                      headers: Sequence[Headers | None] | None = None) -> asyncio.Future[int | None]:
+        """Buffer many records at once (default schema, untyped streams), column by column: one
+        Arrow array per column, no per-record Python work beyond their sizes. They are buffered
+        together, nothing between them, so they get consecutive positions; they go into entries
+        as runs of at most `flush_bytes` (they may span entries and segments) and share entries
+        with other writes. The future resolves to the first record's position (None: the stream
+        has no positions) once all of them are durable, or fails with the writer's error. Bad
+        records (not bytes, a record too large for an entry, headers of a typed stream) are refused
+        here, before any is buffered. As with `offer`, the caller bounds memory with `writable`."""
+        self._check_open()
+        count = len(values)
+        if count == 0:
+            raise ConfigError("offer_records needs at least one record")
+        if schema_with_headers(self.codec.schema) is None:
+            raise ConfigError(f"offer_records writes untyped streams; stream {self.name!r} is typed: use write_batch()")
+        now_ms = self._wall_ms()
+        keys = [None] * count if keys is None else keys
+        timestamps = [now_ms] * count if timestamps_ms is None else timestamps_ms
+        if len(keys) != count or len(timestamps) != count or (headers is not None and len(headers) != count):
+            raise ConfigError(f"offer_records takes columns of one length: {count} values, {len(keys)} keys, "
+                              f"{len(timestamps)} timestamps")
+        if not set(map(type, values)) <= _BYTES or not set(map(type, keys)) <= _BYTES_OR_NONE \
+                or not set(map(type, timestamps)) <= _INT:
+            raise ConfigError("offer_records takes bytes values, bytes or None keys and integer timestamps "
+                              "(milliseconds); typed streams take write_batch()")
+        if headers is not None and not any(headers):
+            headers = None
+        header_sizes = [self._check_headers(pairs) if pairs else 0 for pairs in headers] if headers else None
+        total = (sum(map(len, values)) + sum(map(len, filter(None, keys))) + count * RECORD_OVERHEAD_BYTES
+                 + (sum(header_sizes) if header_sizes else 0))
+        runs = self._runs(values, keys, header_sizes, total)
+        built = []
+        try:
+            for start, end, size_bytes in runs:
+                stamps = timestamps[start:end]
+                batch = records_to_batch(values[start:end], keys[start:end], stamps, self.codec.schema,
+                                         None if headers is None else headers[start:end], check=False)
+                built.append((_Run(batch, min(stamps), max(stamps)), end - start, size_bytes))
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise ConfigError(f"offer_records cannot build these records' columns: {exc}") from exc
+        future: asyncio.Future[int | None] = self.loop.create_future()
+        waiter = _RunsWaiter(future, len(built))
+        machine = self.machine
+        for run, records, size_bytes in built:
+            effects = machine.write(run, size_bytes, waiter, now_ms, records)
+            if effects:
+                self.run(effects)
+        return future
+
+    def _runs(self, values: Sequence[bytes], keys: Sequence[bytes | None], header_sizes: list[int] | None,
+              total: int) -> list[tuple[int, int, int]]:
+        """(start, end, size bytes) of the runs of at most min(flush_bytes, an entry's budget)."""
+        limit = min(self._record_bytes_max, self.settings.flush_bytes)
+        if total <= limit:
+            return [(0, len(values), total)]
+        runs, start, taken = [], 0, 0
+        for index, value in enumerate(values):
+            key = keys[index]
+            size = len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES + (
+                header_sizes[index] if header_sizes else 0)
+            if size > self._record_bytes_max:
+                raise ConfigError(self.machine.batcher.check_record(size) or "record too large")
+            if taken and taken + size > limit:
+                runs.append((start, index, taken))
+                start, taken = index, 0
+            taken += size
+        runs.append((start, len(values), taken))
+        return runs
+
     def _buffer(self, value: Any, key: Any, timestamp_ms: Any, headers: Headers | None,
                 future: asyncio.Future[Offset] | None) -> None:
         """The per-record hot path: refuse a bad record at the call (before it could fail an
@@ -367,9 +475,12 @@ class StreamWriter:
             raise self.machine.error
 
     def _encode(self, items: Sequence[Any], first_record_index: int) -> EncodedEntry:
-        """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
+        """The machine's encoder: buffered records (rows of ROW_COLUMNS, runs of offer_records) or
+        one batch piece."""
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
             return self.codec.encode_entry(items[0], first_record_index)
+        if any(type(item) is _Run for item in items):
+            return self._encode_runs(items, first_record_index)
         values, keys, timestamps, headers = zip(*items, strict=True)
         if any(headers):
             return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
@@ -378,6 +489,42 @@ class StreamWriter:
         # compute call for the timestamp range (the per-record path's cost)
         batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
         return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(timestamps), max(timestamps)),
+                                       checked=True)
+
+    def _encode_runs(self, items: Sequence[Any], first_record_index: int) -> EncodedEntry:
+        """An entry of runs and rows: rows in a row turned into a batch, the batches concatenated
+        (with a null headers column where some have headers and others none)."""
+        batches: list[pa.RecordBatch] = []
+        low, high = [], []
+        rows: list[Any] = []
+
+        def rows_done() -> None:
+            if rows:
+                values, keys, timestamps, headers = zip(*rows, strict=True)
+                batches.append(records_to_batch(values, keys, timestamps, self.codec.schema, headers, check=False))
+                low.append(min(timestamps))
+                high.append(max(timestamps))
+                rows.clear()
+
+        for item in items:
+            if type(item) is _Run:
+                rows_done()
+                batches.append(item.batch)
+                low.append(item.min_timestamp_ms)
+                high.append(item.max_timestamp_ms)
+            else:
+                rows.append(item)
+        rows_done()
+        if len(batches) > 1:
+            if any(not batch.schema.equals(batches[0].schema) for batch in batches):
+                schema = HEADERS_SCHEMA if any(batch.num_columns == len(HEADERS_SCHEMA) for batch in batches) \
+                    else batches[0].schema
+                batches = [pa.RecordBatch.from_arrays(fill_missing_columns(batch, schema, 0).columns, schema=schema)
+                           for batch in batches]
+            batch = pa.concat_batches(batches)
+        else:
+            batch = batches[0]
+        return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(low), max(high)),
                                        checked=True)
 
     # ------------------------------------------------------------------ effects
@@ -576,7 +723,7 @@ class StreamWriter:
         for waiter, records in zip(effect.waiters, effect.records, strict=True):
             if waiter is None:  # an offered record
                 pass
-            elif type(waiter) is _BatchWaiter:
+            elif type(waiter) in _PIECE_WAITERS:
                 waiter.piece_done(ledger_id, entry_id, records,
                                   None if first_position is None else first_position + slot)
             elif not waiter.done():
@@ -638,7 +785,7 @@ class StreamWriter:
 
 def _fail_waiters(waiters: Sequence[Any], error: BaseException) -> None:
     for waiter in waiters:
-        if type(waiter) is _BatchWaiter:
+        if type(waiter) in _PIECE_WAITERS:
             waiter.fail(error)
         elif waiter is not None and not waiter.done():  # None: an offered record
             waiter.set_exception(error)

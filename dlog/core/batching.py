@@ -121,14 +121,16 @@ class EntryBatcher:
 
     # ------------------------------------------------------------------ buffering
 
-    def add(self, item: Any, size_bytes: int, waiter: Any, now_ms: int) -> bool:
-        """Buffer one record (the hot path of per-record writes: nothing it need not do); whether
-        an entry may be due now (a slot is free, or a flush limit is met)."""
+    def add(self, item: Any, size_bytes: int, waiter: Any, now_ms: int, records: int = 1) -> bool:
+        """Buffer one record, or a run of `records` records taken at once that goes into one entry
+        (the hot path of per-record writes: nothing it need not do; a run is at most an entry's
+        budget, which the caller splits by); whether an entry may be due now (a slot is free, or a
+        flush limit is met)."""
         chunk_id = self.next_chunk_id
         self.next_chunk_id = chunk_id + 1
-        self.buffer.append((chunk_id, item, 1, size_bytes, False, waiter))
+        self.buffer.append((chunk_id, item, records, size_bytes, False, waiter))
         self.buffered_bytes += size_bytes
-        self.buffered_records += 1
+        self.buffered_records += records
         if self.buffer_since_ms is None:
             self.buffer_since_ms = now_ms
         if not self.writable:

@@ -523,9 +523,11 @@ def records_of(entry: EntryBatch) -> list[Record]:
     values = batch.column("value").to_pylist()
     stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
     names = batch.schema.names
-    headers = batch.column("headers").to_pylist() if "headers" in names else [None] * batch.num_rows
+    column = batch.column("headers") if "headers" in names else None
+    if column is None or column.null_count == batch.num_rows:  # no headers: no per-record dict to take apart
+        return [Record(stamp, key, value) for key, value, stamp in zip(keys, values, stamps, strict=True)]
     return [Record(stamp, key, value, tuple((pair["key"], pair["value"]) for pair in pairs) if pairs else ())
-            for key, value, stamp, pairs in zip(keys, values, stamps, headers, strict=True)]
+            for key, value, stamp, pairs in zip(keys, values, stamps, column.to_pylist(), strict=True)]
 
 
 async def _done(value: tuple[ErrorCode, int]) -> tuple[ErrorCode, int]:

@@ -24,12 +24,21 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bookkeeper.clock import perf_s
 from bookkeeper.errors import DlogError
-from dlog_tools.bench.common import NAMESPACE, bookie_args, event_values, local_cluster, mb_per_s, stream_header
+from dlog_tools.bench.common import (
+    NAMESPACE,
+    bookie_args,
+    event_values,
+    local_cluster,
+    mb_per_s,
+    process_cpu_s,
+    stream_header,
+)
 from dlog_tools.bench.streams import offer_run
 from dlog_tools.cluster import LocalCluster, ServeProcess
 
@@ -53,9 +62,11 @@ def bench_kafka(records: int, producers: int, latency_producers: int, latency_ra
                                        f"{session_timeout_s}s", "--admin-port", "0")
             servers.append(first)
             offer = asyncio.run(_offer(cluster, values))
-            produced = _produce_run(first.kafka, "kafka-throughput", values, producers)
-            latency = _latency_run(first.kafka, "kafka-latency", latency_producers, latency_rate, latency_seconds)
-            fetched = _fetch_run(first.kafka, "kafka-throughput", records)
+            pid = first.process.pid
+            produced = _server_cpu(pid, lambda: _produce_run(first.kafka, "kafka-throughput", values, producers))
+            latency = _server_cpu(pid, lambda: _latency_run(first.kafka, "kafka-latency", latency_producers,
+                                                            latency_rate, latency_seconds))
+            fetched = _server_cpu(pid, lambda: _fetch_run(first.kafka, "kafka-throughput", records))
             second = ServeProcess.start(cluster, NAMESPACE, Path(logs) / "serve-1.log", "--session-timeout",
                                         f"{session_timeout_s}s", "--admin-port", "0")
             servers.append(second)
@@ -67,6 +78,15 @@ def bench_kafka(records: int, producers: int, latency_producers: int, latency_ra
     return {**stream_header("kafka", fsync), "record_bytes": 100, "targets": TARGETS,
             "kafka_vs_offer": kafka_vs_offer,
             "runs": [offer, produced, latency, fetched, failover]}
+
+
+def _server_cpu(pid: int, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The run's figures and the server process's CPU per record it took (wall-clock rates move
+    2-3x on a busy machine; CPU per record much less)."""
+    before = process_cpu_s(pid)
+    result = run()
+    used_s = process_cpu_s(pid) - before
+    return {**result, "server_cpu_us_per_record": round(used_s / max(result["records"], 1) * 1e6, 1)}
 
 
 async def _offer(cluster: LocalCluster, values: list[bytes]) -> dict[str, Any]:
