@@ -82,6 +82,7 @@ ENTRY_BYTES_MAX = 4 << 20  # the bookie's entry maximum
 ROW_COLUMNS = ("value", "key", "timestamp", "headers")  # what a buffered record holds, in this order
 SETTLE_S_MAX = 30.0  # how long close() lets effect tasks (deletes, the lock release) end
 ABORT_SETTLE_S_MAX = 1.0  # the same after abort(), which promised not to wait
+RUN_RECORDS_MIN = 8  # offer_records of more records than this builds their Arrow columns at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +348,8 @@ class StreamWriter:
                       timestamps_ms: Sequence[int] | None = None,
                       headers: Sequence[Headers | None] | None = None) -> asyncio.Future[int | None]:
         """Buffer many records at once (default schema, untyped streams), column by column: one
-        Arrow array per column, no per-record Python work beyond their sizes. They are buffered
+        Arrow array per column, no per-record Python work beyond their sizes (up to
+        RUN_RECORDS_MIN records go in as rows, as `offer`'s: an Arrow build per call costs more). They are buffered
         together, nothing between them, so they get consecutive positions; they go into entries
         as runs of at most `flush_bytes` (they may span entries and segments) and share entries
         with other writes. The future resolves to the first record's position (None: the stream
@@ -373,6 +375,24 @@ class StreamWriter:
         if headers is not None and not any(headers):
             headers = None
         header_sizes = [self._check_headers(pairs) if pairs else 0 for pairs in headers] if headers else None
+        future: asyncio.Future[int | None] = self.loop.create_future()
+        machine = self.machine
+        if count <= RUN_RECORDS_MIN:  # a few records: rows, as offer's (one Arrow build per entry, not per call)
+            waiter = _RunsWaiter(future, count)
+            for index in range(count):
+                value, key = values[index], keys[index]
+                size_bytes = len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES + (
+                    header_sizes[index] if header_sizes else 0)
+                if size_bytes > self._record_bytes_max:
+                    raise ConfigError(machine.batcher.check_record(size_bytes) or "record too large")
+            for index in range(count):
+                value, key, pairs = values[index], keys[index], headers[index] if headers else None
+                size_bytes = len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES + (
+                    header_sizes[index] if header_sizes else 0)
+                effects = machine.write((value, key, timestamps[index], pairs or None), size_bytes, waiter, now_ms)
+                if effects:
+                    self.run(effects)
+            return future
         total = (sum(map(len, values)) + sum(map(len, filter(None, keys))) + count * RECORD_OVERHEAD_BYTES
                  + (sum(header_sizes) if header_sizes else 0))
         runs = self._runs(values, keys, header_sizes, total)
@@ -385,9 +405,7 @@ class StreamWriter:
                 built.append((_Run(batch, min(stamps), max(stamps)), end - start, size_bytes))
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise ConfigError(f"offer_records cannot build these records' columns: {exc}") from exc
-        future: asyncio.Future[int | None] = self.loop.create_future()
         waiter = _RunsWaiter(future, len(built))
-        machine = self.machine
         for run, records, size_bytes in built:
             effects = machine.write(run, size_bytes, waiter, now_ms, records)
             if effects:

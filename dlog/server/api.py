@@ -238,7 +238,10 @@ class KafkaApi:
                     work.append((topic.name, part, self._produce_partition(topic.name, part, version, acks, turn,
                                                                            state)))
         answers: dict[str, list[Any]] = {}
-        results = await asyncio.gather(*(task for _, _, task in work))
+        if len(work) == 1:  # one partition (a producer's usual request): no task for it
+            results: list[tuple[ErrorCode, int]] = [await work[0][2]]
+        else:
+            results = await asyncio.gather(*(task for _, _, task in work))
         for (name, part, _), (code, base) in zip(work, results, strict=True):
             answers.setdefault(name, []).append(Answer(index=part.index, error_code=code, base_offset=base,
                                                        log_append_time_ms=-1, log_start_offset=-1))
