@@ -285,6 +285,8 @@ def test_bench_kafka_reports_offer_produce_latency_fetch_and_failover_side_by_si
     assert latency["records"] == 3 * 10 and latency["failed"] == 0
     assert_latencies(latency)
     assert runs["kafka_fetch"]["records"] == 501  # the produce run's records and its warm-up record
+    for name in ("kafka_produce", "kafka_latency", "kafka_fetch"):
+        assert runs[name]["server_cpu_us_per_record"] >= 0, runs[name]
     failover = runs["failover"]
     # the new owner takes the stream only after the killed one's session expired
     assert failover["failover_s"] is not None and failover["failover_s"] >= 1.0 and failover["failed"] == 0

@@ -332,16 +332,11 @@ def _encode_varint(number: int) -> bytes:
     zigzag = (number << 1) ^ (number >> 63)
     if 0 <= zigzag < _VARINTS_MAX:
         return _VARINTS[zigzag]
-    zigzag &= (1 << 64) - 1
-    out = bytearray()
-    while zigzag >= 0x80:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
+    return _varint_bytes(zigzag & ((1 << 64) - 1))
 
 
 def _varint_bytes(zigzag: int) -> bytes:
+    """The varint bytes of an already zigzagged number (7 bits a byte, low first)."""
     out = bytearray()
     while zigzag >= 0x80:
         out.append((zigzag & 0x7F) | 0x80)
