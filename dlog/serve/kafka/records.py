@@ -48,7 +48,7 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as Record: one per produced batch, on the hot path
 class ProducedBatch:
     """One produced record batch, checked: what the server needs to append and deduplicate it."""
 
