@@ -65,6 +65,7 @@ def run_server(cluster: tuple[str, str, str], settings: Any, admin: tuple[str, i
     """Run one server in the foreground: the ready line, then until SIGTERM or SIGINT; `admin`:
     (host, port) of its admin endpoint (port 0: any free one)."""
     from bookkeeper.meta.zk import refuse_unreachable
+    from bookkeeper.runtime import tune_garbage_collector
     from dlog import Namespace
     from dlog.server import KafkaServer
     from dlog.server.metrics import AdminEndpoint
@@ -75,6 +76,9 @@ def run_server(cluster: tuple[str, str, str], settings: Any, admin: tuple[str, i
     logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
 
     async def go() -> None:
+        # as a bookie's: the tail's records and every request's objects are freed by reference
+        # counting; the cycle collector's frequent passes over them only cost (docs/operations.md)
+        tune_garbage_collector()
         await refuse_unreachable(zk)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
