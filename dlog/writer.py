@@ -62,6 +62,7 @@ from dlog.core.writer import WriterMachine
 from dlog.offsets import Offset, record_offset
 from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
+    HEADERS_SCHEMA,
     EncodedEntry,
     Headers,
     ProducerRun,
@@ -83,6 +84,7 @@ ENTRY_BYTES_MAX = 4 << 20  # the bookie's entry maximum
 ROW_COLUMNS = ("value", "key", "timestamp", "headers")  # what a buffered record holds, in this order
 SETTLE_S_MAX = 30.0  # how long close() lets effect tasks (deletes, the lock release) end
 ABORT_SETTLE_S_MAX = 1.0  # the same after abort(), which promised not to wait
+RUN_RECORDS_MIN = 8  # offer_records of more records than this builds their Arrow columns at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,42 @@ class _ProducerBatch:
     last_sequence: int
 
 
+class _RunsWaiter:
+    """Waits for the runs of one offer_records call (each run the waiter of its chunk): resolves
+    its future to the first record's position once the last run is durable."""
+
+    __slots__ = ("future", "left", "first_position", "started")
+
+    def __init__(self, future: asyncio.Future[int | None], runs: int) -> None:
+        self.future, self.left, self.started = future, runs, False
+        self.first_position: int | None = None
+
+    def piece_done(self, ledger_id: int, entry_id: int, records: int, position: int | None) -> None:
+        if not self.started:
+            self.first_position, self.started = position, True
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(self.first_position)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Records of one offer_records call buffered as one chunk: their Arrow batch, built column by
+    column, and the range of their timestamps (for the entry header, with no Arrow compute call)."""
+
+    batch: pa.RecordBatch
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+
+
+_PIECE_WAITERS = (_BatchWaiter, _RunsWaiter)
+_BYTES, _BYTES_OR_NONE, _INT = frozenset({bytes}), frozenset({bytes, type(None)}), frozenset({int})
+
+
 class StreamWriter:
     def __init__(self, context: StreamContext, *, flush_bytes: int = 1 << 20,
                  flush_records: int = 20_000, linger_ms: float = 0.0, partial_entries_in_flight_max: int = 1,
@@ -216,6 +254,12 @@ class StreamWriter:
     def in_flight_entries(self) -> int:
         """Entries sent and not acknowledged yet."""
         return len(self.machine.batcher.in_flight)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of records buffered and in flight (what buffer_bytes_max bounds)."""
+        batcher = self.machine.batcher
+        return batcher.buffered_bytes + batcher.in_flight_bytes
 
     @property
     def writable(self) -> bool:
@@ -314,6 +358,94 @@ class StreamWriter:
         (or `await wait_writable()`) now and then to bound memory, as with `write_nowait`."""
         self._buffer(value, key, timestamp_ms, headers, None)
 
+    def offer_records(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
+                      timestamps_ms: Sequence[int] | None = None,
+                      headers: Sequence[Headers | None] | None = None) -> asyncio.Future[int | None]:
+        """Buffer many records at once (default schema, untyped streams), column by column: one
+        Arrow array per column, no per-record Python work beyond their sizes (up to
+        RUN_RECORDS_MIN records go in as rows, as `offer`'s: an Arrow build per call costs more). They are buffered
+        together, nothing between them, so they get consecutive positions; they go into entries
+        as runs of at most `flush_bytes` (they may span entries and segments) and share entries
+        with other writes. The future resolves to the first record's position (None: the stream
+        has no positions) once all of them are durable, or fails with the writer's error. Bad
+        records (not bytes, a record too large for an entry, headers of a typed stream) are refused
+        here, before any is buffered. As with `offer`, the caller bounds memory with `writable`."""
+        self._check_open()
+        count = len(values)
+        if count == 0:
+            raise ConfigError("offer_records needs at least one record")
+        if schema_with_headers(self.codec.schema) is None:
+            raise ConfigError(f"offer_records writes untyped streams; stream {self.name!r} is typed: use write_batch()")
+        now_ms = self._wall_ms()
+        keys = [None] * count if keys is None else keys
+        timestamps = [now_ms] * count if timestamps_ms is None else timestamps_ms
+        if len(keys) != count or len(timestamps) != count or (headers is not None and len(headers) != count):
+            raise ConfigError(f"offer_records takes columns of one length: {count} values, {len(keys)} keys, "
+                              f"{len(timestamps)} timestamps")
+        if not set(map(type, values)) <= _BYTES or not set(map(type, keys)) <= _BYTES_OR_NONE \
+                or not set(map(type, timestamps)) <= _INT:
+            raise ConfigError("offer_records takes bytes values, bytes or None keys and integer timestamps "
+                              "(milliseconds); typed streams take write_batch()")
+        if headers is not None and not any(headers):
+            headers = None
+        header_sizes = [self._check_headers(pairs) if pairs else 0 for pairs in headers] if headers else None
+        future: asyncio.Future[int | None] = self.loop.create_future()
+        machine = self.machine
+        if count <= RUN_RECORDS_MIN:  # a few records: rows, as offer's (one Arrow build per entry, not per call)
+            waiter = _RunsWaiter(future, count)
+            for index in range(count):
+                value, key = values[index], keys[index]
+                size_bytes = len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES + (
+                    header_sizes[index] if header_sizes else 0)
+                if size_bytes > self._record_bytes_max:
+                    raise ConfigError(machine.batcher.check_record(size_bytes) or "record too large")
+            for index in range(count):
+                value, key, pairs = values[index], keys[index], headers[index] if headers else None
+                size_bytes = len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES + (
+                    header_sizes[index] if header_sizes else 0)
+                effects = machine.write((value, key, timestamps[index], pairs or None), size_bytes, waiter, now_ms)
+                if effects:
+                    self.run(effects)
+            return future
+        total = (sum(map(len, values)) + sum(map(len, filter(None, keys))) + count * RECORD_OVERHEAD_BYTES
+                 + (sum(header_sizes) if header_sizes else 0))
+        runs = self._runs(values, keys, header_sizes, total)
+        built = []
+        try:
+            for start, end, size_bytes in runs:
+                stamps = timestamps[start:end]
+                batch = records_to_batch(values[start:end], keys[start:end], stamps, self.codec.schema,
+                                         None if headers is None else headers[start:end], check=False)
+                built.append((_Run(batch, min(stamps), max(stamps)), end - start, size_bytes))
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise ConfigError(f"offer_records cannot build these records' columns: {exc}") from exc
+        waiter = _RunsWaiter(future, len(built))
+        for run, records, size_bytes in built:
+            effects = machine.write(run, size_bytes, waiter, now_ms, records)
+            if effects:
+                self.run(effects)
+        return future
+
+    def _runs(self, values: Sequence[bytes], keys: Sequence[bytes | None], header_sizes: list[int] | None,
+              total: int) -> list[tuple[int, int, int]]:
+        """(start, end, size bytes) of the runs of at most min(flush_bytes, an entry's budget)."""
+        limit = min(self._record_bytes_max, self.settings.flush_bytes)
+        if total <= limit:
+            return [(0, len(values), total)]
+        runs, start, taken = [], 0, 0
+        for index, value in enumerate(values):
+            key = keys[index]
+            size = len(value) + (len(key) if key else 0) + RECORD_OVERHEAD_BYTES + (
+                header_sizes[index] if header_sizes else 0)
+            if size > self._record_bytes_max:
+                raise ConfigError(self.machine.batcher.check_record(size) or "record too large")
+            if taken and taken + size > limit:
+                runs.append((start, index, taken))
+                start, taken = index, 0
+            taken += size
+        runs.append((start, len(values), taken))
+        return runs
+
     def _buffer(self, value: Any, key: Any, timestamp_ms: Any, headers: Headers | None,
                 future: asyncio.Future[Offset] | None) -> None:
         """The per-record hot path: refuse a bad record at the call (before it could fail an
@@ -408,30 +540,73 @@ class StreamWriter:
             raise self.machine.error
 
     def _encode(self, items: Sequence[Any], first_record_index: int) -> EncodedEntry:
-        """The machine's encoder: buffered records (rows of ROW_COLUMNS) or one batch piece."""
+        """The machine's encoder: buffered records (rows of ROW_COLUMNS, runs of offer_records) or
+        one batch piece."""
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
             return self.codec.encode_entry(items[0], first_record_index)
-        runs: list[ProducerRun] = []
+        producers: list[ProducerRun] = []
         if self._runs_buffered:  # producer batches among the items: their records, and the section
             rows: list[Any] = []
+            count = 0  # records before the item in the entry
             for item in items:
                 if type(item) is _ProducerBatch:
-                    runs.append(ProducerRun(item.producer, item.epoch, item.first_sequence, item.last_sequence,
-                                            len(rows), len(item.rows)))
+                    producers.append(ProducerRun(item.producer, item.epoch, item.first_sequence, item.last_sequence,
+                                                 count, len(item.rows)))
                     rows.extend(item.rows)
+                    count += len(item.rows)
                 else:
                     rows.append(item)
-            self._runs_buffered -= len(runs)
+                    count += item.batch.num_rows if type(item) is _Run else 1
+            self._runs_buffered -= len(producers)
             items = rows
+        if any(type(item) is _Run for item in items):
+            return self._encode_runs(items, first_record_index, producers)
         values, keys, timestamps, headers = zip(*items, strict=True)
         if any(headers):
             return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
-                                           first_record_index, producers=runs)
+                                           first_record_index, producers=producers)
         # built here from checked bytes and integer timestamps: no schema check and no Arrow
         # compute call for the timestamp range (the per-record path's cost)
         batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
         return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(timestamps), max(timestamps)),
-                                       checked=True, producers=runs)
+                                       checked=True, producers=producers)
+
+    def _encode_runs(self, items: Sequence[Any], first_record_index: int,
+                     producers: Sequence[ProducerRun]) -> EncodedEntry:
+        """An entry of runs and rows: rows in a row turned into a batch, the batches concatenated
+        (with a null headers column where some have headers and others none)."""
+        batches: list[pa.RecordBatch] = []
+        low, high = [], []
+        rows: list[Any] = []
+
+        def rows_done() -> None:
+            if rows:
+                values, keys, timestamps, headers = zip(*rows, strict=True)
+                batches.append(records_to_batch(values, keys, timestamps, self.codec.schema, headers, check=False))
+                low.append(min(timestamps))
+                high.append(max(timestamps))
+                rows.clear()
+
+        for item in items:
+            if type(item) is _Run:
+                rows_done()
+                batches.append(item.batch)
+                low.append(item.min_timestamp_ms)
+                high.append(item.max_timestamp_ms)
+            else:
+                rows.append(item)
+        rows_done()
+        if len(batches) > 1:
+            if any(not batch.schema.equals(batches[0].schema) for batch in batches):
+                schema = HEADERS_SCHEMA if any(batch.num_columns == len(HEADERS_SCHEMA) for batch in batches) \
+                    else batches[0].schema
+                batches = [pa.RecordBatch.from_arrays(fill_missing_columns(batch, schema, 0).columns, schema=schema)
+                           for batch in batches]
+            batch = pa.concat_batches(batches)
+        else:
+            batch = batches[0]
+        return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(low), max(high)),
+                                       checked=True, producers=producers)
 
     # ------------------------------------------------------------------ effects
 
@@ -629,7 +804,7 @@ class StreamWriter:
         for waiter, records in zip(effect.waiters, effect.records, strict=True):
             if waiter is None:  # an offered record
                 pass
-            elif type(waiter) is _BatchWaiter:
+            elif type(waiter) in _PIECE_WAITERS:
                 waiter.piece_done(ledger_id, entry_id, records,
                                   None if first_position is None else first_position + slot)
             elif not waiter.done():
@@ -691,7 +866,7 @@ class StreamWriter:
 
 def _fail_waiters(waiters: Sequence[Any], error: BaseException) -> None:
     for waiter in waiters:
-        if type(waiter) is _BatchWaiter:
+        if type(waiter) in _PIECE_WAITERS:
             waiter.fail(error)
         elif waiter is not None and not waiter.done():  # None: an offered record
             waiter.set_exception(error)

@@ -377,6 +377,75 @@ def _release_output(process: subprocess.Popen[str] | None) -> None:
         process.stdout.close()
 
 
+SERVE_READY_S = 60.0
+SERVE_STOP_S = 40.0
+
+
+class ServeProcess:
+    """One `dlog serve` process against a LocalCluster (`dlog standalone`'s, the Kafka benchmark's);
+    its stderr (the log) goes to `log_path`. Its ready line gives its id, Kafka address and, with
+    `--admin-port`, its admin endpoint's URL."""
+
+    def __init__(self, process: subprocess.Popen[str], ready: str, log_path: Path) -> None:
+        self.process = process
+        fields = dict(word.split("=", 1) for word in ready.split()[3:] if "=" in word)
+        self.server_id = int(fields["id"])
+        self.kafka = fields["kafka"]
+        self.admin: str | None = fields.get("admin")
+        self.log_path = log_path
+        self.exit_reported = False
+
+    @classmethod
+    def start(cls, cluster: LocalCluster, namespace: str, log_path: Path, *args: str, kafka_port: int = 0,
+              replication: int | None = None, secure: Any = None, client_toml: Path | None = None) -> ServeProcess:
+        """Start a server (`args`: more `dlog serve` options), topics auto-created and replicated
+        as `replication` bookies (default: as the bookie count allows, at most 3, quorums of 2).
+        On a secure cluster (`secure`: its material, `client_toml`: the admin's client settings)
+        it runs with the bookies' certificate and token key: Kafka clients connect with SASL_SSL
+        and a dlog token (docs/serving.md, "Security")."""
+        bookies = replication or min(cluster.bookie_count, 3)
+        quorum = str(min(bookies, 2))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if secure is not None:
+            args = (*args, "--tls-cert", str(secure.server_cert), "--tls-key", str(secure.server_key),
+                    "--token-key", str(secure.token_key))
+            env = {key: value for key, value in env.items() if key != "DLOG_TOKEN"}
+            env["DLOG_CONFIG"] = str(client_toml)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", cluster.zk_address,
+                 "--zk-root", cluster.zk_root, "--namespace", namespace, "--kafka-port", str(kafka_port),
+                 "--auto-create-topics", "--ensemble", str(bookies), "--write-quorum", quorum, "--ack-quorum", quorum,
+                 *args],
+                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent, env=env)
+        line = LineReader(process).line_starting("dlog serve ready", SERVE_READY_S)
+        if line is None:
+            process.kill()
+            process.wait()
+            _release_output(process)
+            tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise DlogError(f"dlog serve did not start (see {log_path}): {tail[0]}")
+        return cls(process, line, Path(log_path))
+
+    def stop(self) -> None:
+        """SIGTERM: the server hands its streams back cleanly; killed if it takes too long."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(SERVE_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        _release_output(self.process)
+
+    def kill(self) -> None:
+        """SIGKILL: nothing handed over; its streams move once its ZooKeeper session expires."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        _release_output(self.process)
+
+
 class LineReader:
     """Lines of a child's stdout with deadlines (select on the raw fd); keeps what it has not
     returned yet, so no line is lost between calls."""

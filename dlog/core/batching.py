@@ -123,8 +123,10 @@ class EntryBatcher:
 
     def add(self, item: Any, size_bytes: int, waiter: Any, now_ms: int, records: int = 1) -> bool:
         """Buffer one record (the hot path of per-record writes: nothing it need not do), or a run
-        of `records` records that must share one entry (an idempotent producer's batch: never cut
-        between entries); whether an entry may be due now (a slot is free, or a flush limit is met)."""
+        of `records` records that must share one entry (an idempotent producer's batch, never cut
+        between entries, or records taken at once by `offer_records`, at most an entry's budget,
+        which the caller splits by); whether an entry may be due now (a slot is free, or a flush
+        limit is met)."""
         chunk_id = self.next_chunk_id
         self.next_chunk_id = chunk_id + 1
         self.buffer.append((chunk_id, item, records, size_bytes, False, waiter))

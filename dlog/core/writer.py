@@ -332,9 +332,10 @@ class WriterMachine:
     # ------------------------------------------------------------------ writes
 
     def write(self, item: Any, size_bytes: int, waiter: Any, now_ms: int, records: int = 1) -> Sequence[WriterEffect]:
-        """Buffer one record, or a run of `records` records that lands whole in one entry; `waiter`
-        (None: nobody waits) comes back with its outcome. The hot path of per-record writes:
-        nothing it need not do."""
+        """Buffer one record, or a run of `records` records that lands whole in one entry (an
+        idempotent producer's batch, or an `offer_records` run of at most an entry's budget);
+        `waiter` (None: nobody waits) comes back with its outcome. The hot path of per-record
+        writes: nothing it need not do."""
         if self.batcher.add(item, size_bytes, waiter, now_ms, records) and self.state is _OPEN and self.step is _IDLE:
             return self._finish(self._pump(now_ms), now_ms)
         if self.settings.linger_ms and len(self.batcher.buffer) == 1:

@@ -632,6 +632,7 @@ def records_to_batch(
 
 
 Headers = Sequence[tuple[str, bytes | None]]
+MILLISECONDS = pa.timestamp("ms")  # a timestamp column built from integers needs no cast in this unit
 
 
 def headers_column(headers: Sequence[Headers | None], count: int) -> pa.Array:
@@ -670,7 +671,8 @@ def _column(field: pa.Field, source: Sequence[Any] | pa.Array | None, count: int
         if isinstance(source, pa.Array) and source.type.equals(field.type):
             return source
         if is_timestamp:  # integers are milliseconds whatever unit the column stores
-            return pa.array(source, type=pa.timestamp("ms")).cast(field.type)
+            stamps = pa.array(source, type=MILLISECONDS)
+            return stamps if field.type.equals(MILLISECONDS) else stamps.cast(field.type)
         return pa.array(source, type=field.type)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
         raise ConfigError(f"column {field.name!r} cannot be built as {field.type}: {error}") from error

@@ -39,6 +39,7 @@ from dlog.serve.kafka import (
     api_versions_response,
     decode_produce_records,
     encode_record_batch,
+    encode_record_columns,
 )
 from dlog.serve.kafka.apis import (
     API_VERSIONS,
@@ -289,7 +290,10 @@ class KafkaApi:
                     work.append((topic.name, part, self._produce_partition(topic.name, part, version, acks, turn,
                                                                            state)))
         answers: dict[str, list[Any]] = {}
-        results = await asyncio.gather(*(task for _, _, task in work))
+        if len(work) == 1:  # one partition (a producer's usual request): no task for it
+            results: list[tuple[ErrorCode, int]] = [await work[0][2]]
+        else:
+            results = await asyncio.gather(*(task for _, _, task in work))
         for (name, part, _), (code, base) in zip(work, results, strict=True):
             answers.setdefault(name, []).append(Answer(index=part.index, error_code=code, base_offset=base,
                                                        log_append_time_ms=-1, log_start_offset=-1))
@@ -440,20 +444,23 @@ class KafkaApi:
         runs = owned.read_tail(position, bytes_max)
         if runs is None:
             try:
-                runs = await self._read_history(state, owned, position, bytes_max)
+                batches = await self._read_history(state, owned, position, bytes_max)
             except TruncatedError:
                 start, _ = await self.ns.position_bounds(owned.name)
                 owned.start_position = owned.start_position if start is None else start
                 answer.update(error_code=ErrorCode.OFFSET_OUT_OF_RANGE, log_start_offset=owned.start_position)
                 return answer, 0, None
-        records = b"".join(encode_record_batch(first, records) for first, records in runs)
-        self.records_fetched += sum(len(records) for _, records in runs)
+        else:
+            batches = [(len(records), encode_record_batch(first, records)) for first, records in runs]
+        records = b"".join(batch for _, batch in batches)
+        self.records_fetched += sum(count for count, _ in batches)
         answer["records"] = records
         return answer, len(records), owned
 
     async def _read_history(self, state: ConnectionState, owned: OwnedStream, position: int,
-                            bytes_max: int) -> list[tuple[int, Sequence[Record]]]:
-        """Records below the in-memory tail, through a reader this connection keeps for its next fetch."""
+                            bytes_max: int) -> list[tuple[int, bytes]]:
+        """Records below the in-memory tail, through a reader this connection keeps for its next
+        fetch: (record count, record batch) per entry, encoded straight from its Arrow columns."""
         reader = state.take_reader(owned.name, position)
         if reader is None:
             try:
@@ -462,17 +469,17 @@ class KafkaApi:
                                                    read_ahead_bytes=READ_AHEAD_BYTES)
             except (OffsetOutOfRangeError, PositionsUnknownError):
                 return []  # not readable yet (the bookies' last-add-confirmed lags an acknowledgement)
-        runs: list[tuple[int, Sequence[Record]]] = []
+        runs: list[tuple[int, bytes]] = []
         taken, next_position = 0, position
         try:
             while taken < bytes_max and next_position < owned.end_position:
                 entry = await reader.next_entry(timeout_s=0.0 if runs else HISTORY_FIRST_ENTRY_WAIT_S)
                 if entry is None or entry.first_position is None:
                     break
-                records = records_of(entry)
-                if records:
-                    runs.append((entry.first_position, records))
-                    next_position = entry.first_position + len(records)
+                count = entry.batch.num_rows
+                if count:
+                    runs.append((count, encode_entry(entry)))
+                    next_position = entry.first_position + count
                     taken += entry.batch.nbytes
         except BaseException:
             await reader.close()
@@ -532,19 +539,18 @@ class KafkaApi:
         return ErrorCode.NONE, owned.end_position, -1  # no record at or after it: the end, as Kafka
 
 
-def records_of(entry: EntryBatch) -> list[Record]:
-    """An entry's records as Kafka records (a reader opened with headers=True gives every batch the
-    headers column)."""
+def encode_entry(entry: EntryBatch) -> bytes:
+    """An entry's records (a reader opened with headers=True gives every batch the headers column)
+    as one Kafka record batch at their stream positions, from the columns: no Record per record."""
     batch = entry.batch
-    if batch.num_rows == 0:
-        return []
-    keys = batch.column("key").to_pylist()
-    values = batch.column("value").to_pylist()
+    assert entry.first_position is not None
     stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
-    names = batch.schema.names
-    headers = batch.column("headers").to_pylist() if "headers" in names else [None] * batch.num_rows
-    return [Record(stamp, key, value, tuple((pair["key"], pair["value"]) for pair in pairs) if pairs else ())
-            for key, value, stamp, pairs in zip(keys, values, stamps, headers, strict=True)]
+    column = batch.column("headers") if "headers" in batch.schema.names else None
+    headers = None
+    if column is not None and column.null_count < batch.num_rows:
+        headers = [[(pair["key"], pair["value"]) for pair in pairs] if pairs else None for pairs in column.to_pylist()]
+    return encode_record_columns(entry.first_position, stamps, batch.column("key").to_pylist(),
+                                 batch.column("value").to_pylist(), headers)
 
 
 async def _done(value: tuple[ErrorCode, int]) -> tuple[ErrorCode, int]:

@@ -268,7 +268,8 @@ class KafkaConnection:
         await self.state.close()
 
     def stats(self) -> dict[str, Any]:
-        return {"peer": self.peer, "in_flight": self._answers.qsize(), "readers": len(self.state.readers)}
+        return {"peer": self.peer, "in_flight": self._answers.qsize(), "readers": len(self.state.readers),
+                "unsent_bytes": self.writer.transport.get_write_buffer_size()}
 
 
 def _is_sasl(event: Request | SaslToken) -> bool:

@@ -46,6 +46,7 @@ from dlog.writer import StreamWriter
 log = logging.getLogger(__name__)
 TAIL_BATCHES_MAX = 65_536  # per stream, whatever their size: bounds the index of the tail
 IN_FLIGHT_RESEND_WAIT_S = 30.0  # a resend of a batch not yet durable waits this long for it
+TAIL_RECORD_BYTES = 64  # what the tail counts for a record beyond its key and value
 
 
 class RecordRefused(Exception):
@@ -108,41 +109,31 @@ class OwnedStream:
     def append(self, records: Sequence[Record]) -> asyncio.Future[int]:
         """Buffer `records` (checked) into the writer at once, in order; the future resolves to the
         first record's position once all are durable (they get consecutive positions: nothing else
-        is buffered between them)."""
-        writer = self.writer
-        loop = asyncio.get_running_loop()
-        result: asyncio.Future[int] = loop.create_future()
-        first_record = records[0]
-        first = writer.write_nowait(first_record.value or b"", first_record.key, first_record.timestamp_ms,
-                                    list(first_record.headers) or None)
-        for record in records[1:-1]:
-            writer.offer(record.value or b"", record.key, record.timestamp_ms, list(record.headers) or None)
-        last = first
-        if len(records) > 1:
-            record = records[-1]
-            last = writer.write_nowait(record.value or b"", record.key, record.timestamp_ms,
-                                       list(record.headers) or None)
+        is buffered between them). One bulk call: the writer builds their Arrow columns at once
+        (`StreamWriter.offer_records`), with no per-record call into it."""
+        values = [record.value or b"" for record in records]
+        keys = [record.key for record in records]
+        headers = [record.headers for record in records]
+        written = self.writer.offer_records(values, keys, [record.timestamp_ms for record in records],
+                                            [list(pairs) or None for pairs in headers] if any(headers) else None)
+        result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         kept = tuple(records)
+        size = sum(map(len, values)) + sum(map(len, filter(None, keys))) + TAIL_RECORD_BYTES * len(kept)
 
-        def durable(_: asyncio.Future[Offset]) -> None:
-            error = first.exception() if first.done() and not first.cancelled() else None
-            if last.cancelled():
-                error = error or asyncio.CancelledError()
-            elif last.exception() is not None:
-                error = error or last.exception()
-            if error is not None:
-                if not result.done():
-                    result.set_exception(error)
+        def durable(done: asyncio.Future[int | None]) -> None:
+            if result.done():
                 return
-            position = first.result().position
-            if position is None:  # an open writer always assigns positions (V4)
+            if done.cancelled():
+                result.set_exception(asyncio.CancelledError())
+            elif (error := done.exception()) is not None:
+                result.set_exception(error)
+            elif (position := done.result()) is None:  # an open writer always assigns positions (V4)
                 result.set_exception(RuntimeError(f"stream {self.name!r} gave no position"))
-                return
-            self._durable(position, kept)
-            if not result.done():
+            else:
+                self._durable(position, kept, size)
                 result.set_result(position)
 
-        last.add_done_callback(durable)
+        written.add_done_callback(durable)
         return result
 
     def append_idempotent(self, records: Sequence[Record], producer: str, epoch: int, first_sequence: int,
@@ -157,6 +148,7 @@ class OwnedStream:
             [(record.value or b"", record.key, record.timestamp_ms, list(record.headers) or None)
              for record in records], producer, epoch, first_sequence, last_sequence)
         kept = tuple(records)
+        size = sum(len(r.value or b"") + len(r.key or b"") for r in kept) + TAIL_RECORD_BYTES * len(kept)
 
         def durable(done: asyncio.Future[Offset]) -> None:
             error: BaseException | None = asyncio.CancelledError() if done.cancelled() else done.exception()
@@ -167,7 +159,7 @@ class OwnedStream:
                 return
             self.dedup.on_durable(producer, first_sequence, last_sequence, position, position + len(kept) - 1,
                                   self.writer.now_ms(), epoch)
-            self._durable(position, kept)
+            self._durable(position, kept, size)
             if not result.done():
                 result.set_result(position)
 
@@ -226,8 +218,7 @@ class OwnedStream:
         except DlogError:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1  # outcome unknown: the stream's next owner decides
 
-    def _durable(self, first_position: int, records: tuple[Record, ...]) -> None:
-        size = sum(len(r.value or b"") + len(r.key or b"") + 64 for r in records)
+    def _durable(self, first_position: int, records: tuple[Record, ...], size: int) -> None:
         self._bytes_since_snapshot += size
         self._firsts.append(first_position)
         self._batches.append(records)
@@ -275,6 +266,11 @@ class OwnedStream:
             event.set()
 
     # ------------------------------------------------------------------ reading
+
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes of durable records the in-memory tail holds (bounded by tail_bytes_max)."""
+        return self._tail_bytes
 
     @property
     def tail_start(self) -> int:

@@ -137,6 +137,20 @@ class KafkaServer:
             await self._listener.wait_closed()
         log.info("dlog server %d stopped", self.server_id)
 
+    def limits_in_use(self) -> dict[str, int]:
+        """How much of each named limit is used now (a per-connection or per-stream limit: the most
+        any one connection or stream uses), for the metrics beside the limits."""
+        connections = [connection.stats() for connection in self._connections.values()]
+        streams = list(self.streams.owned.values())
+        return {"connections": len(connections),
+                "in_flight_requests": max((c["in_flight"] for c in connections), default=0),
+                "unsent_bytes": max((c["unsent_bytes"] for c in connections), default=0),
+                "readers": max((c["readers"] for c in connections), default=0),
+                "owned_streams": len(streams),
+                "writer_buffer_bytes": max((s.writer.buffered_bytes for s in streams), default=0),
+                "tail_bytes": max((s.tail_bytes for s in streams), default=0),
+                "producers": max((s.dedup.producer_count for s in streams), default=0)}
+
     def stats(self) -> dict[str, Any]:
         return {"id": self.server_id, "kafka": self.address, "connections": len(self._connections),
                 "connections_refused": self.connections_refused,

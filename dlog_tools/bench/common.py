@@ -51,6 +51,17 @@ def event_values(count: int, size: int = 100) -> list[bytes]:
     return values
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) another process has used so far, from /proc/<pid>/stat; 0 when
+    it cannot be read (not Linux, or the process is gone: the figure leaves it out)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class CpuMeter:
     """CPU seconds used by this process and by the cluster's bookie processes between `start()` and
     `per_op(count)`: figures per operation that a busy machine does not move, where wall-clock rates
@@ -62,15 +73,7 @@ class CpuMeter:
         self._bookies_s = 0.0
 
     def _bookie_cpu_s(self) -> float:
-        total = 0.0
-        for pid in self._pids:
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # not Linux, or the bookie is gone: the figure leaves it out
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+        return sum(process_cpu_s(pid) for pid in self._pids)
 
     def start(self) -> CpuMeter:
         self._client_s, self._bookies_s = process_s(), self._bookie_cpu_s()

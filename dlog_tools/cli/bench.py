@@ -309,6 +309,31 @@ def bench_compare_command(records: int, batch_records: int, in_flight: int, sequ
                               sequential_records=sequential_records, peers=tuple(peers.split(","))), as_json)
 
 
+@bench.command("kafka")
+@click.option("--records", default=200_000, show_default=True, type=click.IntRange(100),
+              help="records of the offer, produce and fetch runs")
+@click.option("--producers", default=4, show_default=True, type=click.IntRange(1, 64),
+              help="librdkafka producers (one thread each) of the produce run")
+@click.option("--latency-producers", default=100, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--latency-rate", default=100, show_default=True, type=click.IntRange(1, 10_000),
+              help="records per second of each latency producer")
+@click.option("--latency-seconds", default=10.0, show_default=True, type=click.FloatRange(0.1, 600))
+@click.option("--session-timeout", default=6.0, show_default=True, type=click.FloatRange(0.5, 60),
+              help="seconds: the servers' ZooKeeper session timeout (how long a killed owner's streams wait)")
+@no_fsync_option
+@json_option
+@fails_cleanly
+def bench_kafka_command(records: int, producers: int, latency_producers: int, latency_rate: int,
+                        latency_seconds: float, session_timeout: float, no_fsync: bool, as_json: bool) -> None:
+    """The serving tier beside the native `offer` path, one run, one cluster: librdkafka producers
+    through one `dlog serve`, produce latency of many paced producers, a consumer's fetch rate,
+    and the failover time after a kill -9 of a stream's owner (needs confluent-kafka)."""
+    from dlog_tools.bench.kafka import bench_kafka
+
+    print_bench(bench_kafka(records, producers, latency_producers, latency_rate, latency_seconds, session_timeout,
+                            fsync=not no_fsync), as_json)
+
+
 @bench.command("codec")
 @click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
 @click.option("--batch-records", "batch_sizes", multiple=True, type=click.IntRange(1),

@@ -49,23 +49,32 @@ KAFKA_PORT_DEFAULT = 9092
 @click.option("--dedup-replay-bytes", default="8MiB", show_default=True, type=SIZE,
               help="per stream: records made durable between two stores of the producer dedup snapshot, "
                    "about what a new owner replays after a kill")
+@click.option("--admin-port", default=-1, show_default=True, type=click.IntRange(-1, 65535),
+              help="admin endpoint (/metrics: counters and every limit with its use; /health); 0: any free "
+                   "port, -1: none")
+@click.option("--admin-host", default="127.0.0.1", show_default=True,
+              help="address of the admin endpoint (loopback only: it has no TLS nor tokens)")
 @click.pass_context
 @fails_cleanly
 def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, host: str,
           advertised_host: str | None, server_id: int | None, session_timeout: int, auto_create_topics: bool,
           ensemble: int, write_quorum: int, ack_quorum: int, tls_cert: str | None, tls_key: str | None,
           token_key: str | None, allow_anonymous: bool, insecure_plaintext: bool, auth_timeout: int,
-          dedup_replay_bytes: int) -> None:
+          dedup_replay_bytes: int, admin_port: int, admin_host: str) -> None:
     """Serve the namespace's streams to Kafka clients until SIGTERM or Ctrl-C, which hands the
-    streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients.
+    streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients
+    (with ` admin=URL` after it when it serves an admin endpoint).
 
     On a secure cluster give it the bookies' --tls-cert, --tls-key and --token-key: clients then
     connect with SASL_SSL (docs/serving.md, "Security")."""
     if ctx.invoked_subcommand is not None:
         return
     from dlog.server import ServerSettings
+    from dlog.server.metrics import check_admin_host
     from dlog_tools.bookie_settings import server_security
 
+    if admin_port >= 0:
+        check_admin_host(admin_host)
     security = server_security(host, tls_cert, tls_key, None, False, token_key, allow_anonymous, insecure_plaintext,
                                what="a Kafka server")
     settings = ServerSettings(server_id=server_id, host=host, kafka_port=kafka_port, advertised_host=advertised_host,
@@ -74,14 +83,17 @@ def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, ho
                               tls=security.tls, token_key=security.token_key,
                               allow_anonymous=security.allow_anonymous, auth_timeout_s=auth_timeout / 1000,
                               dedup_replay_bytes_max=dedup_replay_bytes)
-    run_server(cluster, settings)
+    run_server(cluster, settings, admin=(admin_host, admin_port) if admin_port >= 0 else None)
 
 
-def run_server(cluster: tuple[str, str, str], settings: Any) -> None:
-    """Run one server in the foreground: the ready line, then until SIGTERM or SIGINT."""
+def run_server(cluster: tuple[str, str, str], settings: Any, admin: tuple[str, int] | None = None) -> None:
+    """Run one server in the foreground: the ready line, then until SIGTERM or SIGINT; `admin`:
+    (host, port) of its admin endpoint (port 0: any free one)."""
     from bookkeeper.meta.zk import refuse_unreachable
+    from bookkeeper.runtime import tune_garbage_collector
     from dlog import Namespace
     from dlog.server import KafkaServer
+    from dlog.server.metrics import AdminEndpoint
     from dlog_tools.config import client_options, zk_timeout_s
 
     zk, zk_root, namespace = cluster
@@ -89,6 +101,9 @@ def run_server(cluster: tuple[str, str, str], settings: Any) -> None:
     logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
 
     async def go() -> None:
+        # as a bookie's: the tail's records and every request's objects are freed by reference
+        # counting; the cycle collector's frequent passes over them only cost (docs/operations.md)
+        tune_garbage_collector()
         await refuse_unreachable(zk)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -97,11 +112,14 @@ def run_server(cluster: tuple[str, str, str], settings: Any) -> None:
         async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
                              zk_session_timeout_s=settings.session_timeout_s, **client_options()) as ns:
             server = await KafkaServer(ns, settings).start()
+            endpoint = AdminEndpoint(server)
             try:
-                click.echo(f"dlog serve ready id={server.server_id} kafka={server.address}")
+                shown = "" if admin is None else f" admin={await endpoint.start(*admin)}"
+                click.echo(f"dlog serve ready id={server.server_id} kafka={server.address}{shown}")
                 sys.stdout.flush()
                 await stop.wait()
             finally:
+                await endpoint.stop()
                 await server.stop()
         click.echo("dlog serve stopped")
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,64 +15,11 @@ from dlog_tools.bookie_settings import delay_option
 from dlog_tools.cli.common import fails_cleanly, zk_option
 from dlog_tools.units import DURATION
 
+if TYPE_CHECKING:
+    from dlog_tools.cluster import ServeProcess
+
 ZK_PORT_DEFAULT = 2181
 UI_PORT_DEFAULT = 8080
-SERVE_READY_S = 60.0
-SERVE_STOP_S = 40.0
-
-
-class ServeProcess:
-    """The standalone's one `dlog serve` process (namespace `default`, topics auto-created, streams
-    replicated as the bookie count allows); its log goes to DIR/serve.log. On a secure cluster it
-    runs with the admin's client.toml and the bookies' certificate and token key: Kafka clients
-    connect with SASL_SSL and a dlog token (docs/serving.md, "Security")."""
-
-    def __init__(self, process: subprocess.Popen[str], kafka: str, log_path: Path) -> None:
-        self.process = process
-        self.kafka = kafka
-        self.log_path = log_path
-        self.exit_reported = False
-
-    @classmethod
-    def start(cls, cluster: Any, kafka_port: int, directory: Path, secure: Any = None,
-              client_toml: Path | None = None) -> ServeProcess:
-        from bookkeeper.errors import DlogError
-        from dlog_tools.cluster import LineReader, die_with_parent
-
-        bookies = cluster.bookie_count
-        quorum = str(min(bookies, 2))
-        log_path = Path(directory).resolve() / "serve.log"
-        security: list[str] = []
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if secure is not None:
-            security = ["--tls-cert", str(secure.server_cert), "--tls-key", str(secure.server_key),
-                        "--token-key", str(secure.token_key)]
-            env = {key: value for key, value in env.items() if key != "DLOG_TOKEN"}
-            env["DLOG_CONFIG"] = str(client_toml)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "dlog_tools.cli", "serve", "--zk", cluster.zk_address,
-                 "--zk-root", cluster.zk_root, "--namespace", "default", "--kafka-port", str(kafka_port),
-                 "--auto-create-topics",
-                 "--ensemble", str(min(bookies, 3)), "--write-quorum", quorum, "--ack-quorum", quorum, *security],
-                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent, env=env)
-        line = LineReader(process).line_starting("dlog serve ready", SERVE_READY_S)
-        if line is None:
-            process.kill()
-            process.wait()
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise DlogError(f"dlog serve did not start (see {log_path}): {tail[0]}")
-        return cls(process, line.rsplit("kafka=", 1)[1].strip(), log_path)
-
-    def stop(self) -> None:
-        """SIGTERM: the server hands its streams back cleanly; killed if it takes too long."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(SERVE_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 @click.command()
@@ -107,7 +52,7 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int 
     A directory runs one cluster at a time (a second start on it is refused), every part must
     listen on its own port (one that another process holds is named and refused), and
     `cluster.json` changes only after a start that succeeded."""
-    from dlog_tools.cluster import LocalCluster, load_state
+    from dlog_tools.cluster import LocalCluster, ServeProcess, load_state
 
     stop = _stop_on_signals()
     if zk_port is None:
@@ -138,7 +83,8 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int 
             ui, ui_url = _start_ui(cluster, ui_port, client_toml)
         policies = _start_policies(cluster, policy_interval_ms, client_toml)
         if kafka_port >= 0 and bookies > 0:
-            server = ServeProcess.start(cluster, kafka_port, directory, secure_dir, client_toml)
+            server = ServeProcess.start(cluster, "default", Path(directory).resolve() / "serve.log",
+                                        kafka_port=kafka_port, secure=secure_dir, client_toml=client_toml)
         _print_ready(cluster, ui_url, client_toml, server)
         _supervise(cluster, stop, server)
     finally:

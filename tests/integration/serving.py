@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from dlog_tools.cluster import LineReader, LocalCluster
 
-READY = re.compile(r"^dlog serve ready id=(\d+) kafka=(\S+):(\d+)$")
+READY = re.compile(r"^dlog serve ready id=(\d+) kafka=(\S+):(\d+)(?: admin=(\S+))?$")
 
 
 @dataclass
@@ -25,6 +25,7 @@ class ServeProcess:
     host: str
     port: int
     lines: LineReader = field(repr=False)
+    admin: str | None = None  # the admin endpoint's URL (started with --admin-port)
 
     @property
     def bootstrap(self) -> str:
@@ -59,7 +60,8 @@ def serve_processes(cluster_factory: Callable[..., LocalCluster]) -> Iterator[Ca
                 raise AssertionError(f"dlog serve not ready (status {process.wait()}): {process.stderr.read()}")
         match = READY.match(line)
         assert match, line
-        server = ServeProcess(process, int(match.group(1)), match.group(2), int(match.group(3)), lines)
+        server = ServeProcess(process, int(match.group(1)), match.group(2), int(match.group(3)), lines,
+                              match.group(4))
         started.append(server)
         return server
 

@@ -268,3 +268,27 @@ def test_bench_recovery_reports_rate_time_and_writer_latency():
     assert runs["writer without recovery"]["appends"] >= 40 and runs["writer during recovery"]["appends"] >= 1
     for run in runs.values():
         assert_latencies(run)
+
+
+def test_bench_kafka_reports_offer_produce_latency_fetch_and_failover_side_by_side():
+    pytest.importorskip("confluent_kafka")
+    result = run_bench("kafka", "--records", "500", "--producers", "2", "--latency-producers", "3",
+                       "--latency-rate", "20", "--latency-seconds", "0.5", "--session-timeout", "2")
+    assert result["mode"] == "kafka" and result["fsync"] is True and result["quorum"] == "E3/Qw2/Qa2"
+    runs = {run["run"]: run for run in result["runs"]}
+    assert list(runs) == ["offer", "kafka_produce", "kafka_latency", "kafka_fetch", "failover"]
+    assert runs["offer"]["records"] == 500 and runs["offer"]["records_per_s"] > 0
+    assert runs["kafka_produce"]["records"] == 500 and runs["kafka_produce"]["failed"] == 0
+    assert runs["kafka_produce"]["clients"] == 2
+    assert result["kafka_vs_offer"] == round(runs["kafka_produce"]["records_per_s"] / runs["offer"]["records_per_s"], 2)
+    latency = runs["kafka_latency"]
+    assert latency["records"] == 3 * 10 and latency["failed"] == 0
+    assert_latencies(latency)
+    assert runs["kafka_fetch"]["records"] == 501  # the produce run's records and its warm-up record
+    for name in ("kafka_produce", "kafka_latency", "kafka_fetch"):
+        assert runs[name]["server_cpu_us_per_record"] >= 0, runs[name]
+    failover = runs["failover"]
+    # the new owner takes the stream only after the killed one's session expired
+    assert failover["failover_s"] is not None and failover["failover_s"] >= 1.0 and failover["failed"] == 0
+    assert set(result["targets"]) == {"kafka_produce_records_per_s", "kafka_vs_offer", "latency_p99_ms",
+                                      "fetch_records_per_s"}

@@ -309,3 +309,51 @@ async def test_read_from_a_timestamp(stream_cluster):
         moment = datetime.datetime.fromtimestamp(1_000.555, datetime.UTC)
         records = await read_all(ns, "clock", start=moment)  # a time is a datetime; an int is a stream position
         assert [r.value for r in records] == values(44, 56)
+
+
+async def test_offer_records_buffers_runs_at_once_beside_single_records_in_order(stream_cluster):
+    """offer_records: column-wise runs share entries with per-record writes, split where an entry
+    would overflow, keep every record's key, timestamp and headers, and get consecutive positions;
+    a bad record refuses the whole call before anything is buffered."""
+    async with namespace(stream_cluster) as ns:
+        await ns.create_stream("runs")
+        async with ns.open_writer("runs", entry_bytes_max=4096, linger_ms=5) as writer:
+            single = writer.write_nowait(b"first", key=b"k0", timestamp_ms=1_700_000_000_000)
+            many = values(300)
+            keys = [None if n % 3 else b"key-%d" % n for n in range(300)]
+            stamps = [1_700_000_000_000 + n * 7 for n in range(300)]
+            headers = [[("trace", b"t%d" % n)] if n % 5 == 0 else None for n in range(300)]
+            run = writer.offer_records(many, keys, stamps, headers)
+            plain = writer.offer_records([b"a", b"b"])
+            with pytest.raises(ConfigError, match="bytes"):
+                writer.offer_records([b"fine", "not bytes"])  # type: ignore[list-item]
+            with pytest.raises(ConfigError, match="one length"):
+                writer.offer_records([b"x", b"y"], keys=[None])
+            last = writer.write_nowait(b"last")
+            assert (await single).position == 0
+            assert await run == 1  # the first record's position, once all 300 are durable
+            assert await plain == 301
+            assert (await last).position == 303
+        records = await read_all(ns, "runs", headers=True)
+    assert [record.value for record in records] == [b"first", *many, b"a", b"b", b"last"]
+    assert [record.position for record in records] == list(range(304))
+    got = records[1:301]
+    assert [record.key for record in got] == keys
+    assert [record.timestamp_ms for record in got] == stamps
+    assert [record.headers or None for record in got] == headers
+    entries = {record.offset.entry_id for record in got}
+    assert len(entries) > 3  # 300 records of ~45 bytes: runs cut to fit entries of at most 4 KiB
+
+
+async def test_offer_records_refuses_a_typed_stream_and_a_closed_writer(stream_cluster):
+    async with namespace(stream_cluster) as ns:
+        schema = pa.schema([pa.field("timestamp", pa.timestamp("ms"), nullable=False), pa.field("n", pa.int64())])
+        await ns.create_stream("typed-runs", schema=schema)
+        async with ns.open_writer("typed-runs") as writer:
+            with pytest.raises(ConfigError, match="typed"):
+                writer.offer_records([b"x"])
+        await ns.create_stream("closed-runs")
+        writer = await ns.open_writer("closed-runs")
+        await writer.close()
+        with pytest.raises(Exception, match="closed"):
+            writer.offer_records([b"x"])

@@ -180,3 +180,20 @@ def test_a_decompression_bomb_is_refused_without_inflating_it(codec):
         tracemalloc.stop()
     assert isinstance(result, BatchRefused) and result.error == ErrorCode.MESSAGE_TOO_LARGE
     assert peak_bytes < 16 << 20, f"decoding took {peak_bytes >> 20} MiB for a 1 MiB bound"
+
+
+def test_the_columnar_encoder_writes_what_kafka_pythons_builder_writes_byte_for_byte():
+    """Every varint width: timestamps before and far after the first, keys, values and header
+    names and values past the 2**13 table, null keys, values and header values, 20,000 records."""
+    records = [Record(1_700_000_000_000 + (n - 3) * 1_000_003 * (n % 5), None if n % 3 == 0 else b"k" * (n % 9000),
+                      None if n == 7 else bytes(n % 20000),
+                      (("h" * (n % 9000), None if n % 2 else b"v" * n),) if n % 11 == 0 else ())
+               for n in range(20_000)]
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 40)
+    for delta, record in enumerate(records):
+        builder.append(delta, timestamp=record.timestamp_ms, key=record.key, value=record.value,
+                       headers=list(record.headers))
+    expected = bytearray(builder.build())
+    expected[:8] = (123_456_789).to_bytes(8, "big")  # the base offset, outside the CRC
+    assert encode_record_batch(123_456_789, records) == bytes(expected)

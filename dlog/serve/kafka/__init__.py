@@ -36,12 +36,13 @@ from dlog.serve.kafka.records import (
                                      Record,
                                      decode_produce_records,
                                      encode_record_batch,
+                                     encode_record_columns,
 )
 
 __all__ = [
     "BATCH_BYTES_MAX_DEFAULT", "BATCH_DECOMPRESSED_BYTES_MAX_DEFAULT", "REQUEST_BYTES_MAX_DEFAULT",
     "SUPPORTED_APIS", "Api", "BatchRefused", "ErrorCode", "ProducedBatch", "Record", "Request",
     "RequestDecoder", "RequestHeader", "RequestRefused", "SaslToken", "api_versions_response",
-    "decode_produce_records", "decode_request", "encode_record_batch", "encode_response",
+    "decode_produce_records", "decode_request", "encode_record_batch", "encode_record_columns", "encode_response",
     "encode_sasl_token",
 ]
