@@ -7,6 +7,7 @@ position), and what a native writer wrote reads back through Kafka consumers."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 import uuid
@@ -359,7 +360,7 @@ def test_a_killed_server_s_streams_move_and_every_acknowledged_record_is_read_on
         assert all(by_offset[offset] == number for number, offset in producer.acked)
         # a batch the killed owner made durable but could not acknowledge is resent to the new
         # owner, whose rebuilt dedup table answers it instead of writing it twice
-        duplicated = sorted(number for number in set(numbers) if numbers.count(number) > 1)
+        duplicated = sorted(number for number, times in collections.Counter(numbers).items() if times > 1)
         assert len(numbers) == producer.produced and not duplicated, (producer.topic, duplicated[:10])
 
 
