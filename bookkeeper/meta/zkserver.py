@@ -59,6 +59,8 @@ LOG_TAIL_LINES = 20
 READY_POLL_INTERVAL_S = 0.05
 PROBE_TIMEOUT_S = 1.0
 PR_SET_PDEATHSIG = 1
+PORTS_REMEMBERED = 1024  # ports pick_free_port handed out that it does not hand out again
+_handed_out: dict[int, None] = {}  # in the order handed out (oldest forgotten first)
 PRIVATE_PORTS_FROM = 20000  # ports we pick for servers: [20000, start of the ephemeral range)
 PORT_PICK_ATTEMPTS = 50
 PORT_HINT = "stop that process or choose another port"
@@ -120,17 +122,23 @@ def _debian_classpath() -> str | None:
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago, chosen below the kernel's ephemeral range.
+    """A port that was free a moment ago, chosen below the kernel's ephemeral range, and not one
+    this process handed out recently (the last `PORTS_REMEMBERED`).
 
     Another process can still take it before our server binds. Outgoing connections and servers bound
     to port 0 are the usual thieves, and both draw from the ephemeral range, so a port picked outside
-    it is far less likely to be stolen than one the kernel hands out from it.
+    it is far less likely to be stolen than one the kernel hands out from it. The memory keeps two
+    servers started together (a cluster's bookies, each picked before any binds) off one port: a
+    bookie given its sibling's port found the sibling's cookie and refused to start.
     """
     low, _high = _ephemeral_range()
     first = min(PRIVATE_PORTS_FROM, max(1024, low - 1))
     for _ in range(PORT_PICK_ATTEMPTS):
         port = random.randrange(first, low)
-        if _bindable(host, port):
+        if port not in _handed_out and _bindable(host, port):
+            _handed_out[port] = None
+            while len(_handed_out) > PORTS_REMEMBERED:
+                del _handed_out[next(iter(_handed_out))]
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # crowded: let the kernel choose
         probe.bind((host, 0))

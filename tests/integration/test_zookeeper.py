@@ -210,3 +210,10 @@ async def test_connecting_to_a_dead_port_fails_within_the_timeout() -> None:
         await client.start()
     assert time.monotonic() - started < 1.0 + 1.5
     await client.close()
+
+
+def test_ports_picked_one_after_another_are_all_different() -> None:
+    """A cluster picks its bookies' ports before any of them binds: the same port twice made a
+    bookie find its sibling's cookie and refuse to start (about once per suite run, by chance)."""
+    ports = [pick_free_port() for _ in range(500)]  # by chance alone, a repeat is near certain
+    assert len(set(ports)) == len(ports)
