@@ -339,22 +339,30 @@ async def test_namespace_quotas_limit_streams_and_pace_writes(secure_cluster):
         await zk.create(path, Quota(streams_max=1, write_bytes_per_s=32 * 1024).to_bytes(), makepath=True)
     finally:
         await zk.close()
-    async with namespace(secure_cluster, "billing", ["admin:billing", "produce:billing"]) as ns:
-        with pytest.raises(MetadataPermissionError):  # a namespace cannot raise its own quota
-            await ns.zk.set(path, Quota().to_bytes())
-        for name in await ns.list_streams():
-            await ns.delete_stream(name)
-        await ns.create_stream("paid", ensemble=2, write_quorum=2, ack_quorum=2)
-        with pytest.raises(QuotaExceededError, match="streams_max is 1"):
-            await ns.create_stream("second", ensemble=2, write_quorum=2, ack_quorum=2)
-        # bookies read a quota again within 10 s (QUOTA_REFRESH_S): write until the pacing shows
-        async with ns.open_writer("paid") as writer:
-            deadline = time.monotonic() + 40
-            while throttles() == 0:
-                assert time.monotonic() < deadline, "writes were never paced by the quota"
-                for _ in range(4):
-                    await writer.write(os.urandom(16 * 1024))  # incompressible
-                await writer.flush()
+    try:
+        async with namespace(secure_cluster, "billing", ["admin:billing", "produce:billing"]) as ns:
+            with pytest.raises(MetadataPermissionError):  # a namespace cannot raise its own quota
+                await ns.zk.set(path, Quota().to_bytes())
+            for name in await ns.list_streams():
+                await ns.delete_stream(name)
+            await ns.create_stream("paid", ensemble=2, write_quorum=2, ack_quorum=2)
+            with pytest.raises(QuotaExceededError, match="streams_max is 1"):
+                await ns.create_stream("second", ensemble=2, write_quorum=2, ack_quorum=2)
+            # bookies read a quota again within 10 s (QUOTA_REFRESH_S): write until the pacing shows
+            async with ns.open_writer("paid") as writer:
+                deadline = time.monotonic() + 40
+                while throttles() == 0:
+                    assert time.monotonic() < deadline, "writes were never paced by the quota"
+                    for _ in range(4):
+                        await writer.write(os.urandom(16 * 1024))  # incompressible
+                    await writer.flush()
+    finally:  # the session's secure cluster is shared: later tests create streams in billing
+        zk = AsyncZooKeeper(secure_cluster.zk_address, **zk_options(admin, root))
+        await zk.start()
+        try:
+            await zk.delete(path)
+        finally:
+            await zk.close()
 
 
 async def test_mutual_tls_names_the_principal_by_its_certificate(secure_cluster, tmp_path):
