@@ -97,3 +97,39 @@ def test_producer_batches_land_whole_and_a_new_owner_rebuilds_them_from_the_stre
         await writer2.close()
 
     simulated(scenario)
+
+
+def test_producer_sections_point_at_their_records_beside_bulk_runs_of_plain_producers():
+    """An entry can hold an idempotent producer's batch after a plain producer's bulk run
+    (`offer_records`, more than 8 records: one Arrow run): the section's first slot counts every
+    record of the run before it, so a rebuild reads the batch's own records."""
+    async def scenario(process) -> None:
+        ns = await process()
+        await ns.create_stream("mixed", roll_bytes=1 << 20)
+        writer = await ns.open_writer("mixed", lock_holder={"server": 1}, linger_ms=5.0)
+        table, _, _ = await rebuild_dedup(ns, "mixed", 0)
+        owned = OwnedStream("mixed", writer, 0, 0, 1 << 20, table, replay_bytes_max=1 << 20,
+                            save_snapshot=lambda owned, data: None)
+        plain, idempotent = [], []
+        for round_ in range(6):
+            plain.append(owned.append(records(f"bulk-{round_}", 12)))
+            batch = records(f"p7-{round_}", 3)
+            idempotent.append((batch, owned.produce_idempotent(batch, 7, 0, 3 * round_, 3 * round_ + 2,
+                                                               lambda: None)))
+        together = await asyncio.gather(*plain, *(answer for _, answer in idempotent))  # buffered together
+        answers = together[len(plain):]
+        assert all(error is ErrorCode.NONE for error, _ in answers)
+        sections, shared = [], 0
+        async with ns.open_reader("mixed", "earliest", follow=False) as reader:
+            while (entry := await reader.next_entry()) is not None:
+                values = entry.batch.column("value").to_pylist()
+                shared += bool(entry.producers) and entry.batch.num_rows > sum(run.records for run in entry.producers)
+                for run in entry.producers:
+                    sections.append((entry.first_position + run.first_slot,
+                                     values[run.first_slot: run.first_slot + run.records]))
+        assert shared > 0 and len(sections) == len(idempotent)  # entries hold bulk runs and producer batches
+        assert sections == [(offset, [record.value for record in batch])
+                            for (batch, _), (_, offset) in zip(idempotent, answers, strict=True)]
+        await writer.close()
+
+    simulated(scenario)
