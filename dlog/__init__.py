@@ -2,8 +2,10 @@
 
 from dlog.blocking import connect
 from dlog.namespace import Namespace
+from dlog.offload import Offloader, OffloadReport
 from dlog.offsets import Offset
 from dlog.reader import OffsetOutOfRangeError, PositionsUnknownError, Record, StreamReader, TruncatedError
+from dlog.segments.metadata import TierPolicy
 from dlog.writer import (
     LedgerDeletedError,
     StreamWriter,
@@ -15,4 +17,5 @@ from dlog.writer import (
 
 __all__ = ["Namespace", "Offset", "Record", "StreamReader", "StreamWriter", "WrittenBatch",
            "TruncatedError", "OffsetOutOfRangeError", "PositionsUnknownError", "WriterFencedError",
-           "WriterLockedError", "LedgerDeletedError", "WriterAbortedError", "connect"]
+           "WriterLockedError", "LedgerDeletedError", "WriterAbortedError", "connect", "Offloader",
+           "OffloadReport", "TierPolicy"]

@@ -15,10 +15,12 @@ stream get what they need of it in a `StreamContext` (`context_of`), and never t
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import random
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from dataclasses import replace
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -46,21 +48,22 @@ from bookkeeper.security.settings import (
     unseal_password,
 )
 from dlog.context import StreamContext
-from dlog.core import changes
+from dlog.core import changes, tiering
 from dlog.core.errors import StreamBusyError, WriterLockedError
 from dlog.names import check_stream_name, check_subscription_name
 from dlog.offsets import Offset
 from dlog.reader import StreamReader
 from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
-from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig
+from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig, TierPolicy
 from dlog.segments.port import RetryingSegmentStore, SegmentStore, StreamExistsError
+from dlog.segments.tier import TierOptions, TierStore, check_tier_uri, stream_table_uri
 from dlog.snapshot import READ_HANDLES_MAX, SegmentReads
 from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
-                      "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum")
+                      "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum", "tier")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -73,14 +76,15 @@ class Namespace:
                  read_handles_max: int = READ_HANDLES_MAX, security: SecuritySettings | None = None,
                  config: str | None = None, clock: Clock = SYSTEM_CLOCK, store: SegmentStore | None = None,
                  client: Any = None, rng: Callable[[], float] = random.random, create: bool = True,
-                 **client_options: Any) -> None:
+                 tier_options: TierOptions | None = None, **client_options: Any) -> None:
         """`security` (TLS, token, ZooKeeper credentials) defaults to client.toml named by `config`
         or $DLOG_CONFIG (and $DLOG_TOKEN); `zk` defaults to its [cluster] zk, else 127.0.0.1:2181.
         `create=False` creates nothing in ZooKeeper at start (neither the namespace's node nor the
         cluster's layout): what commands that only look, or use existing streams, pass.
         `store` and `client` replace the ZooKeeper segment store and the BookKeeper client (the
         stream simulator passes its own, and its own `rng` for the retries' jitter); otherwise
-        both are made from `zk` at start()."""
+        both are made from `zk` at start(). `tier_options` say how to reach an S3 tier beyond its
+        URI (default: the environment, as pyarrow and boto3 read it)."""
         self.security = security if security is not None else load_client_settings(config)
         self.zk_hosts = zk or str(load_cluster_table(config).get("zk") or "127.0.0.1:2181")
         self.name = check_subscription_name(name)
@@ -99,7 +103,7 @@ class Namespace:
         self._owns_client = client is None
         self._schemas: dict[str, pa.Schema] = {}
         # read handles of segment ledgers and entry headers: the one bounded cache (dlog.snapshot)
-        self.reads = SegmentReads(client, handles_max=read_handles_max)
+        self.reads = SegmentReads(client, handles_max=read_handles_max, tier=TierStore(tier_options))
 
     async def start(self) -> Namespace:
         if self.store is not None:
@@ -183,10 +187,14 @@ class Namespace:
                             ack_quorum: int = 2, roll_bytes: int | None = None,
                             roll_age_ms: int | None = None, roll_records: int = 0,
                             retention_age_ms: int = 0, retention_bytes: int = 0,
-                            schema: pa.Schema | None = None, exist_ok: bool = False) -> StreamConfig:
-        """Create a stream; with `exist_ok` an existing one is left as it is and its config returned."""
+                            schema: pa.Schema | None = None, exist_ok: bool = False,
+                            tier: TierPolicy | None = None) -> StreamConfig:
+        """Create a stream; with `exist_ok` an existing one is left as it is and its config returned.
+        `tier`: its own tier settings (what it leaves None, the namespace's default gives)."""
         check_stream_name(name)
         options: dict[str, Any] = {}
+        if tier is not None:
+            options["tier"] = checked_tier(tier)
         if roll_bytes is not None:
             options["roll_bytes"] = roll_bytes
         if roll_age_ms is not None:
@@ -234,18 +242,52 @@ class Namespace:
         return await self.store.list_streams()
 
     async def delete_stream(self, name: str) -> list[int]:
-        """Delete every segment's ledger, then the stream's metadata; returns the ledgers deleted.
-        Only a namespace admin may; its config is written first, a write nobody else may make, so
-        a principal ZooKeeper refuses is refused before any ledger is touched."""
+        """Delete every segment's ledger and tier file, then the stream's metadata; returns the
+        ledgers deleted. Only a namespace admin may; its config is written first, a write nobody
+        else may make, so a principal ZooKeeper refuses is refused before anything is touched."""
         self.security.require_role(self.name, "admin", f"deleting stream {name!r}")
-        await self.store.update_config(await self.store.config(name))
+        config = await self.store.config(name)
+        await self.store.update_config(config)
         listing = await self.store.segments(name)
         deleted = []
         for segment in listing.segments:
-            if await self.delete_ledger_quietly(segment.ledger_id):
+            if segment.on_bookies and await self.delete_ledger_quietly(segment.ledger_id):
                 deleted.append(segment.ledger_id)
+        await self._delete_tier_files(listing.segments)
+        policy = await self.tier_policy(name, config)
+        if policy.enabled:  # and whatever an attempt left that no segment names any more
+            table = stream_table_uri(policy.uri or "", self.name, name)
+            for uri in await asyncio.to_thread(self.reads.tier.list_files, table):
+                await asyncio.to_thread(self.reads.tier.delete, uri)
         await self.store.delete_stream_metadata(name)
         return deleted
+
+    async def _delete_tier_files(self, segments: Iterable[Segment]) -> None:
+        for segment in segments:
+            for uri in tiering.tier_files(segment):
+                await asyncio.to_thread(self.reads.tier.delete, uri)
+                self.reads.forget_tier(uri)
+
+    # ------------------------------------------------------------------ tiered storage
+
+    async def tier_policy(self, name: str, config: StreamConfig | None = None) -> TierPolicy:
+        """The stream's effective tier policy: its own settings over the namespace's default."""
+        config = config or await self.store.config(name)
+        return tiering.effective_policy(config, await self.store.namespace_tier())
+
+    async def namespace_tier(self) -> TierPolicy | None:
+        return await self.store.namespace_tier()
+
+    async def set_namespace_tier(self, policy: TierPolicy) -> TierPolicy:
+        """Set the namespace's default tier policy (a namespace admin's change)."""
+        self.security.require_role(self.name, "admin", f"setting the default tier of namespace {self.name!r}")
+        await self.store.set_namespace_tier(checked_tier(policy))
+        return policy
+
+    async def set_tier(self, name: str, policy: TierPolicy) -> StreamConfig:
+        """Change a stream's own tier settings: the fields `policy` sets replace the stream's."""
+        config = await self.store.config(name)
+        return await self.alter_stream(name, tier=checked_tier(policy).over(config.tier))
 
     async def delete_ledger_quietly(self, ledger_id: int) -> bool:
         try:
@@ -365,7 +407,7 @@ class Namespace:
             await self._commit_planned(name, listing, change)
             return marked
 
-        marked = await self._replanned(name, "truncation", attempt)
+        marked = await self.replanned(name, "truncation", attempt)
         await self._remove_truncated(name, marked)
         return marked
 
@@ -376,7 +418,9 @@ class Namespace:
         except MetadataVersionError as exc:
             raise MetadataContentionError(f"the segment list of stream {name!r} changed meanwhile") from exc
 
-    async def _replanned(self, name: str, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    async def replanned(self, name: str, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt` (which plans a segment-list change from a fresh list and commits it)
+        again while another change wins the compare-and-set (MetadataContentionError)."""
         try:
             return await retry(attempt, CHANGE_RETRY, what=f"{what} of stream {name!r}", quiet=True,
                                clock=self.clock, rng=self.rng)
@@ -389,7 +433,9 @@ class Namespace:
         tombstones (so an offset in them reads as truncated, not unknown); only the oldest beyond
         changes.TOMBSTONES_MAX are removed."""
         for segment in segments:
-            await self.delete_ledger_quietly(segment.ledger_id)
+            if segment.on_bookies:
+                await self.delete_ledger_quietly(segment.ledger_id)
+        await self._delete_tier_files(segments)
 
         async def trim() -> None:
             listing = await self.store.segments(name)
@@ -397,7 +443,7 @@ class Namespace:
             if change is not None:
                 await self._commit_planned(name, listing, change)
 
-        await self._replanned(name, "tombstone trimming", trim)
+        await self.replanned(name, "tombstone trimming", trim)
 
     async def set_retention(self, name: str, *, age_ms: int | None = None, size_bytes: int | None = None,
                             keep_unconsumed: bool | None = None) -> StreamConfig:
@@ -421,10 +467,11 @@ class Namespace:
 
     async def _retention_plan(self, name: str, now_ms: int | None) -> tuple[list[Segment], SegmentList]:
         config = await self.store.config(name)
+        policy = await self.tier_policy(name, config)
         listing = await self.store.segments(name)
         subscriptions = await self.store.subscriptions(name) if config.retention_keeps_unconsumed else {}
         now_ms = self.clock.wall_ms() if now_ms is None else now_ms
-        return changes.retention_plan(listing, config, subscriptions, now_ms), listing
+        return tiering.tiered_retention_plan(listing, config, policy, subscriptions, now_ms), listing
 
     async def apply_retention(self, name: str, *, dry_run: bool = False,
                               now_ms: int | None = None) -> list[Segment]:
@@ -439,7 +486,7 @@ class Namespace:
             await self._commit_planned(name, listing, changes.retention_change(plan))
             return plan
 
-        plan = await self._replanned(name, "retention", attempt)
+        plan = await self.replanned(name, "retention", attempt)
         if plan and not dry_run:
             await self._remove_truncated(name, plan)
         return plan
@@ -466,6 +513,8 @@ class Namespace:
         roll and replication settings when it next opens the stream (replication: for the segments
         it creates; existing ledgers keep theirs); retention applies its settings at its next run.
         The quorums are checked together: ensemble >= write quorum >= ack quorum >= 1."""
+        if "tier" in changes:
+            changes["tier"] = checked_tier(changes["tier"])
         unknown = sorted(set(changes) - set(ALTERABLE_SETTINGS))
         if unknown:
             raise ConfigError(f"cannot alter {', '.join(unknown)}: the settings that can change are "
@@ -500,3 +549,11 @@ class _Opening(Generic[T]):
 def _fields(item: Any) -> dict[str, Any]:
     return {name: getattr(item, name) for name in item.__dataclass_fields__}
 
+
+def checked_tier(policy: TierPolicy) -> TierPolicy:
+    """A tier policy with its URI checked (ConfigError, one line, otherwise)."""
+    if not isinstance(policy, TierPolicy):
+        raise ConfigError(f"tier must be a dlog.segments.metadata.TierPolicy, got {type(policy).__name__}")
+    if policy.uri:
+        return replace(policy, uri=check_tier_uri(policy.uri))
+    return policy

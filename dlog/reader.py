@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bookkeeper.errors import ConfigError, DlogError, NoSuchLedgerError
+from bookkeeper.errors import ConfigError, DlogError, NoSuchEntryError, NoSuchLedgerError
 from bookkeeper.runtime import start_task
 from dlog.context import StreamContext
 from dlog.core.effects import (
@@ -54,6 +54,7 @@ from dlog.core.snapshot import Cursor, Located, PositionAt, StreamView
 from dlog.offsets import Offset, check_position, record_offset
 from dlog.segments.codec import FLAG_PRODUCERS, ProducerRun, RecordSetCodec
 from dlog.segments.metadata import Segment
+from dlog.snapshot import PREFER
 
 __all__ = ["EntryBatch", "OffsetOutOfRangeError", "PositionsUnknownError", "Record", "StreamReader",
            "TruncatedError"]
@@ -95,7 +96,11 @@ class StreamReader:
     def __init__(self, context: StreamContext, start: str | Offset | int | datetime.datetime = "earliest",
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, poll_timeout_ms: int = 1000,
-                 follow: bool = True, headers: bool = False) -> None:
+                 follow: bool = True, headers: bool = False, prefer: str = "bookies") -> None:
+        if prefer not in PREFER:
+            raise ConfigError(f"bad prefer {prefer!r}: use one of {', '.join(PREFER)} (where to read segments "
+                              "that are both on bookies and on the tier)")
+        self.prefer = prefer
         for option, value in (("read_ahead_entries", read_ahead_entries),
                               ("read_ahead_bytes", read_ahead_bytes), ("poll_timeout_ms", poll_timeout_ms)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -251,7 +256,7 @@ class StreamReader:
 
     async def _handle(self, segment: Segment) -> Any:
         try:
-            handle = await self.context.reads.segment_handle(segment, self.context.password)
+            handle = await self.context.reads.segment_handle(segment, self.context.password, self.prefer)
         except NoSuchLedgerError:
             self.context.reads.forget(segment.ledger_id)
             self._handles.pop(segment.ledger_id, None)
@@ -276,7 +281,15 @@ class StreamReader:
             handle.advance_lac(segment.last_entry)  # the list vouches for it before the close lands
         try:
             entries = await handle.read(effect.first_entry, effect.last_entry)
-        except NoSuchLedgerError:
+        except (NoSuchLedgerError, NoSuchEntryError) as exc:
+            if segment.tier is not None:  # its bookie copy went after the offload: the file has it
+                handle = await self.context.reads.tier_handle(segment.tier, segment.last_entry)
+                self._handles = {segment.ledger_id: handle}
+                entries = await handle.read(effect.first_entry, effect.last_entry)
+                self._feed(self.machine.on_entries, segment.ledger_id, [(e.entry_id, e.payload) for e in entries])
+                return
+            if isinstance(exc, NoSuchEntryError):
+                raise
             self.context.reads.forget(segment.ledger_id)
             self._handles.pop(segment.ledger_id, None)
             self._feed(self.machine.on_ledger_missing, segment.ledger_id)

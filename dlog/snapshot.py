@@ -20,6 +20,15 @@ binary search on entry headers (each read once through this cache), so O(log ent
 reads, none for entries already cached; `position_bounds` gives the first readable position and
 the next one to be written (Kafka's log start and end offsets).
 
+Tier copies. A completed segment offloaded to the tier (`Segment.tier`) is read from its Parquet
+file when its bookie copy was deleted, when the caller prefers the tier (`prefer="tier"`), or
+when its ledger turns out to be gone; a damaged file falls back to the bookie copy while it
+exists. A tier handle answers like a ledger's (`read`, `last_add_confirmed`) with entries whose
+payloads are already decoded (`dlog.segments.codec.DecodedEntry`). Files are kept parsed in
+memory, at most `tier_bytes_max` bytes of them (least recently used first out); the tier copy
+of each segment seen in a view is remembered (bounded like the handles), so a caller that knows
+only a ledger id reads the right copy.
+
 Bounds. At most `handles_max` handles (default READ_HANDLES_MAX) and `headers_max` headers
 (default ENTRY_HEADERS_MAX) are kept; the least recently used goes first. A ledger id names one
 ledger for the life of a cluster (its id counter never goes back), so nothing cached can be
@@ -29,12 +38,13 @@ mistaken for another ledger's.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from bookkeeper.errors import ConfigError
+from bookkeeper.errors import ConfigError, NoSuchLedgerError
 from dlog.core.snapshot import (
     Located,
     PositionAt,
@@ -49,13 +59,48 @@ from dlog.core.snapshot import (
     readable_position,
     tail_count,
 )
-from dlog.segments.codec import RecordSetCodec, RecordSetHeader, default_schema
-from dlog.segments.metadata import Segment
+from dlog.segments.codec import DecodedEntry, RecordSetCodec, RecordSetHeader, default_schema
+from dlog.segments.metadata import Segment, TierCopy
+from dlog.segments.tier import SegmentFile, TierDamagedError, TierStore
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 K = TypeVar("K")
 READ_HANDLES_MAX = 1024
 ENTRY_HEADERS_MAX = 100_000
+TIER_BYTES_MAX = 512 * 2**20  # tier files kept parsed in memory, in all
+PREFER = ("bookies", "tier")
+
+
+class TierEntry(NamedTuple):
+    """An entry read from a tier file, shaped as a ledger entry: its payload already decoded."""
+
+    entry_id: int
+    payload: DecodedEntry
+    length: int
+
+
+class TierHandle:
+    """A tier file read as a closed ledger's handle (entries first..last of the segment)."""
+
+    is_closed = True
+
+    def __init__(self, segment_file: SegmentFile, last_entry: int) -> None:
+        self.file = segment_file
+        self.last_add_confirmed = last_entry
+
+    def advance_lac(self, entry_id: int) -> None:
+        """Nothing to advance: the file holds the completed segment."""
+
+    async def read_lac(self) -> int:
+        return self.last_add_confirmed
+
+    async def read(self, first: int, last: int) -> list[TierEntry]:
+        entries = await asyncio.to_thread(self.file.entries, first, last)
+        return [TierEntry(entry_id, payload, 0) for entry_id, payload in entries]
+
+    async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> None:
+        return None  # a completed segment gets no new entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +119,10 @@ class SegmentReads:
     own timeouts."""
 
     def __init__(self, client: Any, *, handles_max: int = READ_HANDLES_MAX, headers_max: int = ENTRY_HEADERS_MAX,
-                 step_timeout_s: float | None = None) -> None:
-        for what, value in (("read_handles_max", handles_max), ("entry_headers_max", headers_max)):
+                 step_timeout_s: float | None = None, tier: TierStore | None = None,
+                 tier_bytes_max: int = TIER_BYTES_MAX) -> None:
+        for what, value in (("read_handles_max", handles_max), ("entry_headers_max", headers_max),
+                            ("tier_bytes_max", tier_bytes_max)):
             if value < 1:
                 raise ConfigError(f"{what} must be >= 1, got {value}")
         self.client = client  # a bookkeeper.client.BookKeeper (or the stream simulator's ledgers)
@@ -85,12 +132,67 @@ class SegmentReads:
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._headers: OrderedDict[tuple[int, int], EntryInfo] = OrderedDict()
         self._codec = RecordSetCodec(default_schema())  # a header does not depend on the schema
+        self.tier = tier or TierStore()
+        self.tier_bytes_max = tier_bytes_max
+        self._tier_copies: OrderedDict[int, TierCopy] = OrderedDict()  # ledger -> its segment's tier copy
+        self._tier_files: OrderedDict[str, SegmentFile] = OrderedDict()  # uri -> the file, parsed
+        self._tier_bytes = 0
+        self.tier_reads = 0  # tier handles handed out (files fetched or reused)
+        self.tier_fallbacks = 0  # damaged tier files read from bookies instead
 
     # ------------------------------------------------------------------ handles
 
-    async def handle(self, ledger_id: int, password: bytes, confirmed_through: int | None = None) -> Any:
+    def know(self, segment: Segment) -> None:
+        """Remember where a segment's tier copy is, for callers that later name only its ledger."""
+        if segment.tier is not None:
+            _remember(self._tier_copies, segment.ledger_id, segment.tier, self.handles_max)
+
+    async def handle(self, ledger_id: int, password: bytes, confirmed_through: int | None = None, *,
+                     tier: TierCopy | None = None, prefer: str = "bookies") -> Any:
         """A read handle of a ledger (shared: reads of it may run at once), allowed to read up to
-        `confirmed_through`, an entry the caller knows is confirmed."""
+        `confirmed_through`, an entry the caller knows is confirmed; of its tier file instead when
+        the segment has one (`tier`, or one `know` remembered) and its bookie copy is gone, the
+        caller prefers the tier, or the ledger is missing (see the module doc)."""
+        if prefer not in PREFER:
+            raise ConfigError(f"prefer must be one of {', '.join(PREFER)}, got {prefer!r}")
+        tier = tier or self._tier_copies.get(ledger_id)
+        if tier is not None and confirmed_through is not None and (not tier.on_bookies or prefer == "tier"):
+            try:
+                return await self.tier_handle(tier, confirmed_through)
+            except TierDamagedError as exc:
+                if not tier.on_bookies:
+                    raise
+                self.tier_fallbacks += 1
+                log.warning("%s; reading ledger %d from the bookies instead", exc, ledger_id)
+        try:
+            return await self._bookie_handle(ledger_id, password, confirmed_through)
+        except NoSuchLedgerError:
+            if tier is None or confirmed_through is None:
+                raise
+            return await self.tier_handle(tier, confirmed_through)
+
+    async def tier_handle(self, tier: TierCopy, last_entry: int) -> TierHandle:
+        """A handle over a segment's tier file (fetched, checked and parsed once, then cached)."""
+        self.tier_reads += 1
+        found = self._tier_files.get(tier.uri)
+        if found is None or found.copy != tier:
+            data = await self._step(asyncio.to_thread(self.tier.fetch, tier.uri, tier.size_bytes))
+            found = await asyncio.to_thread(SegmentFile, tier, data)
+            self._drop_tier_file(tier.uri)
+            self._tier_files[tier.uri] = found
+            self._tier_bytes += found.size_bytes
+            while self._tier_bytes > self.tier_bytes_max and len(self._tier_files) > 1:
+                self._drop_tier_file(next(iter(self._tier_files)))
+        else:
+            self._tier_files.move_to_end(tier.uri)
+        return TierHandle(found, last_entry)
+
+    def _drop_tier_file(self, uri: str) -> None:
+        dropped = self._tier_files.pop(uri, None)
+        if dropped is not None:
+            self._tier_bytes -= dropped.size_bytes
+
+    async def _bookie_handle(self, ledger_id: int, password: bytes, confirmed_through: int | None) -> Any:
         handle: Any = self._handles.get(ledger_id)
         if handle is None:
             handle = await self._step(self.client.open_ledger(ledger_id, password=password, recovery=False))
@@ -101,12 +203,15 @@ class SegmentReads:
             handle.advance_lac(confirmed_through)
         return handle
 
-    async def segment_handle(self, segment: Segment, password: bytes) -> Any:
+    async def segment_handle(self, segment: Segment, password: bytes, prefer: str = "bookies") -> Any:
         """The handle of a segment's ledger with its end up to date: an in-progress segment's LAC
-        read now (opening reads it), a completed segment's last entry readable."""
+        read now (opening reads it), a completed segment's last entry readable (from its tier file
+        when `handle` says so)."""
+        self.know(segment)
         cached = segment.ledger_id in self._handles
         handle = await self.handle(segment.ledger_id, password,
-                                   None if segment.is_in_progress else segment.last_entry)
+                                   None if segment.is_in_progress else segment.last_entry,
+                                   tier=segment.tier, prefer=prefer)
         if cached and segment.is_in_progress:
             await self._step(handle.read_lac())
         return handle
@@ -115,11 +220,17 @@ class SegmentReads:
         """Drop a ledger's handle (the ledger is gone, or its handle failed)."""
         self._handles.pop(ledger_id, None)
 
+    def forget_tier(self, uri: str) -> None:
+        """Drop a tier file from memory (removed by retention, or damaged)."""
+        self._drop_tier_file(uri)
+
     # ------------------------------------------------------------------ snapshots
 
     async def view(self, store: Any, name: str, password: bytes) -> StreamView:
         """One snapshot of a stream: its segment list and its in-progress segment's LAC."""
         listing = await store.segments(name)
+        for segment in listing.segments:
+            self.know(segment)
         in_progress = listing.in_progress
         lac = None
         if in_progress is not None:

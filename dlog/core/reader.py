@@ -24,9 +24,11 @@ Truncation (L5). Every new list is checked against the position and against what
 below a truncation point (a truncated segment, or below `min_active_*` in the segment) is never
 handed out; the consumer gets TruncatedError, or with `skip_truncated` the reader moves to the
 first record still there. A segment whose ledger is gone without being truncated is data loss:
-the same error, or with `skip_truncated` the next segment. Where readable data starts and ends,
-and what counts as truncated, are the rules of `dlog.core.snapshot`, which Spark's planner, `dlog
-stream info` and the status page follow too; this machine only decides what a reader does about it.
+the same error, or with `skip_truncated` the next segment; unless the segment has a copy on the
+tier (its bookie copy was deleted after an offload), which the next open reads instead. Where
+readable data starts and ends, and what counts as truncated, are the rules of `dlog.core.snapshot`,
+which Spark's planner, `dlog stream info` and the status page follow too; this machine only decides
+what a reader does about it.
 """
 
 from __future__ import annotations
@@ -419,6 +421,8 @@ class ReaderMachine:
         listed = listing.by_ledger(gone)
         position = self._position()
         if listed is None or snapshot.removed_by_truncation(listed, position.entry_id, position.slot):
+            return []
+        if listed.tier is not None:  # its bookie copy went after an offload: read on from the tier
             return []
         if not self.settings.skip_truncated:
             return self.end(TruncatedError(

@@ -209,6 +209,20 @@ def decode_producers(view: memoryview, record_count: int) -> tuple[int, tuple[Pr
     return size, tuple(runs)
 
 
+@dataclass(frozen=True, slots=True)
+class DecodedEntry:
+    """An entry already decoded: its header and its records (with a `headers` column on an
+    untyped stream), as a tier file gives them back in place of a ledger entry's payload. The
+    codec hands it out as it is (`decode`, `peek_header`), so readers of entries need not know
+    where an entry came from."""
+
+    header: RecordSetHeader
+    batch: pa.RecordBatch
+
+    def __len__(self) -> int:  # what a cache counts as the entry's size
+        return self.header.uncompressed_bytes
+
+
 class EncodedEntry(NamedTuple):
     """An encoded entry and the range of its records' timestamps, as its header says."""
 
@@ -348,8 +362,10 @@ class RecordSetCodec:
         section = encode_producers(producers, batch.num_rows)
         return EncodedEntry(b"".join((header, section, payload)), min_timestamp_ms, max_timestamp_ms)
 
-    def peek_header(self, data: bytes | bytearray | memoryview) -> RecordSetHeader:
+    def peek_header(self, data: bytes | bytearray | memoryview | DecodedEntry) -> RecordSetHeader:
         """The header alone, checked but without decompressing anything."""
+        if isinstance(data, DecodedEntry):
+            return data.header
         view = memoryview(data)
         if view.nbytes < HEADER_BYTES:
             raise CorruptRecordSetError(f"record set is {view.nbytes} bytes, shorter than a header ({HEADER_BYTES})")
@@ -385,26 +401,29 @@ class RecordSetCodec:
         return RecordSetHeader(version, Compression(codec), count, first, ts_min, ts_max, raw_bytes, flags,
                                payload_start)
 
-    def producer_runs(self, data: bytes | bytearray | memoryview) -> tuple[ProducerRun, ...]:
+    def producer_runs(self, data: bytes | bytearray | memoryview | DecodedEntry) -> tuple[ProducerRun, ...]:
         """The idempotent producers' batches the entry holds (none for an entry without the
         PRODUCERS flag), read without decompressing the records."""
         header = self.peek_header(data)
-        if not header.flags & FLAG_PRODUCERS:
+        if not header.flags & FLAG_PRODUCERS or isinstance(data, DecodedEntry):
             return ()
-        return decode_producers(memoryview(data)[HEADER_BYTES:header.payload_start], header.record_count)[1]
+        return decode_producers(memoryview(data)[HEADER_BYTES:header.payload_start],
+                                header.record_count)[1]
 
-    def records_from(self, payload: bytes | bytearray | memoryview, first_slot: int) -> pa.RecordBatch:
+    def records_from(self, payload: bytes | bytearray | memoryview | DecodedEntry, first_slot: int) -> pa.RecordBatch:
         """The entry's records from `first_slot` on: what a reader hands out of an entry it enters
         at an offset's slot or at a truncation point inside it (the stream reader and the Spark
         source both read entries this way)."""
         _, batch = self.decode(payload)
         return batch.slice(first_slot) if first_slot else batch
 
-    def decode(self, data: bytes | bytearray | memoryview) -> tuple[RecordSetHeader, pa.RecordBatch]:
+    def decode(self, data: bytes | bytearray | memoryview | DecodedEntry) -> tuple[RecordSetHeader, pa.RecordBatch]:
         """The header and the batch (with the stream's schema) of one entry.
 
         An uncompressed entry's batch shares memory with ``data``: do not change ``data`` after.
         """
+        if isinstance(data, DecodedEntry):
+            return data.header, self._as_read(data.batch)
         header = self.peek_header(data)
         schema = self.schema
         if header.flags & FLAG_HEADERS:
@@ -426,6 +445,15 @@ class RecordSetCodec:
         elif not self.headers and schema is not self.schema:
             batch = batch.drop_columns(["headers"])
         return header, batch
+
+    def _as_read(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A decoded entry's records with or without the headers column, as this codec reads."""
+        has_headers = "headers" in batch.schema.names
+        if self.headers and not has_headers:
+            return batch.append_column(HEADERS_FIELD, pa.nulls(batch.num_rows, HEADERS_TYPE))
+        if not self.headers and has_headers:
+            return batch.drop_columns(["headers"])
+        return batch
 
     def _decompress(self, payload: memoryview, expected_bytes: int) -> bytes:
         # Checking the frame's declared size first means a hostile frame cannot make us allocate

@@ -29,6 +29,7 @@ from dlog.segments.metadata import (
     SegmentList,
     SinkBatch,
     StreamConfig,
+    TierPolicy,
     check_segment_list,
 )
 from dlog.segments.port import StreamExistsError, StreamNotFoundError
@@ -46,6 +47,8 @@ class _Stream:
     sinks: dict[str, SinkBatch] = field(default_factory=dict)
     runner: tuple[int, str] | None = None  # (session, runner id) of the policy runner's claim
     dedup: tuple[bytes, int] | None = None  # the serving-tier owner's producer-dedup snapshot, version
+    offloader: tuple[int, str] | None = None  # (session, offloader id) of the offloader's claim
+    tier_status: dict[str, Any] | None = None
     lock_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -63,6 +66,7 @@ class MemoryMetadata:
         self._sequences = itertools.count(1)
         self._sessions = itertools.count(1)
         self.commits = 0  # successful segment-list changes, for tests and simulator statistics
+        self.tier: TierPolicy | None = None  # the namespace's default tier policy
 
     def session(self) -> MemorySegmentStore:
         return MemorySegmentStore(self, next(self._sessions))
@@ -79,6 +83,8 @@ class MemoryMetadata:
                 stream.lock_changed.set()
             if stream.runner is not None and stream.runner[0] == session:
                 stream.runner = None
+            if stream.offloader is not None and stream.offloader[0] == session:
+                stream.offloader = None
         return gone
 
     def stream(self, name: str) -> _Stream:
@@ -251,6 +257,38 @@ class MemorySegmentStore:
             return None if stream.runner[1] == runner else stream.runner[1]
 
         return await self._operation("claim_runner", name, apply)
+
+    async def claim_offloader(self, name: str, offloader: str) -> str | None:
+        def apply() -> str | None:
+            stream = self.metadata.stream(name)
+            if stream.offloader is None:
+                stream.offloader = (self.session, offloader)
+            return None if stream.offloader[1] == offloader else stream.offloader[1]
+
+        return await self._operation("claim_offloader", name, apply)
+
+    async def release_offloader(self, name: str, offloader: str) -> None:
+        def apply() -> None:
+            stream = self.metadata.stream(name)
+            if stream.offloader is not None and stream.offloader[1] == offloader:
+                stream.offloader = None
+
+        await self._operation("release_offloader", name, apply)
+
+    async def tier_status(self, name: str) -> dict[str, Any] | None:
+        return await self._operation("tier_status", name, lambda: self.metadata.stream(name).tier_status)
+
+    async def store_tier_status(self, name: str, status: dict[str, Any]) -> None:
+        def apply() -> None:
+            self.metadata.stream(name).tier_status = dict(status)
+
+        await self._operation("store_tier_status", name, apply)
+
+    async def namespace_tier(self) -> TierPolicy | None:
+        return self.metadata.tier
+
+    async def set_namespace_tier(self, policy: TierPolicy) -> None:
+        self.metadata.tier = policy if policy.set_fields() else None
 
     # ------------------------------------------------------------------ subscriptions and sinks
 

@@ -12,6 +12,12 @@ are numbered 0, 1, 2... from the stream's first record, and a record's position 
 its slot). Whoever creates a segment assigns it (`dlog.core.changes`); it never changes after.
 A node written before positions existed has none (None: unknown) until the next writer assigns it.
 
+Tiered storage. A completed segment may also have a copy on the tier, one Parquet file
+(`TierCopy`): `offload_attempt` names the file an offloader is writing (recorded before it
+uploads), `tier` the file once committed (with its size and checksum), and `tier.bookie_deleted_ms`
+says the ledger was deleted on purpose after the offload (readers then read the file; the segment
+is not data loss). A stream's `TierPolicy` says where its tier is and when to offload.
+
 A `SegmentList` is the list as read, with the version a change must be based on; a
 `SegmentChange` is one compare-and-set change of it (segments created, updated, deleted, and
 maybe a Spark sink's batch id recorded with them). Both are pure values: the segment store port
@@ -36,6 +42,40 @@ ROLL_BYTES_DEFAULT = 256 * 2**20
 ROLL_AGE_MS_DEFAULT = 2 * 3600 * 1000
 
 
+@dataclass(frozen=True, slots=True)
+class TierCopy:
+    """A completed segment's copy on the tier: one Parquet file at `uri`, `size_bytes` long with
+    crc32c `crc32c` over its bytes, `rows` records, committed at `offloaded_ms`; `bookie_deleted_ms`
+    is when the ledger (the bookie copy) was deleted, 0 while it exists."""
+
+    uri: str
+    size_bytes: int
+    crc32c: int
+    rows: int
+    offloaded_ms: int
+    bookie_deleted_ms: int = 0
+
+    @property
+    def on_bookies(self) -> bool:
+        return self.bookie_deleted_ms == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, document: Any) -> TierCopy:
+        if not isinstance(document, dict):
+            raise CorruptMetadataError(f"segment tier copy is {document!r}, not an object")
+        try:
+            copy = cls(**{name: document[name] for name in cls.__dataclass_fields__ if name in document})
+        except TypeError as exc:
+            raise CorruptMetadataError(f"segment tier copy is malformed: {exc}") from exc
+        numbers = (copy.size_bytes, copy.crc32c, copy.rows, copy.offloaded_ms, copy.bookie_deleted_ms)
+        if not isinstance(copy.uri, str) or not copy.uri or any(type(n) is not int or n < 0 for n in numbers):
+            raise CorruptMetadataError(f"segment tier copy is malformed: {document!r}")
+        return copy
+
+
 class SegmentState(enum.Enum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
@@ -58,6 +98,13 @@ class Segment:
     min_active_entry: int = 0  # partial truncation point
     min_active_slot: int = 0
     first_position: int | None = None  # stream position of its first record; None: not assigned yet
+    tier: TierCopy | None = None  # its committed copy on the tier (completed segments only)
+    offload_attempt: str = ""  # the URI of the file an offloader is writing now ("" none)
+
+    @property
+    def on_bookies(self) -> bool:
+        """Whether its ledger holds its records (not deleted after an offload)."""
+        return self.tier is None or self.tier.bookie_deleted_ms == 0
 
     @property
     def is_in_progress(self) -> bool:
@@ -85,6 +132,8 @@ class Segment:
         document = {name: getattr(self, name) for name in self.__dataclass_fields__}
         document["state"] = self.state.value
         document["format"] = FORMAT_VERSION
+        if self.tier is not None:
+            document["tier"] = self.tier.to_json()
         return document
 
     def to_bytes(self) -> builtins.bytes:  # builtins: `bytes` is also a field of Segment
@@ -94,6 +143,9 @@ class Segment:
     def from_bytes(cls, data: builtins.bytes) -> Segment:
         document = _load(data, "segment")
         document.setdefault("first_position", None)  # a node written before positions existed
+        document.setdefault("offload_attempt", "")  # nodes written before tiered storage
+        tier = document.get("tier")
+        document["tier"] = None if tier is None else TierCopy.from_json(tier)
         try:
             document["state"] = SegmentState(document["state"])
             fields = {name: document[name] for name in cls.__dataclass_fields__}
@@ -108,6 +160,72 @@ class Segment:
             raise CorruptMetadataError(f"segment {segment.sequence} has first position {position!r}; "
                                        f"expected an integer in 0..{POSITION_MAX}")
         return segment
+
+
+HOUR_MS = 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    """Where a stream's tier is and when its segments go there. A field left None inherits: a
+    stream's policy over its namespace's default over `TIER_DEFAULTS` (`over`).
+
+    - `uri`: a pyarrow.fs URI (`file:///...`, `s3://bucket/prefix`); "" = no tier;
+    - `offload_after_ms`: a completed segment is offloaded this long after it completed (-1: only
+      by `dlog offload`; 0: at once);
+    - `keep_bytes`: the newest completed segments up to this many bytes are not offloaded;
+    - `delete_lag_ms`: the bookie copy is deleted this long after the offload (-1: never);
+    - `retention_age_ms`, `retention_bytes`: the tier's retention (0: no limit), apart from the
+      bookies' (the stream's `retention_*`, which on a tiered stream only drops bookie copies).
+    """
+
+    uri: str | None = None
+    offload_after_ms: int | None = None
+    keep_bytes: int | None = None
+    delete_lag_ms: int | None = None
+    retention_age_ms: int | None = None
+    retention_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.uri is not None and not isinstance(self.uri, str):
+            raise ConfigError(f"tier uri must be text, got {self.uri!r}")
+        for name, low in (("offload_after_ms", -1), ("keep_bytes", 0), ("delete_lag_ms", -1),
+                          ("retention_age_ms", 0), ("retention_bytes", 0)):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < low):
+                raise ConfigError(f"tier {name.replace('_', ' ')} must be an integer >= {low}, got {value!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.uri)
+
+    def over(self, base: TierPolicy) -> TierPolicy:
+        """This policy, with what it leaves None taken from `base`."""
+        return TierPolicy(**{name: getattr(base, name) if getattr(self, name) is None else getattr(self, name)
+                             for name in self.__dataclass_fields__})
+
+    def set_fields(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__ if getattr(self, name) is not None}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({**self.set_fields(), "format": FORMAT_VERSION}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, document: Any) -> TierPolicy:
+        if not isinstance(document, dict):
+            raise CorruptMetadataError(f"tier policy is {document!r}, not an object")
+        try:
+            return cls(**{name: document[name] for name in cls.__dataclass_fields__ if name in document})
+        except (TypeError, ConfigError) as exc:
+            raise CorruptMetadataError(f"tier policy is malformed: {exc}") from exc
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TierPolicy:
+        return cls.from_json(_load(data, "tier policy"))
+
+
+TIER_DEFAULTS = TierPolicy(uri="", offload_after_ms=-1, keep_bytes=0, delete_lag_ms=4 * HOUR_MS,
+                           retention_age_ms=0, retention_bytes=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +243,7 @@ class StreamConfig:
     schema: str = ""  # "" = the default schema; else schema_to_text() of an Arrow schema
     password: str = ""  # ledger password of this stream's segments (random, per stream)
     created_ms: int = 0
+    tier: TierPolicy = field(default_factory=TierPolicy)  # its own tier settings (None fields inherit)
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble, self.write_quorum, self.ack_quorum)
@@ -134,12 +253,14 @@ class StreamConfig:
 
     def to_bytes(self) -> bytes:
         document = asdict(self)
+        document["tier"] = self.tier.set_fields()
         document["format"] = FORMAT_VERSION
         return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> StreamConfig:
         document = _load(data, "stream config")
+        document["tier"] = TierPolicy.from_json(document.get("tier") or {})
         try:
             return cls(**{name: document[name] for name in cls.__dataclass_fields__ if name in document})
         except (TypeError, ConfigError) as exc:
@@ -149,6 +270,7 @@ class StreamConfig:
         """What `dlog stream info` shows (never the password)."""
         document = asdict(self)
         document.pop("password")
+        document["tier"] = self.tier.set_fields()
         return document
 
 

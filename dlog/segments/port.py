@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 from bookkeeper.clock import SYSTEM_CLOCK, Clock
 from bookkeeper.errors import DlogError, MetadataError, MetadataVersionError
 from bookkeeper.retry import Backoff, retry
-from dlog.segments.metadata import SegmentChange, SegmentList, SinkBatch, StreamConfig
+from dlog.segments.metadata import SegmentChange, SegmentList, SinkBatch, StreamConfig, TierPolicy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +85,27 @@ class SegmentStore(Protocol):
         """Claim the running of the stream's policies for `runner` (one runner per stream): None
         when `runner` holds the claim now (taken, or held already), else the holder's id. The claim
         lives as long as this client's session; asking again after a lost answer is safe."""
+
+    async def claim_offloader(self, stream: str, offloader: str) -> str | None:
+        """Claim the offloading of the stream's segments for `offloader` (one at a time per
+        stream): None when it holds the claim now, else the holder's id. Lives as long as this
+        client's session, or until `release_offloader`."""
+
+    async def release_offloader(self, stream: str, offloader: str) -> None:
+        """Give the claim up if `offloader` holds it (no error otherwise)."""
+
+    async def tier_status(self, stream: str) -> dict[str, Any] | None:
+        """What the last offload run of the stream reported (`store_tier_status`), or None."""
+
+    async def store_tier_status(self, stream: str, status: dict[str, Any]) -> None:
+        """Record the stream's offload status (the last run's outcome, its error): the status page
+        and `dlog tier status` show it, whichever process offloaded."""
+
+    async def namespace_tier(self) -> TierPolicy | None:
+        """The namespace's default tier policy, or None when it has none."""
+
+    async def set_namespace_tier(self, policy: TierPolicy) -> None:
+        """Set the namespace's default tier policy (an empty policy removes it)."""
 
     async def subscriptions(self, stream: str) -> dict[str, dict[str, int]]: ...
 
@@ -206,6 +227,26 @@ class RetryingSegmentStore:
     async def claim_runner(self, stream: str, runner: str) -> str | None:
         return await self._retry(f"policy runner claim of stream {stream!r}",
                                  lambda: self.inner.claim_runner(stream, runner))
+
+    async def claim_offloader(self, stream: str, offloader: str) -> str | None:
+        return await self._retry(f"offloader claim of stream {stream!r}",
+                                 lambda: self.inner.claim_offloader(stream, offloader))
+
+    async def release_offloader(self, stream: str, offloader: str) -> None:
+        await self._retry(f"offloader release of stream {stream!r}",
+                          lambda: self.inner.release_offloader(stream, offloader))
+
+    async def tier_status(self, stream: str) -> dict[str, Any] | None:
+        return await self._retry(f"tier status of stream {stream!r}", lambda: self.inner.tier_status(stream))
+
+    async def store_tier_status(self, stream: str, status: dict[str, Any]) -> None:
+        await self._retry(f"tier status of stream {stream!r}", lambda: self.inner.store_tier_status(stream, status))
+
+    async def namespace_tier(self) -> TierPolicy | None:
+        return await self._retry("the namespace's tier policy", self.inner.namespace_tier)
+
+    async def set_namespace_tier(self, policy: TierPolicy) -> None:
+        await self._retry("the namespace's tier policy", lambda: self.inner.set_namespace_tier(policy))
 
     async def commit(self, stream: str, based_on: SegmentList, change: SegmentChange) -> SegmentList:
         """One compare-and-set; after a lost answer, read back before trying again."""

@@ -8,6 +8,9 @@
                                                              is its holder: {"host", "pid", "started_ms"}
     /dlog/<namespace>/streams/<node>/subscribers/<name>      committed offset (JSON)
     /dlog/<namespace>/streams/<node>/sink/<sink id>          last committed Spark batch (JSON)
+    /dlog/<namespace>/streams/<node>/offloader               ephemeral: the offloader at work on it
+    /dlog/<namespace>/streams/<node>/tier-status             the last offload run's outcome (JSON)
+    /dlog/<namespace>/tier                                   the namespace's default tier policy (JSON)
 
 `<node>` is the stream name with `/` encoded (`dlog.names.stream_node_name`). Every change to a
 segment list is one ZooKeeper multi that includes a set of the `segments` node at the version the
@@ -52,6 +55,7 @@ from dlog.segments.metadata import (
     SegmentList,
     SinkBatch,
     StreamConfig,
+    TierPolicy,
     check_segment_list,
 )
 from dlog.segments.port import StreamExistsError, StreamNotFoundError
@@ -106,6 +110,15 @@ class ZooKeeperSegmentStore:
 
     def dedup_path(self, name: str) -> str:
         return f"{self.stream_path(name)}/dedup"
+
+    def offloader_path(self, name: str) -> str:
+        return f"{self.stream_path(name)}/offloader"
+
+    def tier_status_path(self, name: str) -> str:
+        return f"{self.stream_path(name)}/tier-status"
+
+    def namespace_tier_path(self) -> str:
+        return f"{self.root}/tier"
 
     # ------------------------------------------------------------------ streams
 
@@ -284,6 +297,75 @@ class ZooKeeperSegmentStore:
             return "(none)"
         holder = found[0].decode(errors="replace")
         return None if holder == runner else holder
+
+    async def claim_offloader(self, name: str, offloader: str) -> str | None:
+        """An ephemeral `offloader` node holding the offloader's id, as `claim_runner`."""
+        path = self.offloader_path(name)
+        try:
+            await self.zk.create(path, offloader.encode(), ephemeral=True)
+            return None
+        except MetadataExistsError:
+            pass
+        except MetadataNotFoundError as exc:
+            raise self.not_found(name) from exc
+        found = await self.zk.get_or_none(path)
+        if found is None:
+            return "(none)"
+        holder = found[0].decode(errors="replace")
+        return None if holder == offloader else holder
+
+    async def release_offloader(self, name: str, offloader: str) -> None:
+        path = self.offloader_path(name)
+        found = await self.zk.get_or_none(path)
+        if found is not None and found[0].decode(errors="replace") == offloader:
+            try:
+                await self.zk.delete(path, found[1])
+            except (MetadataNotFoundError, MetadataVersionError):
+                pass
+
+    async def tier_status(self, name: str) -> dict[str, Any] | None:
+        found = await self.zk.get_or_none(self.tier_status_path(name))
+        if found is None:
+            return None
+        try:
+            document = json.loads(found[0])
+        except ValueError as exc:
+            raise CorruptMetadataError(f"stream {name!r}: its tier status is not JSON: {exc}") from exc
+        return document if isinstance(document, dict) else None
+
+    async def store_tier_status(self, name: str, status: dict[str, Any]) -> None:
+        path = self.tier_status_path(name)
+        data = json.dumps(status, sort_keys=True).encode()
+        try:
+            await self.zk.set(path, data)
+        except MetadataNotFoundError:
+            try:
+                await self.zk.create(path, data)
+            except MetadataExistsError:
+                await self.zk.set(path, data)
+            except MetadataNotFoundError as exc:
+                raise self.not_found(name) from exc
+
+    async def namespace_tier(self) -> TierPolicy | None:
+        found = await self.zk.get_or_none(self.namespace_tier_path())
+        return None if found is None else TierPolicy.from_bytes(found[0])
+
+    async def set_namespace_tier(self, policy: TierPolicy) -> None:
+        path = self.namespace_tier_path()
+        if not policy.set_fields():
+            try:
+                await self.zk.delete(path)
+            except MetadataNotFoundError:
+                pass
+            return
+        try:
+            await self.zk.set(path, policy.to_bytes())
+        except MetadataNotFoundError:
+            await self.zk.ensure_path(self.root)
+            try:
+                await self.zk.create(path, policy.to_bytes())
+            except MetadataExistsError:
+                await self.zk.set(path, policy.to_bytes())
 
     async def unlock(self, lock_node: str) -> None:
         try:
