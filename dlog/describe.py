@@ -12,7 +12,9 @@ only the records from its truncation point on: the ones below are read out of th
 entry the point is in (`records_truncated` says how many), and its bytes are prorated.
 
 Damage. A live segment whose ledger metadata is gone (someone ran `dlog ledger delete --force`)
-has lost its records: it is reported with `damaged` saying so, never as healthy.
+has lost its records: it is reported with `damaged` saying so, never as healthy. A segment whose
+bookie copy was deleted after an offload is not damaged: `stored_on` says where each segment's
+records are ("bookies", "bookies+tier", "tier") and `tier` names its file.
 
 Lag. A subscription's committed offset is the next record it reads. Its lag is the records (and
 bytes) from there to the end: the rest of its own segment plus every later live segment. The
@@ -50,7 +52,10 @@ LEDGER_CHECKS_IN_FLIGHT_MAX = 64  # ledger metadata reads at once when looking f
 
 async def segment_summaries(context: StreamContext, segments: list[Segment]) -> list[dict[str, Any]]:
     """One JSON-ready dict per segment, in order (see the module doc for what is counted how)."""
-    missing = await _missing_ledgers(context, [s.ledger_id for s in segments if not s.is_truncated])
+    for segment in segments:
+        context.reads.know(segment)  # an offloaded segment's entries read from its tier file
+    # a segment whose bookie copy was deleted after its offload is read from the tier: not missing
+    missing = await _missing_ledgers(context, [s.ledger_id for s in segments if not s.is_truncated and s.on_bookies])
     return [await _summary(context, segment, segment.ledger_id in missing) for segment in segments]
 
 
@@ -77,7 +82,11 @@ async def _summary(context: StreamContext, segment: Segment, ledger_missing: boo
         "last_timestamp_ms": segment.last_timestamp_ms, "min_active_entry": segment.min_active_entry,
         "min_active_slot": segment.min_active_slot,
         "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}",
-        "first_position": segment.first_position, "damaged": None, "note": None}
+        "first_position": segment.first_position, "damaged": None, "note": None,
+        "stored_on": _stored_on(segment),
+        "tier": None if segment.tier is None else {"uri": segment.tier.uri, "file_bytes": segment.tier.size_bytes,
+                                                   "offloaded_ms": segment.tier.offloaded_ms,
+                                                   "bookie_deleted_ms": segment.tier.bookie_deleted_ms}}
     if ledger_missing:
         item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
         return item
@@ -86,6 +95,15 @@ async def _summary(context: StreamContext, segment: Segment, ledger_missing: boo
     if not segment.is_truncated:
         await _leave_out_truncated(context, segment, item)
     return item
+
+
+def _stored_on(segment: Segment) -> str:
+    """Where a segment's records are: "bookies", "bookies+tier" or "tier" (nowhere: truncated)."""
+    if segment.is_truncated:
+        return "none"
+    if segment.tier is None:
+        return "bookies"
+    return "bookies+tier" if segment.tier.on_bookies else "tier"
 
 
 async def _leave_out_truncated(context: StreamContext, segment: Segment, item: dict[str, Any]) -> None:
