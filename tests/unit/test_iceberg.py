@@ -256,3 +256,17 @@ def test_without_pyiceberg_a_sync_names_the_extra_and_the_import_costs_nothing(t
     loaded = subprocess.run([sys.executable, "-c", "import sys, dlog_tools.iceberg; print('pyiceberg' in sys.modules)"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert loaded.stdout.strip() == "False", loaded.stderr
+
+
+def test_a_refused_first_sync_leaves_no_table_and_no_namespace(target, tier):
+    first = segment_file(tier, "orders", 1, 3)
+    conflicting = write(tier / "ns" / "orders" / "segment=2" / f"{uuid.uuid4()}.parquet",
+                        pa.table({"ledger": pa.array([102], pa.int64()), "slot": pa.array(["zero"], pa.string())}))
+    with pytest.raises(ConfigError, match="column slot is string, the table's is int") as refused:
+        sync_table(target, [str(first), str(conflicting)])
+    assert str(conflicting) in str(refused.value)
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog(CATALOG_NAME, uri=target.catalog_uri, warehouse=target.warehouse)
+    assert catalog.list_namespaces() == []
+    assert sync_table(target, [str(first)]).added == 1  # the good file alone goes in
