@@ -28,7 +28,8 @@ Contract of `sync_table(target, files, schema=None)`:
   column whose type conflicts with the table's, no files and no schema for a table that does not
   exist yet, more than `FILES_MAX` files. Every new file is checked before the catalog is touched.
 - Another writer committing to the table during a sync: the sync fails with one line and commits
-  nothing; running it again is safe.
+  nothing (pyiceberg's commit retries are off for the table, `TABLE_PROPERTIES`); running it
+  again is safe.
 - The catalog is pyiceberg's SQL catalog (`catalog_uri` is a SQLAlchemy URL, SQLite by default);
   `warehouse` is where the table's metadata files go. `io_properties` pass through to pyiceberg's
   FileIO for both the data files and the warehouse: for S3 `s3.endpoint`, `s3.access-key-id`,
@@ -60,6 +61,11 @@ CATALOG_NAME = "dlog"
 # pyiceberg FileIO properties for an S3 tier (and an S3 warehouse), passed through as given
 S3_PROPERTIES = ("s3.endpoint", "s3.access-key-id", "s3.secret-access-key", "s3.region")
 FIELD_ID_KEY = b"PARQUET:field_id"
+# pyiceberg retries a commit that lost a race by replaying the same additions and removals on the new
+# head, which is not "exactly these files" (two syncs adding one file would list it twice): a lost
+# race fails instead, and the next sync starts from the table as it is then
+COMMIT_RETRIES = "commit.retry.num-retries"
+TABLE_PROPERTIES = {COMMIT_RETRIES: "0"}
 
 
 @dataclass(frozen=True)
@@ -125,10 +131,13 @@ def sync_table(target: IcebergTarget, files: Sequence[str], schema: pa.Schema | 
     schemas = [_file_schema(io, path) for path in new]  # every new file checked before anything changes
     if catalog is None:
         catalog = _open_catalog(pyiceberg, target.catalog_uri, properties)
+    if table is not None and table.properties.get(COMMIT_RETRIES) != "0":  # a table this module did not create
+        table = table.transaction().set_properties({COMMIT_RETRIES: "0"}).commit_transaction()
     if not new and not gone:
         if table is None:  # an empty table of the given schema
             catalog.create_namespace_if_not_exists((target.namespace,))
-            table = catalog.create_table(identifier, schema=_optional(known(schema, "checked above")))
+            table = catalog.create_table(identifier, schema=_optional(known(schema, "checked above")),
+                                         properties=TABLE_PROPERTIES)
         return SyncResult(added=0, removed=0, unchanged=len(held), snapshot_id=_snapshot_id(table))
     namespace = (target.namespace,)  # one level, even with dots in the name
     made_namespace = table is None and not catalog.namespace_exists(namespace)
@@ -136,7 +145,8 @@ def sync_table(target: IcebergTarget, files: Sequence[str], schema: pa.Schema | 
         if made_namespace:
             catalog.create_namespace(namespace)
         if table is None:
-            transaction = catalog.create_table_transaction(identifier, schema=_optional(schema or schemas[0]))
+            transaction = catalog.create_table_transaction(identifier, schema=_optional(schema or schemas[0]),
+                                                           properties=TABLE_PROPERTIES)
         else:
             transaction = table.transaction()
         for path, file_schema in zip(new, schemas, strict=True):

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bookkeeper.errors import ConfigError
+from bookkeeper.errors import ConfigError, DlogError
 from dlog_tools.iceberg import CATALOG_NAME, IcebergTarget, SyncResult, file_uri, sync_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,3 +270,29 @@ def test_a_refused_first_sync_leaves_no_table_and_no_namespace(target, tier):
     catalog = SqlCatalog(CATALOG_NAME, uri=target.catalog_uri, warehouse=target.warehouse)
     assert catalog.list_namespaces() == []
     assert sync_table(target, [str(first)]).added == 1  # the good file alone goes in
+
+
+def test_a_sync_that_loses_a_race_commits_nothing_and_the_next_one_settles(target, three, monkeypatch):
+    """Two syncs of the same list at once: the one that commits second fails with one line, rather
+    than replaying its additions on the other's commit (which would list each new file twice)."""
+    import dlog_tools.iceberg as iceberg
+
+    sync_table(target, [str(three[0])])
+    both = [str(three[0]), str(three[1])]  # no new column: the race is over the files alone
+    check_types = iceberg._check_types
+    raced: list[SyncResult] = []
+    racing = []
+
+    def racing_check(*arguments):
+        if not racing:  # the other sync commits between this one's reading the table and its commit
+            racing.append(True)
+            raced.append(sync_table(target, both))
+        return check_types(*arguments)
+
+    monkeypatch.setattr(iceberg, "_check_types", racing_check)
+    with pytest.raises(DlogError, match="changed while this sync ran") as lost:
+        sync_table(target, both)
+    assert "\n" not in str(lost.value) and raced[0].added == 1
+    monkeypatch.setattr(iceberg, "_check_types", check_types)
+    assert scanned_rows(target) == rows_of_files(*three[:2], columns=scan(target).column_names)  # each file once
+    assert sync_table(target, both).added == 0
