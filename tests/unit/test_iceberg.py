@@ -296,3 +296,15 @@ def test_a_sync_that_loses_a_race_commits_nothing_and_the_next_one_settles(targe
     monkeypatch.setattr(iceberg, "_check_types", check_types)
     assert scanned_rows(target) == rows_of_files(*three[:2], columns=scan(target).column_names)  # each file once
     assert sync_table(target, both).added == 0
+
+
+def test_a_table_created_elsewhere_is_synced_with_commit_retries_turned_off(target, three):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    Path(target.catalog_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True)
+    catalog = SqlCatalog(CATALOG_NAME, uri=target.catalog_uri, warehouse=target.warehouse)
+    catalog.create_namespace("ns")
+    catalog.create_table("ns.orders", schema=pq.read_schema(three[0]))
+    assert sync_table(target, [str(three[0])]).added == 1
+    assert catalog.load_table("ns.orders").properties["commit.retry.num-retries"] == "0"
+    assert scanned_rows(target) == rows_of_files(three[0], columns=scan(target).column_names)
