@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import replace
@@ -36,6 +37,7 @@ from bookkeeper.errors import (
     MetadataVersionError,
     NoSuchLedgerError,
     QuotaExceededError,
+    known,
 )
 from bookkeeper.meta import layout
 from bookkeeper.retry import Backoff, retry
@@ -50,20 +52,22 @@ from bookkeeper.security.settings import (
 from dlog.context import StreamContext
 from dlog.core import changes, tiering
 from dlog.core.errors import StreamBusyError, WriterLockedError
-from dlog.names import check_stream_name, check_subscription_name
+from dlog.iceberg import IcebergTarget, SyncResult, sync_table
+from dlog.names import check_stream_name, check_subscription_name, stream_node_name
 from dlog.offsets import Offset
 from dlog.reader import StreamReader
 from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig, TierPolicy
 from dlog.segments.port import RetryingSegmentStore, SegmentStore, StreamExistsError
-from dlog.segments.tier import TierOptions, TierStore, check_tier_uri, stream_table_uri
+from dlog.segments.tier import TierOptions, TierStore, check_tier_uri, file_schema, stream_table_uri
 from dlog.snapshot import READ_HANDLES_MAX, SegmentReads
 from dlog.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
-                      "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum", "tier")
+                      "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum", "tier",
+                      "iceberg_catalog", "iceberg_warehouse")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -253,6 +257,7 @@ class Namespace:
         for segment in listing.segments:
             if segment.on_bookies and await self.delete_ledger_quietly(segment.ledger_id):
                 deleted.append(segment.ledger_id)
+        await self.sync_iceberg(name, config=config, listing=SegmentList((), listing.version, listing.max_sequence))
         await self._delete_tier_files(listing.segments)
         policy = await self.tier_policy(name, config)
         if policy.enabled:  # and whatever an attempt left that no segment names any more
@@ -283,6 +288,51 @@ class Namespace:
         self.security.require_role(self.name, "admin", f"setting the default tier of namespace {self.name!r}")
         await self.store.set_namespace_tier(checked_tier(policy))
         return policy
+
+    def iceberg_target(self, config: StreamConfig) -> IcebergTarget | None:
+        """The Iceberg table a stream's tier files are registered in (None: not registered)."""
+        if not config.iceberg_catalog:
+            return None
+        options = self.reads.tier.options
+        io_properties = {key: value for key, value in (
+            ("s3.endpoint", options.s3_endpoint), ("s3.region", options.s3_region),
+            ("s3.access-key-id", options.s3_access_key), ("s3.secret-access-key", options.s3_secret_key))
+            if value}
+        return IcebergTarget(config.iceberg_catalog, config.iceberg_warehouse, self.name,
+                             stream_node_name(config.name), io_properties)
+
+    async def register_iceberg(self, name: str, catalog: str | None = None,
+                               warehouse: str | None = None) -> SyncResult:
+        """Register the stream's tier files in an Iceberg table (`<namespace>.<stream>` on a SQL
+        catalog, SQLite by default: beside a local tier, `<tier>/_iceberg/iceberg.db`), kept in
+        step by offloads and retention from then on; returns the first sync's result."""
+        config = await self.store.config(name)
+        policy = await self.tier_policy(name, config)
+        if not policy.enabled:
+            raise ConfigError(f"stream {name!r} has no tier: set one first (dlog tier set {name} --uri URI)")
+        base = f"{policy.uri}/_iceberg"
+        if catalog is None:
+            if not base.startswith("file://"):
+                raise ConfigError(f"the tier of stream {name!r} is not local: name the catalog (a SQLAlchemy URL, "
+                                  "e.g. sqlite:////var/lib/dlog/iceberg.db)")
+            os.makedirs(base.removeprefix("file://"), exist_ok=True)
+            catalog = f"sqlite:///{base.removeprefix('file://')}/iceberg.db"
+        config = await self.alter_stream(name, iceberg_catalog=catalog,
+                                         iceberg_warehouse=warehouse or f"{base}/warehouse")
+        result = await self.sync_iceberg(name, config=config)
+        return known(result, "a registered stream syncs")
+
+    async def sync_iceberg(self, name: str, *, config: StreamConfig | None = None,
+                           listing: SegmentList | None = None) -> SyncResult | None:
+        """Make the stream's Iceberg table (if it has one) hold exactly its live tier files."""
+        config = config or await self.store.config(name)
+        target = self.iceberg_target(config)
+        if target is None:
+            return None
+        listing = listing or await self.store.segments(name)
+        files = [s.tier.uri for s in listing.segments if s.tier is not None and not s.is_truncated]
+        schema = file_schema(self.schema_of(config), True) if not files else None
+        return await asyncio.to_thread(sync_table, target, files, schema)
 
     async def set_tier(self, name: str, policy: TierPolicy) -> StreamConfig:
         """Change a stream's own tier settings: the fields `policy` sets replace the stream's."""
@@ -435,6 +485,11 @@ class Namespace:
         for segment in segments:
             if segment.on_bookies:
                 await self.delete_ledger_quietly(segment.ledger_id)
+        if any(segment.tier is not None for segment in segments):
+            try:  # the table first: it must never list a file that is gone
+                await self.sync_iceberg(name)
+            except DlogError as exc:
+                log.warning("stream %s: its Iceberg table could not drop the removed files: %s", name, exc)
         await self._delete_tier_files(segments)
 
         async def trim() -> None:

@@ -128,6 +128,11 @@ class Offloader:
                                           "offloaded by someone else)")
                 else:
                     report.offloaded.append(done)
+            if report.offloaded:
+                try:
+                    await ns.sync_iceberg(name, config=config)
+                except DlogError as exc:  # the files are offloaded; the next sync registers them
+                    report.skipped.append(f"the Iceberg table was not brought up to date: {exc}")
             if delete_copies:
                 later_ms = ns.clock.wall_ms() if fixed_ms is None else fixed_ms  # after the offloads
                 report.bookie_copies_deleted = await self.delete_bookie_copies(name, config, policy, later_ms)

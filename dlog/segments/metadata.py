@@ -244,6 +244,9 @@ class StreamConfig:
     password: str = ""  # ledger password of this stream's segments (random, per stream)
     created_ms: int = 0
     tier: TierPolicy = field(default_factory=TierPolicy)  # its own tier settings (None fields inherit)
+    # the Iceberg table its tier files are registered in ("" none): a SQL catalog URL, a warehouse
+    iceberg_catalog: str = ""
+    iceberg_warehouse: str = ""
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble, self.write_quorum, self.ack_quorum)

@@ -288,7 +288,7 @@ class SegmentFileWriter:
                                                    dir=directory)
         os.close(handle)
         self._writer = pq.ParquetWriter(self.local_path, self.schema, compression="zstd",
-                                        write_page_checksum=True, write_statistics=["ledger", "entry", "slot"])
+                                        write_page_checksum=True)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._pending_bytes = 0

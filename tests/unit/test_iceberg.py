@@ -1,4 +1,4 @@
-"""The Iceberg view of a tier (dlog_tools/iceberg.py): a table over segment files written as the
+"""The Iceberg view of a tier (dlog.iceberg.py): a table over segment files written as the
 offloader writes them (`<tier>/<namespace>/<stream>/segment=<sequence>/<uuid>.parquet`, zstd)
 holds exactly the listed files, registered without rewriting, on a local SQLite catalog."""
 
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bookkeeper.errors import ConfigError, DlogError
-from dlog_tools.iceberg import CATALOG_NAME, IcebergTarget, SyncResult, file_uri, sync_table
+from dlog.iceberg import CATALOG_NAME, IcebergTarget, SyncResult, file_uri, sync_table
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -253,7 +253,7 @@ def test_without_pyiceberg_a_sync_names_the_extra_and_the_import_costs_nothing(t
     with pytest.raises(ConfigError, match=r"pip install 'dlog\[iceberg\]'") as refused:
         sync_table(target, [str(three[0])])
     assert "\n" not in str(refused.value)
-    loaded = subprocess.run([sys.executable, "-c", "import sys, dlog_tools.iceberg; print('pyiceberg' in sys.modules)"],
+    loaded = subprocess.run([sys.executable, "-c", "import sys, dlog.iceberg; print('pyiceberg' in sys.modules)"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert loaded.stdout.strip() == "False", loaded.stderr
 
@@ -275,7 +275,7 @@ def test_a_refused_first_sync_leaves_no_table_and_no_namespace(target, tier):
 def test_a_sync_that_loses_a_race_commits_nothing_and_the_next_one_settles(target, three, monkeypatch):
     """Two syncs of the same list at once: the one that commits second fails with one line, rather
     than replaying its additions on the other's commit (which would list each new file twice)."""
-    import dlog_tools.iceberg as iceberg
+    import dlog.iceberg as iceberg
 
     sync_table(target, [str(three[0])])
     both = [str(three[0]), str(three[1])]  # no new column: the race is over the files alone
