@@ -15,7 +15,6 @@ stream get what they need of it in a `StreamContext` (`context_of`), and never t
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 import os
@@ -262,15 +261,15 @@ class Namespace:
         policy = await self.tier_policy(name, config)
         if policy.enabled:  # and whatever an attempt left that no segment names any more
             table = stream_table_uri(policy.uri or "", self.name, name)
-            for uri in await asyncio.to_thread(self.reads.tier.list_files, table):
-                await asyncio.to_thread(self.reads.tier.delete, uri)
+            for uri in await self.reads.blocking(self.reads.tier.list_files, table):
+                await self.reads.blocking(self.reads.tier.delete, uri)
         await self.store.delete_stream_metadata(name)
         return deleted
 
     async def _delete_tier_files(self, segments: Iterable[Segment]) -> None:
         for segment in segments:
             for uri in tiering.tier_files(segment):
-                await asyncio.to_thread(self.reads.tier.delete, uri)
+                await self.reads.blocking(self.reads.tier.delete, uri)
                 self.reads.forget_tier(uri)
 
     # ------------------------------------------------------------------ tiered storage
@@ -332,7 +331,7 @@ class Namespace:
         listing = listing or await self.store.segments(name)
         files = [s.tier.uri for s in listing.segments if s.tier is not None and not s.is_truncated]
         schema = file_schema(self.schema_of(config), True) if not files else None
-        return await asyncio.to_thread(sync_table, target, files, schema)
+        return await self.reads.blocking(sync_table, target, files, schema)
 
     async def set_tier(self, name: str, policy: TierPolicy) -> StreamConfig:
         """Change a stream's own tier settings: the fields `policy` sets replace the stream's."""

@@ -19,7 +19,6 @@ to show that a rerun completes whatever step it died at.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -88,12 +87,16 @@ class Offloader:
     """Offloads the segments of one namespace's streams (see the module doc)."""
 
     def __init__(self, namespace: Namespace, *, holder: str | None = None, temp_dir: str | None = None,
-                 on_step: Callable[[str], None] | None = None) -> None:
+                 on_step: Callable[[str], None] | None = None, attempt_ids: Callable[[], str] | None = None) -> None:
+        """`attempt_ids` names each attempt's file (default: a random UUID; the stream simulator
+        draws them from its seed)."""
         self.namespace = namespace
+        self.attempt_ids = attempt_ids or (lambda: uuid.uuid4().hex)
         self.holder = holder or offloader_id()
         self.temp_dir = temp_dir
         self.on_step = on_step or (lambda step: None)
         self.tier = namespace.reads.tier
+        self.blocking = namespace.reads.blocking  # file work off the event loop (dlog.snapshot)
 
     # ------------------------------------------------------------------ a stream
 
@@ -161,7 +164,7 @@ class Offloader:
                               policy: TierPolicy) -> OffloadedSegment | None:
         ns = self.namespace
         started = perf_s()
-        uri = segment_file_uri(policy.uri or "", ns.name, name, segment.sequence, uuid.uuid4().hex)
+        uri = segment_file_uri(policy.uri or "", ns.name, name, segment.sequence, self.attempt_ids())
 
         async def record_attempt() -> tuple[bool, str]:
             listing = await ns.store.segments(name)
@@ -176,11 +179,11 @@ class Offloader:
             return None
         self.on_step("attempt-recorded")
         if previous:  # a killed attempt's file: that attempt can never commit now
-            await asyncio.to_thread(self.tier.delete, previous)
+            await self.blocking(self.tier.delete, previous)
         written = await self._build(name, config, segment)
         try:
             self.on_step("file-built")
-            await asyncio.to_thread(self.tier.upload, written.local_path, uri)
+            await self.blocking(self.tier.upload, written.local_path, uri)
         finally:
             try:
                 os.unlink(written.local_path)
@@ -198,7 +201,7 @@ class Offloader:
             return True
 
         if not await ns.replanned(name, "offload commit", commit):
-            await asyncio.to_thread(self.tier.delete, uri)  # known not to be the segment's file
+            await self.blocking(self.tier.delete, uri)  # known not to be the segment's file
             return None
         self.on_step("committed")
         return OffloadedSegment(segment.sequence, segment.ledger_id, uri, written.rows, written.size_bytes,
@@ -228,9 +231,9 @@ class Offloader:
                         header, batch = codec.decode(entry.payload)
                         writer.add(entry.entry_id, header, batch)
 
-                await asyncio.to_thread(add)
+                await self.blocking(add)
                 first = last + 1
-            written = await asyncio.to_thread(writer.finish)
+            written = await self.blocking(writer.finish)
         except BaseException:
             writer.discard()
             raise

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -70,6 +70,7 @@ READ_HANDLES_MAX = 1024
 ENTRY_HEADERS_MAX = 100_000
 TIER_BYTES_MAX = 512 * 2**20  # tier files kept parsed in memory, in all
 PREFER = ("bookies", "tier")
+Blocking = Callable[..., Awaitable[Any]]
 
 
 class TierEntry(NamedTuple):
@@ -85,9 +86,10 @@ class TierHandle:
 
     is_closed = True
 
-    def __init__(self, segment_file: SegmentFile, last_entry: int) -> None:
+    def __init__(self, segment_file: SegmentFile, last_entry: int, blocking: Blocking) -> None:
         self.file = segment_file
         self.last_add_confirmed = last_entry
+        self.blocking = blocking
 
     def advance_lac(self, entry_id: int) -> None:
         """Nothing to advance: the file holds the completed segment."""
@@ -96,7 +98,7 @@ class TierHandle:
         return self.last_add_confirmed
 
     async def read(self, first: int, last: int) -> list[TierEntry]:
-        entries = await asyncio.to_thread(self.file.entries, first, last)
+        entries = await self.blocking(self.file.entries, first, last)
         return [TierEntry(entry_id, payload, 0) for entry_id, payload in entries]
 
     async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> None:
@@ -133,6 +135,9 @@ class SegmentReads:
         self._headers: OrderedDict[tuple[int, int], EntryInfo] = OrderedDict()
         self._codec = RecordSetCodec(default_schema())  # a header does not depend on the schema
         self.tier = tier or TierStore()
+        # how tier files are written, fetched and parsed off the event loop: a worker thread (the
+        # stream simulator runs them inline, so its runs replay exactly)
+        self.blocking: Blocking = asyncio.to_thread
         self.tier_bytes_max = tier_bytes_max
         self._tier_copies: OrderedDict[int, TierCopy] = OrderedDict()  # ledger -> its segment's tier copy
         self._tier_files: OrderedDict[str, SegmentFile] = OrderedDict()  # uri -> the file, parsed
@@ -176,8 +181,8 @@ class SegmentReads:
         self.tier_reads += 1
         found = self._tier_files.get(tier.uri)
         if found is None or found.copy != tier:
-            data = await self._step(asyncio.to_thread(self.tier.fetch, tier.uri, tier.size_bytes))
-            found = await asyncio.to_thread(SegmentFile, tier, data)
+            data = await self._step(self.blocking(self.tier.fetch, tier.uri, tier.size_bytes))
+            found = await self.blocking(SegmentFile, tier, data)
             self._drop_tier_file(tier.uri)
             self._tier_files[tier.uri] = found
             self._tier_bytes += found.size_bytes
@@ -185,7 +190,7 @@ class SegmentReads:
                 self._drop_tier_file(next(iter(self._tier_files)))
         else:
             self._tier_files.move_to_end(tier.uri)
-        return TierHandle(found, last_entry)
+        return TierHandle(found, last_entry, self.blocking)
 
     def _drop_tier_file(self, uri: str) -> None:
         dropped = self._tier_files.pop(uri, None)

@@ -8,6 +8,10 @@ choices) and runs on a simulated-time event loop (loop.py), so a run is a functi
 in-memory segment store (dlog.segments.memory: lost compare-and-sets, lost answers, delays,
 sessions that expire) and modelled ledgers (ledgers.py).
 
+In half of the runs an offloader copies completed segments to a tier (Parquet files in a
+directory of the run's own) and, in most of those, deletes their bookie copies at once: readers,
+the final read and the checker must not notice.
+
 In half of the runs (serving.py) two servers own a stream of their own in turn, idempotent
 producers retry into it, and the owner is killed now and then: the producer checks count
 duplicates and losses per producer.
@@ -23,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from bookkeeper.errors import DlogError
-from dlog import Namespace
+from dlog import Namespace, Offloader, TierPolicy
 from dlog.core.writer import WriterState
 from dlog.segments.memory import MemoryMetadata
 from tests.harness.history import History, Report, check, offset_list
@@ -45,6 +51,7 @@ BURST_PROBE_RECORDS = 300
 RUN_S_MAX = 600.0  # simulated seconds; a run that has not finished by then is a liveness failure
 FAULT_KINDS = ("ledger_failure", "kill_writer", "session_expiry", "metadata_blips", "metadata_delay")
 LEDGER_DELETION_SHARE = 0.3  # runs in which an operator deletes live writers' ledgers (ledger delete --force)
+OFFLOAD_SHARE = 0.5  # runs with an offloader (tiered storage)
 
 
 @dataclass(slots=True)
@@ -67,6 +74,8 @@ class Scenario:
     faults: tuple[str, ...]
     fault_phase_s: float
     ledger_deletions: bool = False
+    offload_every_s: float | None = None  # an offloader runs (tiered storage)
+    offload_deletes_copies: bool = False  # ... and deletes bookie copies right after each offload
 
     @classmethod
     def draw_for(cls, seed: int, rng: random.Random) -> Scenario:
@@ -74,6 +83,10 @@ class Scenario:
         # from a generator of its own, so every other draw (and the seeds that show each planted bug)
         # stays as it was before this fault existed
         scenario.ledger_deletions = random.Random(f"ledger deletions {seed}").random() < LEDGER_DELETION_SHARE
+        tiering = random.Random(f"offload {seed}")  # as the ledger deletions: every other draw stays
+        if tiering.random() < OFFLOAD_SHARE:
+            scenario.offload_every_s = tiering.uniform(0.5, 3.0)
+            scenario.offload_deletes_copies = tiering.random() < 0.7
         return scenario
 
     @classmethod
@@ -98,6 +111,8 @@ class Scenario:
     def describe(self) -> str:
         return (f"{self.writers} writer families, readers {self.readers}, roll every {self.roll_records} records / "
                 f"{self.roll_bytes} bytes / {self.roll_age_ms} ms, retention on roll {self.retention_on_roll}, "
+                f"offload every {_seconds(self.offload_every_s)}"
+                f"{' (bookie copies deleted)' if self.offload_deletes_copies else ''}, "
                 f"truncation every {_seconds(self.truncation_every_s)}, retention every "
                 f"{_seconds(self.retention_every_s)}, sink every {_seconds(self.sink_every_s)}, faults "
                 f"{list(self.faults) + (['delete_ledger'] if self.ledger_deletions else [])} for "
@@ -143,6 +158,8 @@ class StreamSimulation:
         self.graveyard: list[Any] = []  # what killed processes left, cancelled at the end
         self._last_version = -1
         self.serving = ServingWorld(self)  # servers and idempotent producers on a stream of their own
+        self.tier_dir = tempfile.mkdtemp(prefix=f"dlog-streamsim-{seed}-")
+        self.attempts = random.Random(f"offload attempts {seed}")  # the tier files' names
 
     # ------------------------------------------------------------------ the world
 
@@ -151,6 +168,7 @@ class StreamSimulation:
         namespace = Namespace("simulated", "sim", store=session, client=client, clock=self.clock,
                               rng=self.jitter.random)
         await namespace.start()
+        namespace.reads.blocking = _inline  # tier files read and written on the loop: runs replay exactly
         return Process(namespace, session, client)
 
     def _store_fault(self, operation: str, stream: str) -> str | None:
@@ -186,6 +204,7 @@ class StreamSimulation:
         finally:
             self._cancel_everything()
             self.loop.close()
+            shutil.rmtree(self.tier_dir, ignore_errors=True)
         report = check(self.history.events, resume_bound_s=RESUME_BOUND_S)
         result = StreamRunResult(self.seed, self.scenario, report, self.faults, self.loop.time(),
                                  _fingerprint(self.history.events), report.stats.get("ok", 0),
@@ -208,8 +227,12 @@ class StreamSimulation:
     async def _main(self) -> None:
         scenario = self.scenario
         control = await self.new_process()
+        tier = None
+        if scenario.offload_every_s is not None:
+            tier = TierPolicy(uri=f"file://{self.tier_dir}", delete_lag_ms=0 if scenario.offload_deletes_copies else -1)
         await control.namespace.create_stream(self.stream, roll_records=scenario.roll_records,
-                                              roll_bytes=scenario.roll_bytes or None, roll_age_ms=scenario.roll_age_ms)
+                                              roll_bytes=scenario.roll_bytes or None, roll_age_ms=scenario.roll_age_ms,
+                                              tier=tier)
         self.history.record("sim", "stream_config", roll_bytes=scenario.roll_bytes)
         self.spawn(self._monitor())
         for index in range(scenario.writers):
@@ -221,7 +244,7 @@ class StreamSimulation:
             self.spawn(reader.run())
         admins = [self.spawn(self._every(scenario.gc_every_s, self._gc))]
         for every, action in ((scenario.truncation_every_s, self._truncate), (scenario.retention_every_s, self._retain),
-                              (scenario.sink_every_s, self._sink_commit)):
+                              (scenario.sink_every_s, self._sink_commit), (scenario.offload_every_s, self._offload)):
             if every is not None:
                 admins.append(self.spawn(self._every(every, action)))
         faults = self.spawn(self._inject_faults()) if scenario.faults else None
@@ -286,6 +309,14 @@ class StreamSimulation:
         self.history.record("admin", "retention", removed=ledgers,
                             after=[[s.sequence, s.ledger_id, s.state.value] for s in after.segments])
 
+    async def _offload(self, process: Process) -> None:
+        offloader = Offloader(process.namespace, holder="offloader",
+                              attempt_ids=lambda: f"{self.attempts.getrandbits(64):016x}")
+        report = await offloader.run(self.stream, now=True)
+        if report.offloaded or report.bookie_copies_deleted:
+            self.note("offload", segments=[o.sequence for o in report.offloaded],
+                      bookie_copies_deleted=report.bookie_copies_deleted)
+
     async def _sink_commit(self, process: Process) -> None:
         sink = getattr(self, "_sink", None) or Sink(self, random.Random(self.rng.random()))
         self._sink = sink
@@ -302,10 +333,21 @@ class StreamSimulation:
             return
         self._last_version = listing.version
         snapshot: dict[str, Any] = {"version": listing.version, "max_sequence": listing.max_sequence,
-                                    "segments": [{"node": f"{s.sequence:018d}", **s.to_json()} for s in listing.segments]}
+                                    "segments": [{"node": f"{s.sequence:018d}", **self._segment_json(s)}
+                                                 for s in listing.segments]}
         if final:
             snapshot["ledgers"] = {str(s.ledger_id): self._ledger_state(s.ledger_id) for s in listing.segments}
         self.history.record("monitor", "metadata", final=final, **snapshot)
+
+    def _segment_json(self, segment: Any) -> dict[str, Any]:
+        """A segment as recorded: its tier file named within the run's tier directory (which is a
+        temporary directory of its own per run), so a replay records the same."""
+        document = segment.to_json()
+        prefix = f"file://{self.tier_dir}"
+        if document.get("tier"):
+            document["tier"] = {**document["tier"], "uri": document["tier"]["uri"].removeprefix(prefix)}
+        document["offload_attempt"] = document["offload_attempt"].removeprefix(prefix)
+        return document
 
     def _ledger_state(self, ledger_id: int) -> dict[str, Any]:
         ledger = self.ledgers.ledgers.get(ledger_id)
@@ -500,6 +542,10 @@ class StreamSimulation:
             task.cancel()
         if pending:
             self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+async def _inline(function: Any, *args: Any) -> Any:
+    return function(*args)
 
 
 def _seconds(value: float | None) -> str:
