@@ -126,8 +126,9 @@ def segment_file_uri(tier_uri: str, namespace: str, stream: str, sequence: int, 
 
 
 def stream_table_uri(tier_uri: str, namespace: str, stream: str) -> str:
-    """The directory that reads as the stream's table."""
-    return segment_file_uri(tier_uri, namespace, stream, 0, "x").rsplit("/segment=", 1)[0]
+    """The directory that reads as the stream's table (with the tier URI's query: its endpoint)."""
+    parsed = urllib.parse.urlsplit(segment_file_uri(tier_uri, namespace, stream, 0, "x"))
+    return parsed._replace(path=parsed.path.rsplit("/segment=", 1)[0]).geturl()
 
 
 class TierStore:
