@@ -84,9 +84,9 @@ async def _read(ns: Any, cluster: LocalCluster, prefer: str, run: str) -> dict[s
 
 
 def _spark_counts(cluster: LocalCluster, table: str, records: int) -> list[dict[str, Any]]:
-    from dlog_tools.bench.spark import _session
+    from dlog_tools.bench.spark import spark_session
 
-    spark = _session("local[2]", 2)
+    spark = spark_session("local[2]", 2)
     try:
         runs = []
         for run, load in (("spark: read.parquet(tier).count()", lambda: spark.read.parquet(table)),
