@@ -234,6 +234,10 @@ class Offloader:
                 await self.blocking(add)
                 first = last + 1
             written = await self.blocking(writer.finish)
+        except OSError as exc:  # the local disk (full, or refusing): a tier error, tried again later
+            writer.discard()
+            raise TierError(f"stream {name!r} segment {segment.sequence}: cannot build its file in "
+                            f"{os.path.dirname(writer.local_path)}: {exc}") from exc
         except BaseException:
             writer.discard()
             raise

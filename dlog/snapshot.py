@@ -82,14 +82,18 @@ class TierEntry(NamedTuple):
 
 
 class TierHandle:
-    """A tier file read as a closed ledger's handle (entries first..last of the segment)."""
+    """A tier file read as a closed ledger's handle (entries first..last of the segment). A part
+    of the file found damaged only when read (a file damaged before its checksum was taken) is
+    read through `fallback` (the bookie copy's handle, while it exists) instead."""
 
     is_closed = True
 
-    def __init__(self, segment_file: SegmentFile, last_entry: int, blocking: Blocking) -> None:
+    def __init__(self, segment_file: SegmentFile, last_entry: int, blocking: Blocking,
+                 fallback: Callable[[TierDamagedError], Awaitable[Any]] | None = None) -> None:
         self.file = segment_file
         self.last_add_confirmed = last_entry
         self.blocking = blocking
+        self.fallback = fallback
 
     def advance_lac(self, entry_id: int) -> None:
         """Nothing to advance: the file holds the completed segment."""
@@ -97,8 +101,13 @@ class TierHandle:
     async def read_lac(self) -> int:
         return self.last_add_confirmed
 
-    async def read(self, first: int, last: int) -> list[TierEntry]:
-        entries = await self.blocking(self.file.entries, first, last)
+    async def read(self, first: int, last: int) -> list[Any]:
+        try:
+            entries = await self.blocking(self.file.entries, first, last)
+        except TierDamagedError as exc:
+            if self.fallback is None:
+                raise
+            return list(await (await self.fallback(exc)).read(first, last))
         return [TierEntry(entry_id, payload, 0) for entry_id, payload in entries]
 
     async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> None:
@@ -162,8 +171,20 @@ class SegmentReads:
             raise ConfigError(f"prefer must be one of {', '.join(PREFER)}, got {prefer!r}")
         tier = tier or self._tier_copies.get(ledger_id)
         if tier is not None and confirmed_through is not None and (not tier.on_bookies or prefer == "tier"):
+            copy, through = tier, confirmed_through
+
+            async def fallback(exc: TierDamagedError) -> Any:  # damage found when reading a row group
+                self.forget_tier(copy.uri)  # never kept as a good file
+                if not copy.on_bookies:
+                    raise exc
+                self.tier_fallbacks += 1
+                log.warning("%s; reading ledger %d from the bookies instead", exc, ledger_id)
+                return await self._bookie_handle(ledger_id, password, through)
+
             try:
-                return await self.tier_handle(tier, confirmed_through)
+                found = await self.tier_handle(tier, confirmed_through)
+                found.fallback = fallback
+                return found
             except TierDamagedError as exc:
                 if not tier.on_bookies:
                     raise

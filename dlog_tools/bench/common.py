@@ -191,8 +191,9 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def run_streams(fsync: bool, action: Any, secure: bool = False) -> Any:
-    """Start a 3-bookie cluster, open the bench namespace, and run `action(ns)` in it. The bench
+def run_streams(fsync: bool, action: Any, secure: bool = False, **namespace_options: Any) -> Any:
+    """Start a 3-bookie cluster, open the bench namespace (with `namespace_options`), and run
+    `action(ns, cluster)` in it. The bench
     process tunes its cycle collector as a bookie does, and as docs/operations.md recommends for
     a client that keeps many writers or records in flight."""
     from dlog import Namespace
@@ -200,7 +201,8 @@ def run_streams(fsync: bool, action: Any, secure: bool = False) -> Any:
     tune_garbage_collector()
 
     async def go(cluster: LocalCluster) -> Any:
-        async with Namespace(cluster.zk_address, NAMESPACE, security=client_security(cluster)) as ns:
+        async with Namespace(cluster.zk_address, NAMESPACE, security=client_security(cluster),
+                             **namespace_options) as ns:
             return await action(ns, cluster)
 
     with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:

@@ -79,7 +79,7 @@ async def _write_input(cluster: LocalCluster, records: int, batch_records: int) 
             "stored_mb": round(sum(s["bytes"] for s in segments) / 1e6, 1)}
 
 
-def _session(master: str, shuffle_partitions: int, conf: dict[str, str] | None = None) -> Any:
+def spark_session(master: str, shuffle_partitions: int, conf: dict[str, str] | None = None) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -162,10 +162,10 @@ def bench_spark(records: int = 10_000_000, *, cores: int = 2, partitions: int = 
 
                 engine = SparkStandalone(f"{directory}/spark", worker_cores=cores,
                                          worker_memory=STANDALONE_WORKER_MEMORY).start()
-                spark = _session(engine.master_url, shuffle_partitions,
+                spark = spark_session(engine.master_url, shuffle_partitions,
                                  engine.application_conf(STANDALONE_EXECUTOR_MEMORY, small_jvm=False))
             else:
-                spark = _session(f"local[{cores}]", shuffle_partitions)
+                spark = spark_session(f"local[{cores}]", shuffle_partitions)
             try:
                 runs += _spark_runs(spark, options, records, partitions, directory)
             finally:

@@ -386,3 +386,28 @@ def bench_spark_command(records: int, cores: int, partitions: int, standalone: b
 
     print_bench(bench_spark(records, cores=cores, partitions=partitions, fsync=not no_fsync,
                             standalone=standalone), as_json)
+
+
+@bench.command("tier")
+@click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
+@click.option("--segments", default=4, show_default=True, type=click.IntRange(1, 1000),
+              help="the records are written across this many segments, all offloaded")
+@click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1),
+              help="records per written batch")
+@click.option("--tier", "tier", default="file", show_default=True,
+              help="file (a scratch directory), moto (moto's S3 server on loopback, started here; needs "
+                   "moto[server]) or a tier URI (file:///path, s3://bucket/prefix[?endpoint_override=...])")
+@click.option("--s3-endpoint", default=None, help="host:port or URL of an s3:// tier (else the environment's)")
+@click.option("--spark", is_flag=True, help="also count the tier's table with spark.read.parquet and the "
+                                            "stream with format('dlog') (needs pyspark)")
+@no_fsync_option
+@json_option
+@fails_cleanly
+def bench_tier_command(records: int, segments: int, batch_records: int, tier: str, s3_endpoint: str | None,
+                       spark: bool, no_fsync: bool, as_json: bool) -> None:
+    """Tiered storage: offload throughput, catch-up reads from the tier vs the bookies, bytes per
+    record on each, and (--spark) Spark counts of the tier's table vs the stream."""
+    from dlog_tools.bench.tier import bench_tier
+
+    print_bench(bench_tier(records, segments, batch_records, tier=tier, s3_endpoint=s3_endpoint, spark=spark,
+                           fsync=not no_fsync), as_json)

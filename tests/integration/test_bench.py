@@ -292,3 +292,15 @@ def test_bench_kafka_reports_offer_produce_latency_fetch_and_failover_side_by_si
     assert failover["failover_s"] is not None and failover["failover_s"] >= 1.0 and failover["failed"] == 0
     assert set(result["targets"]) == {"kafka_produce_records_per_s", "kafka_vs_offer", "latency_p99_ms",
                                       "fetch_records_per_s"}
+
+
+@pytest.mark.parametrize("tier", ["file", "moto"])
+def test_bench_tier_reports_offload_reads_from_both_copies_and_bytes_per_record(tier: str):
+    result = run_bench("tier", "--records", "3000", "--segments", "3", "--batch-records", "500", "--tier", tier)
+    assert result["mode"] == "tier" and result["records"] == 3000 and result["segments"] == 3
+    assert result["bookie_copies"] == 2 and 0 < result["tier_bytes_per_record"] < result["bookie_bytes_per_record"]
+    runs = {run["run"]: run for run in result["runs"]}
+    assert runs["offload"]["records"] == 3000 and runs["offload"]["segments"] == 3
+    reads = [run for run in result["runs"] if run["run"].startswith("read from")]
+    assert [run["prefer"] for run in reads] == ["bookies", "tier", "tier"]
+    assert all(run["records"] == 3000 and run["records_per_s"] > 0 for run in reads)

@@ -10,6 +10,7 @@ import pytest
 from dlog import Namespace
 from tests.helpers import eventually
 from dlog_tools.cluster import LocalCluster
+from tests.harness.s3 import MotoS3
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +76,11 @@ async def read_all(ns, name: str, **options) -> list[bytes]:
 def connect(cluster: LocalCluster, namespace: str | None = None, **options) -> Namespace:
     return Namespace(cluster.zk_address, namespace or f"ns{uuid.uuid4().hex[:6]}", bookkeeper_root=cluster.zk_root,
                      **options)
+
+
+@pytest.fixture(scope="module")
+def moto_s3(tmp_path_factory):
+    """An S3 store (moto's server mode on loopback) with one bucket, for a file's tests."""
+    store = MotoS3(tmp_path_factory.mktemp("moto")).start()
+    yield store
+    store.stop()
