@@ -5,6 +5,7 @@ offloading by itself, and the status page's tier view; all against a real cluste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -175,6 +176,19 @@ async def wait_for(predicate, what: str):
         await asyncio.sleep(0.1)
 
 
+@contextlib.asynccontextmanager
+async def running(ns):
+    """A policy runner with short intervals, running until the block ends (and it stopped cleanly)."""
+    runner = PolicyRunner(ns, limits=PolicyLimits(interval_min_ms=100, interval_max_ms=500, list_interval_ms=200))
+    stop = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(runner.run(stop))
+    try:
+        yield runner
+    finally:
+        stop.set()
+        await task  # raises what the runner raised: a tier error must never get here
+
+
 async def write_sealed(ns, name: str, segments: int, per_segment: int) -> None:
     for number in range(segments):
         async with ns.open_writer(name) as writer:
@@ -190,18 +204,12 @@ async def test_the_policy_runner_offloads_by_itself_once_the_offload_age_passes(
         await ns.create_stream("untiered")
         await write_sealed(ns, "events", 3, 40)
         await write_sealed(ns, "untiered", 1, 5)
-        runner = PolicyRunner(ns, limits=PolicyLimits(interval_min_ms=100, interval_max_ms=500, list_interval_ms=200))
-        stop = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(runner.run(stop))
-        try:
+        async with running(ns) as runner:
             async def offloaded():
                 listing = await ns.store.segments("events")
                 return all(s.tier is not None and not s.tier.on_bookies for s in listing.segments)
 
             await wait_for(offloaded, "the runner to offload every segment and delete the bookie copies")
-        finally:
-            stop.set()
-            await task
         assert runner.stats.tier.total.offloaded_segments == 3 and runner.stats.tier.total.offload_failures == 0
         assert runner.stats.tier.total.bookie_copies_deleted == 3
         assert set(runner.stats.tier.streams) == {"events"}  # the stream without a tier is left alone
@@ -221,10 +229,7 @@ async def test_a_failing_tier_backs_off_never_stops_the_runner_and_shows_on_the_
         await ns.create_stream("fine", tier=TierPolicy(uri=f"file://{tmp_path}/fine", offload_after_ms=0))
         await write_sealed(ns, "broken", 2, 10)
         await write_sealed(ns, "fine", 2, 10)
-        runner = PolicyRunner(ns, limits=PolicyLimits(interval_min_ms=100, interval_max_ms=500, list_interval_ms=200))
-        stop = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(runner.run(stop))
-        try:
+        async with running(ns) as runner:
             async def failed_twice():
                 found = await ns.store.tier_status("broken")
                 return found if found and found["failures"] >= 2 else None
@@ -235,10 +240,6 @@ async def test_a_failing_tier_backs_off_never_stops_the_runner_and_shows_on_the_
                 return all(s.tier is not None for s in (await ns.store.segments("fine")).segments)
 
             await wait_for(fine_offloaded, "the other stream offloaded meanwhile")
-        finally:
-            stop.set()
-            await task
-        assert not task.exception()
         assert "cannot write" in failing["error"] and failing["last_success_ms"] == 0
         assert runner.stats.tier.streams["broken"].offload_failures >= 2
         assert all(s.tier is None and s.offload_attempt for s in (await ns.store.segments("broken")).segments[:1])
