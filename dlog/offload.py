@@ -113,7 +113,7 @@ class Offloader:
         fixed_ms = now_ms
         now_ms = ns.clock.wall_ms() if fixed_ms is None else fixed_ms
         if not policy.enabled:
-            report.skipped.append("the stream has no tier (dlog tier set NAME --uri URI)")
+            report.skipped.append("the stream has no tier (dlog tier set NAME --tier URI)")
             return report
         listing = await ns.store.segments(name)
         report.planned = tiering.offload_plan(listing, policy, now_ms, now=now)

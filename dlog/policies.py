@@ -6,8 +6,11 @@ refreshes the stream list, asks the schedule which streams are due, and for each
 stream's settings, claims the running of its policies (`SegmentStore.claim_runner`: one runner per
 stream, for as long as its ZooKeeper session lives; a stream another runner holds is left to it),
 and applies retention through `Namespace.apply_retention`, the very path `dlog retention apply`
-takes, which is safe beside live writers and readers (L7). A failure is logged once per stream per
-failure streak and retried with back-off; it never stops the runner or touches other streams.
+takes, which is safe beside live writers and readers (L7); on a stream with a tier it then runs
+the offloader (`dlog.offload`: offloads the due segments, deletes the due bookie copies), as
+`dlog offload` would, unless the runner was made with `offload=False`. A failure (a tier error
+too: the offloader reports it rather than raising) is logged once per stream per failure streak
+and retried with back-off; it never stops the runner or touches other streams.
 """
 
 from __future__ import annotations
@@ -20,13 +23,42 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bookkeeper.errors import DlogError
-from dlog.core.policies import PolicyLimits, PolicySchedule, has_policy
+from dlog.core.policies import PolicyLimits, PolicySchedule, has_policy, runs_offloader
+from dlog.offload import Offloader, OffloadReport, offload_quietly
 from dlog.segments.port import StreamNotFoundError
 
 if TYPE_CHECKING:
     from dlog.namespace import Namespace
 
 log = logging.getLogger(__name__)
+TIER_STREAMS_LABELLED_MAX = 100  # streams counted by name in `TierStats.streams`; the rest under OTHER_STREAMS
+OTHER_STREAMS = "_other"
+
+
+@dataclass
+class TierCounts:
+    offloaded_segments: int = 0
+    offloaded_bytes: int = 0  # bytes of Parquet files written to the tier
+    offload_failures: int = 0  # runs that ended with an error
+    bookie_copies_deleted: int = 0
+
+
+@dataclass
+class TierStats:
+    """What a runner's offloads did: in total, and per stream for the first
+    TIER_STREAMS_LABELLED_MAX streams (a metric label's values stay bounded)."""
+
+    total: TierCounts = field(default_factory=TierCounts)
+    streams: dict[str, TierCounts] = field(default_factory=dict)
+
+    def add(self, report: OffloadReport) -> None:
+        stream = report.stream if (report.stream in self.streams
+                                   or len(self.streams) < TIER_STREAMS_LABELLED_MAX) else OTHER_STREAMS
+        for counts in (self.total, self.streams.setdefault(stream, TierCounts())):
+            counts.offloaded_segments += len(report.offloaded)
+            counts.offloaded_bytes += sum(done.size_bytes for done in report.offloaded)
+            counts.offload_failures += 1 if report.error else 0
+            counts.bookie_copies_deleted += len(report.bookie_copies_deleted)
 
 
 @dataclass
@@ -39,16 +71,22 @@ class PolicyStats:
     held_elsewhere: int = 0  # streams skipped because another runner holds them
     failures: int = 0
     last_removed: dict[str, int] = field(default_factory=dict)  # stream -> segments removed at its last run
+    tier: TierStats = field(default_factory=TierStats)
 
 
 class PolicyRunner:
     """Applies the policies of one namespace's streams on their schedule."""
 
     def __init__(self, namespace: Namespace, *, limits: PolicyLimits | None = None, runner_id: str | None = None,
-                 streams: Callable[[], Iterable[str]] | None = None) -> None:
+                 streams: Callable[[], Iterable[str]] | None = None, retention: bool = True,
+                 offload: bool = True) -> None:
         """`streams`: the streams this runner looks after (a server: those it owns); by default
-        every stream of the namespace, listed again every `limits.list_interval_ms`."""
+        every stream of the namespace, listed again every `limits.list_interval_ms`. `retention`,
+        `offload`: which policies it applies (`dlog tier daemon` only offloads; `--no-offload`
+        leaves offloading to others)."""
         self.namespace = namespace
+        self.retention = retention
+        self.offloader = Offloader(namespace) if offload else None
         self.schedule = PolicySchedule(limits)
         self.limits = self.schedule.limits
         self.runner_id = runner_id or f"policy-runner-{uuid.uuid4().hex[:12]}"
@@ -74,30 +112,58 @@ class PolicyRunner:
         namespace = self.namespace
         try:
             config = await namespace.config(stream)
-            if has_policy(config):
+            tier = await namespace.tier_policy(stream, config)
+            offloader = self.offloader if runs_offloader(config, tier) else None
+            if (self.retention and has_policy(config, tier)) or offloader is not None:
                 holder = await namespace.store.claim_runner(stream, self.runner_id)
                 if holder is not None:
                     self.stats.held_elsewhere += 1
                 else:
-                    removed = await namespace.apply_retention(stream)
+                    if self.retention:
+                        await self._retention(stream)
                     self.stats.runs += 1
-                    self.stats.segments_removed += len(removed)
-                    self.stats.last_removed[stream] = len(removed)
-                    if removed:
-                        log.info("retention of stream %r removed %d segment(s) up to sequence %d",
-                                 stream, len(removed), removed[-1].sequence)
-            self.schedule.ran(stream, config, namespace.clock.wall_ms())
+                    if offloader is not None and (error := await self._offload(offloader, stream)):
+                        self._failed(stream, error)
+                        return
+            self.schedule.ran(stream, config, namespace.clock.wall_ms(), tier)
             self._failing.discard(stream)
         except StreamNotFoundError:
             self.schedule.forget(stream)
             self._failing.discard(stream)
         except DlogError as exc:  # retried later; other streams go on
-            self.stats.failures += 1
-            wait_ms = self.schedule.failed(stream, namespace.clock.wall_ms())
-            if stream not in self._failing:
-                self._failing.add(stream)
-                log.warning("policies of stream %r failed (retrying in %.1f s, then backing off): %s",
-                            stream, wait_ms / 1000, exc)
+            self._failed(stream, str(exc))
+
+    def _failed(self, stream: str, error: str) -> None:
+        self.stats.failures += 1
+        wait_ms = self.schedule.failed(stream, self.namespace.clock.wall_ms())
+        if stream not in self._failing:
+            self._failing.add(stream)
+            log.warning("policies of stream %r failed (retrying in %.1f s, then backing off): %s",
+                        stream, wait_ms / 1000, error)
+
+    async def _retention(self, stream: str) -> None:
+        removed = await self.namespace.apply_retention(stream)
+        self.stats.segments_removed += len(removed)
+        self.stats.last_removed[stream] = len(removed)
+        if removed:
+            log.info("retention of stream %r removed %d segment(s) up to sequence %d",
+                     stream, len(removed), removed[-1].sequence)
+
+    async def _offload(self, offloader: Offloader, stream: str) -> str:
+        """Offload what is due and delete the due bookie copies; a tier error is a failure of the
+        stream's run (backed off), reported in its tier status by the offloader."""
+        try:
+            report = await offload_quietly(offloader, stream)
+        except StreamNotFoundError:
+            raise
+        except DlogError as exc:  # a metadata error: the run failed as a tier error's would
+            report = OffloadReport(stream, "", error=str(exc))
+        self.stats.tier.add(report)
+        if report.offloaded or report.bookie_copies_deleted:
+            log.info("stream %r: offloaded %d segment(s) to %s, deleted %d bookie cop%s", stream,
+                     len(report.offloaded), report.tier_uri, len(report.bookie_copies_deleted),
+                     "y" if len(report.bookie_copies_deleted) == 1 else "ies")
+        return f"offloading failed: {report.error}" if report.error else ""
 
     def wait_s(self) -> float:
         """How long to sleep before the next round: until the earliest due stream or the next

@@ -80,17 +80,24 @@ def zk_timeout_s() -> float:
     return value
 
 
-def client_options(section: str = "client", env_prefix: str = "DLOG_CLIENT_") -> dict[str, Any]:
-    """Ledger-client settings for commands that talk to a cluster, from `$DLOG_CONFIG` and the
-    environment: add_timeout_s, read_timeout_s, speculative_read_ms, explicit_lac_interval_ms."""
-    known = {"add_timeout_s": float, "read_timeout_s": float, "speculative_read_ms": int,
-             "explicit_lac_interval_ms": int}
+def known_section(section: str, known: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """The `[section]` table of `$DLOG_CONFIG` (and the file's path), refused with one line when it
+    holds a setting not in `known`."""
     path = os.environ.get(CONFIG_ENV)
     values = load_section(path, section)
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ConfigError(f"unknown setting {', '.join(unknown)} in [{section}] of {path}; known: "
-                          f"{', '.join(sorted(known))}")
+                          f"{', '.join(known)}")
+    return path, values
+
+
+def client_options(section: str = "client", env_prefix: str = "DLOG_CLIENT_") -> dict[str, Any]:
+    """Ledger-client settings for commands that talk to a cluster, from `$DLOG_CONFIG` and the
+    environment: add_timeout_s, read_timeout_s, speculative_read_ms, explicit_lac_interval_ms."""
+    known = {"add_timeout_s": float, "read_timeout_s": float, "speculative_read_ms": int,
+             "explicit_lac_interval_ms": int}
+    path, values = known_section(section, sorted(known))
     options: dict[str, Any] = {}
     for name, kind in known.items():
         raw = os.environ.get(f"{env_prefix}{name.upper()}", values.get(name))
@@ -105,3 +112,22 @@ def client_options(section: str = "client", env_prefix: str = "DLOG_CLIENT_") ->
             raise ConfigError(f"client setting {name} must be > 0, got {value}")
         options[name] = value
     return options
+
+
+TIER_KEYS = ("s3_endpoint", "s3_region", "s3_access_key", "s3_secret_key")
+
+
+def tier_options(section: str = "tier", env_prefix: str = "DLOG_TIER_") -> Any:
+    """How to reach an S3 tier (`dlog.segments.tier.TierOptions`), from the `[tier]` table of
+    `$DLOG_CONFIG` (client.toml) and the environment (`DLOG_TIER_S3_ENDPOINT`...): s3_endpoint,
+    s3_region, s3_access_key, s3_secret_key. None when nothing is set: pyarrow then reads the
+    environment's AWS_* variables and ~/.aws as boto3 does."""
+    from dlog.segments.tier import TierOptions
+
+    path, values = known_section(section, list(TIER_KEYS))
+    for name, value in values.items():
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{name} in [{section}] of {path} must be a non-empty string, got {value!r}")
+    found = {name: os.environ.get(f"{env_prefix}{name.upper()}") or values.get(name) for name in TIER_KEYS}
+    found = {name: value for name, value in found.items() if value}
+    return TierOptions.from_mapping(found) if found else None

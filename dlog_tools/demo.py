@@ -2,9 +2,11 @@
 
 cluster (ZooKeeper + 3 bookie processes) -> a ledger written and recovered through the client ->
 a stream -> 1,000,000 records written -> tail-read by a live reader -> rolled and truncated ->
-retention applied -> exported to Parquet and Arrow -> a Spark Structured Streaming query
+retention applied -> exported to Parquet and Arrow -> a stream offloaded to a local tier, its bookie
+copies deleted and its records read back through the log -> a Spark Structured Streaming query
 (readStream.format("dlog") -> count by action -> writeStream.format("dlog")) -> its result read
-back and checked against the export -> stop.
+back and checked against the export, and `spark.read.parquet` of the tier counting what the log
+holds -> stop.
 Exit status 0 only when every step's check passed.
 """
 
@@ -39,6 +41,8 @@ from dlog_tools.cluster import LocalCluster
 RECORDS = 1_000_000
 BATCH_RECORDS = 10_000
 STREAM = "clicks"
+ARCHIVE = "archive"  # the stream the tier step offloads
+ARCHIVE_RECORDS, ARCHIVE_SEGMENT_RECORDS = 50_000, 10_000
 console = Console()
 
 
@@ -104,7 +108,7 @@ class Demo:
 
     def run_all(self) -> None:
         asyncio.run(self.run((self.ledger_round_trip, self.write_stream, self.roll_and_truncate,
-                              self.retention, self.export, self.create_result_stream)))
+                              self.retention, self.export, self.offload, self.create_result_stream)))
         self.spark_query()
         asyncio.run(self.run((self.spark_result,)))
 
@@ -198,6 +202,35 @@ class Demo:
         self.exported = table
         self.note("exported to Parquet and Arrow", f"{expected:,} records each")
 
+    async def offload(self, ns: Any) -> None:
+        """A stream with a local tier: its completed segments offloaded as Parquet files, the bookie
+        copies deleted (delete lag 0), and every record read back through the log, now from the tier."""
+        from dlog import Offloader, TierPolicy
+        from dlog.segments.codec import records_to_batch
+
+        self.tier_dir = self.directory / "tier"
+        await ns.create_stream(ARCHIVE, roll_records=ARCHIVE_SEGMENT_RECORDS,
+                               tier=TierPolicy(uri=f"file://{self.tier_dir}", delete_lag_ms=0))
+        values = self.values[:ARCHIVE_RECORDS]
+        async with ns.open_writer(ARCHIVE) as writer:
+            for start in range(0, ARCHIVE_RECORDS, BATCH_RECORDS):
+                await writer.write_batch(records_to_batch(values[start: start + BATCH_RECORDS]))
+        started = perf_s()
+        report = await Offloader(ns).run(ARCHIVE, now=True)
+        offload_s = perf_s() - started
+        listing = await ns.store.segments(ARCHIVE)
+        check(bool(report.offloaded) and all(s.tier is not None and not s.tier.on_bookies for s in listing.live),
+              f"offloaded {len(report.offloaded)} segments, some still only on the bookies")
+        async with ns.open_reader(ARCHIVE, "earliest", follow=False) as reader:
+            read_back = [record.value async for record in reader]
+        check(read_back == values, f"read {len(read_back)} records back from the tier, expected {len(values)}")
+        self.archive_records = len(read_back)
+        tier_bytes = sum(o.size_bytes for o in report.offloaded)
+        bookie_bytes = sum(o.segment_bytes for o in report.offloaded)
+        self.note("tier: a stream offloaded to Parquet, bookie copies deleted, read back through the log",
+                  f"{len(report.offloaded)} segments, {len(read_back):,} records, {bookie_bytes / 2**20:.1f} MiB "
+                  f"per bookie -> {tier_bytes / 2**20:.1f} MiB on the tier in {offload_s:.1f} s")
+
     def spark_query(self) -> None:
         """readStream.format("dlog") -> count by action -> writeStream.format("dlog")."""
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -229,6 +262,10 @@ class Demo:
                      .outputMode("complete").trigger(availableNow=True).start())
             check(query.awaitTermination(240) is not False and query.exception() is None,
                   f"the Spark query failed: {query.exception()}")
+            tier_count = spark.read.parquet(str(self.tier_dir / "demo" / ARCHIVE)).count()
+            check(tier_count == self.archive_records,
+                  f"spark.read.parquet of the tier counted {tier_count}, the log holds {self.archive_records}")
+            self.tier_count = tier_count
         finally:
             spark.stop()
         self.spark_seconds = perf_s() - started
@@ -246,6 +283,8 @@ class Demo:
         self.note("Spark: readStream dlog -> count by action -> writeStream dlog, read back",
                   f"{len(counts)} actions, {sum(counts.values()):,} records counted "
                   f"in {self.spark_seconds:.0f} s")
+        self.note("Spark: spark.read.parquet of the tier directory, as a table",
+                  f"{self.tier_count:,} rows, as many as the log's records")
 
 
 def main() -> int:

@@ -44,7 +44,14 @@ the marks in ZooKeeper); each bookie's re-replication bytes/s comes from its met
 
 Damage. A live segment whose ledger metadata is gone (deleted with `dlog ledger delete --force`)
 shows as damaged: its records are lost. Only the shown (newest) segments are checked, one
-ZooKeeper read each per poll.
+ZooKeeper read each per poll. A segment with a copy on the tier is never damaged for a missing
+ledger (its bookie copy was deleted after the offload, or is being deleted).
+
+Tier. Each stream with a tier (its own or its namespace's default) shows where its live segments
+are (`dlog.core.tiering.placement`: on the bookies only, on both, on the tier only), each segment's
+box says "on tier" or "tier + bookies", and the offloader's last run (the stream's tier status,
+one ZooKeeper read): a run that failed is a warning on the stream and a problem in the header,
+until a run succeeds.
 
 Writers. An in-progress segment is "writing" only while the stream's writer lock has a holder (one
 ZooKeeper read per stream with an in-progress segment); otherwise its writer crashed or was cut
@@ -79,6 +86,7 @@ from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
 from bookkeeper.meta import layout
 from bookkeeper.security.settings import NO_SECURITY, SecuritySettings, unseal_password
 from bookkeeper.security.tls import host_of
+from dlog.core import tiering
 from dlog.core.snapshot import SegmentView, StreamView, first_readable, resolve
 from dlog.describe import entry_count, subscription_lag
 from dlog.offsets import Offset
@@ -245,6 +253,10 @@ def health_summary(result: dict[str, Any]) -> dict[str, Any]:
             if unreadable:
                 problems.append(f"{where}: segment{'s' if len(unreadable) > 1 else ''} "
                                 f"{', '.join(unreadable)} cannot be read")
+            last_run = (stream.get("tier") or {}).get("last_run") or {}
+            if last_run.get("error"):
+                problems.append(f"{where}: the last offload failed ({plural(last_run.get('failures', 1), 'failure')} "
+                                f"in a row): {last_run['error']}")
             for sub in stream.get("subscriptions", []):
                 if sub.get("losses"):
                     problems.append(f"{where}: subscription {sub['name']} will skip records it never read "
@@ -441,20 +453,26 @@ class Collector:
         store = StreamStore(self._zk, f"{self.options.namespace_root}/{name}")
         try:
             streams = await store.list_streams()
+            default_tier = await store.namespace_tier()
         except DlogError as exc:
             return {"name": name, "streams": [], "streams_omitted": 0, "error": str(exc)}
-        shown = await asyncio.gather(*(self._stream(store, stream) for stream in streams[:STREAMS_MAX]))
+        shown = await asyncio.gather(*(self._stream(store, stream, default_tier) for stream in streams[:STREAMS_MAX]))
         return {"name": name, "streams": list(shown),
                 "streams_omitted": max(0, len(streams) - STREAMS_MAX), "error": None}
 
-    async def _stream(self, store: Any, name: str) -> dict[str, Any]:
+    async def _stream(self, store: Any, name: str, default_tier: Any = None) -> dict[str, Any]:
         try:
             config = await store.config(name)
             listing = await store.segments(name)
             offsets = await store.subscriptions(name)
+            policy = tiering.effective_policy(config, default_tier)
+            tier = None
+            if policy.enabled or any(s.tier is not None for s in listing.segments):
+                tier = {"uri": policy.uri or "", "placement": tiering.placement(listing),
+                        "last_run": await store.tier_status(name)}
         except DlogError as exc:
             return {"name": name, "error": str(exc), "segments": [], "segments_omitted": 0,
-                    "records": None, "truncation_point": None, "subscriptions": [], "settings": None}
+                    "records": None, "truncation_point": None, "subscriptions": [], "settings": None, "tier": None}
         namespace = store.root.rsplit("/", 1)[1]
         try:
             password = unseal_password(config.password, self.options.security.seal_key(namespace)).encode()
@@ -473,11 +491,11 @@ class Collector:
                 "segments_omitted": max(0, len(segments) - SEGMENTS_SHOWN_MAX),
                 "records": sum(s["records"] or 0 for s in live),
                 "truncation_point": truncation_point(segments), "subscriptions": subscriptions,
-                "settings": _settings(config)}
+                "settings": _settings(config), "tier": tier}
 
     async def _mark_damaged(self, segments: list[dict[str, Any]]) -> None:
         """A live segment whose ledger is gone has lost its records: say so."""
-        alive = [s for s in segments if s["state"] != "truncated"]
+        alive = [s for s in segments if s["state"] != "truncated" and s["tier"] is None]
         found = await asyncio.gather(*(self._zk.exists(layout.ledger_path(self.options.bookkeeper_root,
                                                                            s["ledger"])) for s in alive))
         for segment, exists in zip(alive, found, strict=True):
@@ -507,7 +525,8 @@ class Collector:
                 "records": segment.records, "bytes": segment.bytes,
                 "min_active_entry": segment.min_active_entry, "min_active_slot": segment.min_active_slot,
                 "min_active": f"{segment.ledger_id}:{segment.min_active_entry}:{segment.min_active_slot}",
-                "note": None, "damaged": False, "unreadable": False, "writer": None}
+                "note": None, "damaged": False, "unreadable": False, "writer": None,
+                "tier": None if segment.tier is None else "both" if segment.tier.on_bookies else "tier"}
         if segment.is_in_progress:
             item["bytes"] = None  # a ledger's length is known once it is closed
             try:
@@ -571,6 +590,9 @@ def segment_boxes(stream: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
             activity = "writing"
         else:
             activity = format_size(segment["bytes"]) if segment["bytes"] is not None else ""
+        if segment.get("tier") and not segment["damaged"]:
+            css += " tiered"
+            activity = TIER_LABELS[segment["tier"]]
         grow = 0
         if state != "truncated":
             grow = percent((segment["records"] or 0) / live_records * 100) if live_records else 1
@@ -598,6 +620,31 @@ def segment_boxes(stream: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     return boxes, flag_rows
 
 
+TIER_LABELS = {"both": "tier + bookies", "tier": "on tier"}
+
+
+def tier_line(tier: dict[str, Any] | None) -> str:
+    """Where a tiered stream's live segments are: on the bookies only, on both, on the tier only."""
+    if not tier:
+        return ""
+    parts = []
+    for where, label in (("bookies", "bookies only"), ("both", "both"), ("tier", "tier only")):
+        counts = tier["placement"][where]
+        size = counts["tier_bytes"] if where == "tier" else counts["bytes"]
+        parts.append(f"{label}: {plural(counts['segments'], 'segment')}, {plural(counts['records'], 'record')}, "
+                     f"{format_size(size)}")
+    return f"tier {tier['uri'] or 'none'} · " + " · ".join(parts)
+
+
+def tier_warning(tier: dict[str, Any] | None) -> str:
+    """The stream's warning when the offloader's last run failed ("" otherwise)."""
+    last_run = (tier or {}).get("last_run") or {}
+    if not last_run.get("error"):
+        return ""
+    return (f"the last offload failed at {format_time_ms(last_run.get('at_ms'), 'seconds')} "
+            f"({plural(last_run.get('failures', 1), 'failure')} in a row; retried with back-off): {last_run['error']}")
+
+
 def settings_line(settings: dict[str, Any] | None) -> str:
     if not settings:
         return ""
@@ -620,7 +667,8 @@ def stream_view(stream: dict[str, Any]) -> dict[str, Any]:
     boxes, flag_rows = segment_boxes(stream)
     notes = [f"segment #{s['sequence']}: {s['note']}" for s in stream["segments"] if s["note"]]
     return {**stream, "boxes": boxes, "flag_rows": flag_rows, "notes": notes,
-            "settings_line": settings_line(stream["settings"])}
+            "settings_line": settings_line(stream["settings"]), "tier_line": tier_line(stream.get("tier")),
+            "tier_warning": tier_warning(stream.get("tier"))}
 
 
 def _number(value: float | None) -> str:

@@ -46,6 +46,14 @@ def parse_duration_ms(text: str) -> int:
     return int(float(match.group(1)) * _DURATION_UNITS_MS[unit])
 
 
+def parse_duration_or_never_ms(text: str) -> int:
+    """A duration as `parse_duration_ms` reads it, or `-1` for "never" (the tier's offload age and
+    bookie-copy delete lag)."""
+    if str(text).strip() in ("-1", "never"):
+        return -1
+    return parse_duration_ms(text)
+
+
 def format_duration_ms(duration_ms: int) -> str:
     """The largest unit that shows the duration exactly: 7200000 -> '2h', 90000 -> '90s'."""
     for unit, size_ms in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
@@ -72,6 +80,7 @@ class ParsedType(click.ParamType):
 
 SIZE = ParsedType("size", parse_size)
 DURATION = ParsedType("duration", parse_duration_ms)
+DURATION_OR_NEVER = ParsedType("duration", parse_duration_or_never_ms)  # -1 (or "never"): never
 
 
 def format_in_unit(amount: int, unit: str) -> str:

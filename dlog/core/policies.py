@@ -8,7 +8,8 @@ settings and the time it is handed (no clock is read here):
 
 - a stream with an age limit is looked at every quarter of that age, but not more often than
   `interval_min_ms` nor less often than `interval_max_ms` (so `--age 1s` is enforced within about
-  a second, and a 7-day policy once a minute);
+  a second, and a 7-day policy once a minute); a stream with a tier counts its offload age,
+  bookie-copy delete lag and tier retention age as age limits too (0: every `interval_min_ms`);
 - a stream with only a size limit, or none (its settings may change), every `interval_max_ms`;
 - a stream whose run failed waits twice as long after each failure, up to `backoff_max_ms`;
 - the stream list is read again every `list_interval_ms`, so a new stream is seen within it;
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dlog.segments.metadata import StreamConfig
+from dlog.segments.metadata import StreamConfig, TierPolicy
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,46 @@ class PolicyLimits:
         if self.streams_per_round_max < 1 or self.streams_tracked_max < 1:
             raise ValueError("a policy runner must look at one stream or more per round")
 
+    @classmethod
+    def at_most_every(cls, interval_max_ms: int) -> PolicyLimits:
+        """Limits that look at each stream at least every `interval_max_ms` (a command's
+        `--policy-check-interval`, `dlog tier daemon --interval`), at most every second."""
+        return cls(interval_min_ms=min(1_000, interval_max_ms), interval_max_ms=interval_max_ms,
+                   backoff_max_ms=max(300_000, interval_max_ms))
 
-def has_policy(config: StreamConfig) -> bool:
-    """Whether the stream has a policy a runner applies (today: retention by age or size)."""
-    return bool(config.retention_age_ms or config.retention_bytes)
+
+def runs_offloader(config: StreamConfig, tier: TierPolicy | None) -> bool:
+    """Whether a runner offloads the stream's segments and deletes their bookie copies: it has a
+    tier (its effective policy's URI) and something for the offloader to do by itself: an offload
+    age (not -1), a delete lag (not -1), or a bookie retention (which drops offloaded copies)."""
+    if tier is None or not tier.enabled:
+        return False
+    return ((tier.offload_after_ms if tier.offload_after_ms is not None else -1) >= 0
+            or (tier.delete_lag_ms if tier.delete_lag_ms is not None else -1) >= 0
+            or bool(config.retention_age_ms or config.retention_bytes))
 
 
-def interval_ms(config: StreamConfig | None, limits: PolicyLimits) -> int:
-    """How long after a run the stream is looked at again."""
-    if config is None or not config.retention_age_ms:
+def has_policy(config: StreamConfig, tier: TierPolicy | None = None) -> bool:
+    """Whether the stream has a policy a runner applies: retention by age or size (the bookies',
+    or the tier's on a tiered stream), or offloading (`runs_offloader`). `tier`: the stream's
+    effective tier policy."""
+    tiered = tier is not None and tier.enabled and bool(tier.retention_age_ms or tier.retention_bytes)
+    return bool(config.retention_age_ms or config.retention_bytes) or tiered or runs_offloader(config, tier)
+
+
+def interval_ms(config: StreamConfig | None, limits: PolicyLimits, tier: TierPolicy | None = None) -> int:
+    """How long after a run the stream is looked at again: a quarter of its shortest age limit
+    (retention ages of 0 are off; an offload age or delete lag of 0 means at once)."""
+    ages = []
+    if config is not None and config.retention_age_ms:
+        ages.append(config.retention_age_ms)
+    if tier is not None and tier.enabled and tier.retention_age_ms:
+        ages.append(tier.retention_age_ms)
+    if config is not None and tier is not None and runs_offloader(config, tier):
+        ages += [age for age in (tier.offload_after_ms, tier.delete_lag_ms) if age is not None and age >= 0]
+    if not ages:
         return limits.interval_max_ms
-    return min(max(config.retention_age_ms // 4, limits.interval_min_ms), limits.interval_max_ms)
+    return min(max(min(ages) // 4, limits.interval_min_ms), limits.interval_max_ms)
 
 
 class PolicySchedule:
@@ -93,11 +123,11 @@ class PolicySchedule:
         ready = sorted((due_ms, name) for name, due_ms in self._due_ms.items() if due_ms <= now_ms)
         return [name for _, name in ready[:self.limits.streams_per_round_max]]
 
-    def ran(self, stream: str, config: StreamConfig | None, now_ms: int) -> None:
+    def ran(self, stream: str, config: StreamConfig | None, now_ms: int, tier: TierPolicy | None = None) -> None:
         """The stream was looked at (its policy applied, or it has none, or another runner has it)."""
         if stream in self._due_ms:
             self._failures.pop(stream, None)
-            self._due_ms[stream] = now_ms + interval_ms(config, self.limits)
+            self._due_ms[stream] = now_ms + interval_ms(config, self.limits, tier)
 
     def failed(self, stream: str, now_ms: int) -> int:
         """The run failed: back off, doubling per failure in a row. Returns the wait in ms."""

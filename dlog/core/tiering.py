@@ -123,3 +123,33 @@ def tier_files(segment: Segment) -> list[str]:
     if segment.offload_attempt and segment.offload_attempt not in files:
         files.append(segment.offload_attempt)
     return files
+
+
+def placement(listing: SegmentList) -> dict[str, dict[str, int]]:
+    """Where a stream's live segments are: on the bookies only (`bookies`: not offloaded, the
+    in-progress one included), on `both` (offloaded, bookie copy kept), on the `tier` only (bookie
+    copy deleted). Each: segments, records, bytes on the bookies, bytes on the tier."""
+    found = {where: {"segments": 0, "records": 0, "bytes": 0, "tier_bytes": 0} for where in ("bookies", "both", "tier")}
+    for segment in listing.segments:
+        if segment.is_truncated:
+            continue
+        where = "bookies" if segment.tier is None else "both" if segment.tier.on_bookies else "tier"
+        counts = found[where]
+        counts["segments"] += 1
+        counts["records"] += segment.records
+        counts["bytes"] += segment.bytes if where != "tier" else 0
+        counts["tier_bytes"] += segment.tier.size_bytes if segment.tier is not None else 0
+    return found
+
+
+def pending_attempts(listing: SegmentList) -> list[Segment]:
+    """Segments with an offload attempt recorded and not committed (an offloader at work, or one
+    that died mid-way: the next run replaces the attempt)."""
+    return [s for s in listing.segments if s.offload_attempt and s.tier is None and not s.is_truncated]
+
+
+def policy_sources(own: TierPolicy, namespace_default: TierPolicy | None) -> dict[str, str]:
+    """Where each setting of the effective policy comes from: "stream", "namespace" or "default"."""
+    base = namespace_default or TierPolicy()
+    return {name: "stream" if getattr(own, name) is not None else "namespace" if getattr(base, name) is not None
+            else "default" for name in TierPolicy.__dataclass_fields__}

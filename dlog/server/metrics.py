@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from bookkeeper.errors import ConfigError, PortInUseError
 from bookkeeper.security.tls import is_loopback
 from dlog.core.dedup import DedupLimits
+from dlog.policies import TierStats
 from dlog.serve.kafka import BATCH_DECOMPRESSED_BYTES_MAX_DEFAULT
 from dlog.server.streams import TAKEOVER_SCAN_MAX
 
@@ -121,6 +122,25 @@ class _Collector(Collector):
         }
         for name, (documentation, level) in gauges.items():
             yield GaugeMetricFamily(name, documentation, value=level)
+        yield from tier_metrics(server.policies.stats.tier)
+
+
+def tier_metrics(stats: TierStats) -> Iterator[Metric]:
+    """The offloads of a policy runner (`dlog.policies.TierStats`), per stream: the first
+    TIER_STREAMS_LABELLED_MAX streams by name, the rest as stream="_other" (bounded labels)."""
+    families = (
+        ("dlog_tier_offloaded_segments", "Segments offloaded to the tier (Parquet files committed)",
+         "offloaded_segments"),
+        ("dlog_tier_offloaded_bytes", "Bytes of Parquet files offloaded to the tier", "offloaded_bytes"),
+        ("dlog_tier_offload_failures", "Offload runs that ended with an error (retried with back-off)",
+         "offload_failures"),
+        ("dlog_tier_bookie_copies_deleted", "Ledgers (bookie copies) of offloaded segments deleted",
+         "bookie_copies_deleted"))
+    for name, documentation, attribute in families:
+        family = CounterMetricFamily(name, documentation, labels=["stream"])
+        for stream, counts in sorted(stats.streams.items()):
+            family.add_metric([stream], getattr(counts, attribute))
+        yield family
 
 
 def check_admin_host(host: str) -> None:

@@ -52,8 +52,9 @@ class KafkaServer:
         self._verifier = TokenVerifier(settings.token_key) if settings.token_key is not None else None
         self._listener: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], KafkaConnection] = {}
-        # the owner of a stream applies its policies (retention): one runner per stream (dlog.policies)
-        self.policies = PolicyRunner(ns, streams=lambda: list(self.streams.owned))
+        # the owner of a stream applies its policies (retention, offloading): one runner per stream
+        # (dlog.policies)
+        self.policies = PolicyRunner(ns, streams=lambda: list(self.streams.owned), offload=settings.offload)
         self._policies_stop = asyncio.Event()
         self._policies_task: asyncio.Task[None] | None = None
         self.port = 0

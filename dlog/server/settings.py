@@ -44,6 +44,7 @@ class ServerSettings:
     auth_timeout_s: float = 10.0  # from accept: the TLS handshake and SASL done within it, else closed
     request_bytes_before_auth_max: int = 64 << 10  # one request frame before SASL succeeded
     dedup_replay_bytes_max: int = 8 << 20  # per owned stream: records durable between dedup snapshots
+    offload: bool = True  # the policy runner offloads owned streams with a tier (docs/operations.md)
 
     def __post_init__(self) -> None:
         if self.server_id is not None and not 0 <= self.server_id <= SERVER_ID_MAX:

@@ -22,6 +22,7 @@ from dlog_tools.cli.serve import serve
 from dlog_tools.cli.standalone import standalone, ui_command
 from dlog_tools.cli.stream import stream
 from dlog_tools.cli.subscription import subscription
+from dlog_tools.cli.tier import offload_command, tier
 from dlog_tools.cli.token import token
 
 NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = tuple(
@@ -71,6 +72,6 @@ def main() -> None:
 
 for command in (bookie, ledger, stream, subscription, write_command, read_command, truncate_command,
                 retention, export_command, cluster, ping_command, standalone, ui_command, bench, token,
-                quota, autorecovery, serve):
+                quota, autorecovery, serve, tier, offload_command):
     main.add_command(command)
 bookie.add_command(decommission_command)

@@ -223,9 +223,10 @@ def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any],
     interrupted run raises KeyboardInterrupt once its clean-up ended."""
     from bookkeeper.meta.zk import refuse_unreachable
     from dlog import Namespace
-    from dlog_tools.config import client_options, zk_timeout_s
+    from dlog_tools.config import client_options, tier_options, zk_timeout_s
 
     zk, zk_root, namespace = cluster
+    reach_tier = tier_options()  # a bad [tier] table is one line before anything starts
 
     async def go() -> Any:
         if interrupts is not None:
@@ -234,7 +235,7 @@ def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any],
             await refuse_unreachable(zk)
             await refuse_empty_root(zk, zk_root)
             async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(), create=create,
-                                 **client_options()) as ns:
+                                 tier_options=reach_tier, **client_options()) as ns:
                 return await action(ns)
         finally:
             if interrupts is not None:
@@ -246,3 +247,71 @@ def run_namespace(cluster: tuple[str, str, str], action: Callable[[Any], Any],
         if interrupts is not None and interrupts.count:
             raise KeyboardInterrupt from None
         raise
+
+
+# ------------------------------------------------------------------------------ tier policy options
+
+TIER_OPTION_FIELDS = (("tier", "uri"), ("offload_after", "offload_after_ms"), ("offload_keep_size", "keep_bytes"),
+                      ("offload_delete_lag", "delete_lag_ms"), ("tier_retention_age", "retention_age_ms"),
+                      ("tier_retention_size", "retention_bytes"))
+TIER_FLAGS = ("--tier, --offload-after, --offload-keep-size, --offload-delete-lag, --tier-retention-age or "
+              "--tier-retention-size")
+
+
+def _checked_uri(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A tier URI checked as the command line reads it: a bad one is a usage error (one line, exit 2)."""
+    from dlog.segments.tier import check_tier_uri
+
+    if value is None or value == "":
+        return value  # "" takes the tier away
+    try:
+        return check_tier_uri(value)
+    except DlogError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def tier_policy_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The tier policy's options (`dlog stream create|alter`, `dlog tier set`), collected into
+    `tier`: a `dlog.TierPolicy` of the options given (None fields inherit), or None when none is."""
+    from dlog_tools.units import DURATION, DURATION_OR_NEVER, SIZE
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from dlog.segments.metadata import TierPolicy
+
+        given = {field: kwargs.pop(option) for option, field in TIER_OPTION_FIELDS}
+        given = {field: value for field, value in given.items() if value is not None}
+        return function(*args, tier=TierPolicy(**given) if given else None, **kwargs)
+
+    for flag, kind, text in reversed((
+            ("--tier", None, "the stream's tier: file:///absolute/path or s3://bucket/prefix (\"\": none)"),
+            ("--offload-after", DURATION_OR_NEVER, "offload a completed segment this long after it completed "
+                                                   "(0: at once; -1: only by `dlog offload`)"),
+            ("--offload-keep-size", SIZE, "keep the newest completed segments up to this size on the bookies only"),
+            ("--offload-delete-lag", DURATION_OR_NEVER, "delete the bookie copy this long after the offload "
+                                                        "(-1: never)"),
+            ("--tier-retention-age", DURATION, "the tier's retention: remove segments older than this (0: off)"),
+            ("--tier-retention-size", SIZE, "the tier's retention: keep at most this many bytes (0: off)"))):
+        if kind is None:
+            wrapper = click.option(flag, "tier", default=None, metavar="URI", callback=_checked_uri,
+                                   help=text)(wrapper)
+        else:
+            wrapper = click.option(flag, type=kind, default=None, help=text)(wrapper)
+    return wrapper
+
+
+def tier_setting_text(field: str, value: Any) -> str:
+    """A tier policy field as people read it: `inherited` (None), `none` (no URI), `never` (-1)..."""
+    from dlog_tools.units import format_duration_ms, format_size
+
+    if value is None:
+        return "inherited"
+    if field == "uri":
+        return value or "none"
+    if value == -1:
+        return "never"
+    if value == 0 and field.startswith("retention"):
+        return "off"
+    if field.endswith("_ms"):
+        return format_duration_ms(value) if value else "0 (at once)"
+    return format_size(value)

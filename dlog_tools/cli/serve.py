@@ -54,13 +54,16 @@ KAFKA_PORT_DEFAULT = 9092
                    "port, -1: none")
 @click.option("--admin-host", default="127.0.0.1", show_default=True,
               help="address of the admin endpoint (loopback only: it has no TLS nor tokens)")
+@click.option("--offload/--no-offload", default=True, show_default=True,
+              help="offload owned streams with a tier on their policy's schedule (--no-offload: leave it to "
+                   "`dlog offload` and `dlog tier daemon`)")
 @click.pass_context
 @fails_cleanly
 def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, host: str,
           advertised_host: str | None, server_id: int | None, session_timeout: int, auto_create_topics: bool,
           ensemble: int, write_quorum: int, ack_quorum: int, tls_cert: str | None, tls_key: str | None,
           token_key: str | None, allow_anonymous: bool, insecure_plaintext: bool, auth_timeout: int,
-          dedup_replay_bytes: int, admin_port: int, admin_host: str) -> None:
+          dedup_replay_bytes: int, admin_port: int, admin_host: str, offload: bool) -> None:
     """Serve the namespace's streams to Kafka clients until SIGTERM or Ctrl-C, which hands the
     streams over cleanly. Prints `dlog serve ready id=ID kafka=HOST:PORT` once it accepts clients
     (with ` admin=URL` after it when it serves an admin endpoint).
@@ -82,7 +85,7 @@ def serve(ctx: click.Context, cluster: tuple[str, str, str], kafka_port: int, ho
                               ensemble=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
                               tls=security.tls, token_key=security.token_key,
                               allow_anonymous=security.allow_anonymous, auth_timeout_s=auth_timeout / 1000,
-                              dedup_replay_bytes_max=dedup_replay_bytes)
+                              dedup_replay_bytes_max=dedup_replay_bytes, offload=offload)
     run_server(cluster, settings, admin=(admin_host, admin_port) if admin_port >= 0 else None)
 
 
@@ -94,9 +97,10 @@ def run_server(cluster: tuple[str, str, str], settings: Any, admin: tuple[str, i
     from dlog import Namespace
     from dlog.server import KafkaServer
     from dlog.server.metrics import AdminEndpoint
-    from dlog_tools.config import client_options, zk_timeout_s
+    from dlog_tools.config import client_options, tier_options, zk_timeout_s
 
     zk, zk_root, namespace = cluster
+    reach_tier = tier_options()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)  # the CLI silences it for one-line errors
 
@@ -110,7 +114,8 @@ def run_server(cluster: tuple[str, str, str], settings: Any, admin: tuple[str, i
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         async with Namespace(zk, namespace, bookkeeper_root=zk_root, zk_timeout_s=zk_timeout_s(),
-                             zk_session_timeout_s=settings.session_timeout_s, **client_options()) as ns:
+                             zk_session_timeout_s=settings.session_timeout_s, tier_options=reach_tier,
+                             **client_options()) as ns:
             server = await KafkaServer(ns, settings).start()
             endpoint = AdminEndpoint(server)
             try:

@@ -40,14 +40,18 @@ UI_PORT_DEFAULT = 8080
 @click.option("--policy-check-interval", "policy_interval_ms", type=DURATION, default="1min", show_default=True,
               help="look at each stream's retention at least this often (a stream with an age limit is "
                    "looked at every quarter of it, at least every second)")
+@click.option("--offload/--no-offload", default=True, show_default=True,
+              help="offload streams with a tier by themselves (--no-offload: only `dlog offload` and "
+                   "`dlog tier daemon` do)")
 @delay_option
 @fails_cleanly
 def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int | None, kafka_port: int,
-               secure: bool, policy_interval_ms: int, lost_bookie_recovery_delay: int) -> None:
+               secure: bool, policy_interval_ms: int, offload: bool, lost_bookie_recovery_delay: int) -> None:
     """ZooKeeper plus N bookie processes in the foreground, for development; Ctrl-C stops all.
 
     Streams' retention policies are applied by themselves while it runs (about every quarter of
-    a stream's retention age, at least every second, and at least every --policy-check-interval).
+    a stream's retention age, at least every second, and at least every --policy-check-interval),
+    and streams with a tier are offloaded on their policy's schedule (unless --no-offload).
 
     A directory runs one cluster at a time (a second start on it is refused), every part must
     listen on its own port (one that another process holds is named and refused), and
@@ -81,7 +85,7 @@ def standalone(directory: Path, bookies: int, zk_port: int | None, ui_port: int 
         ui_url = None
         if ui_port >= 0:
             ui, ui_url = _start_ui(cluster, ui_port, client_toml)
-        policies = _start_policies(cluster, policy_interval_ms, client_toml)
+        policies = _start_policies(cluster, policy_interval_ms, client_toml, offload)
         if kafka_port >= 0 and bookies > 0:
             server = ServeProcess.start(cluster, "default", Path(directory).resolve() / "serve.log",
                                         kafka_port=kafka_port, secure=secure_dir, client_toml=client_toml)
@@ -154,17 +158,18 @@ def _start_ui(cluster: Any, port: int, client_toml: Path | None = None) -> tuple
     return ui, url
 
 
-def _start_policies(cluster: Any, interval_max_ms: int, client_toml: Path | None = None) -> Any:
-    """Retention (every stream's policies) applied on its schedule, as a broker would."""
+def _start_policies(cluster: Any, interval_max_ms: int, client_toml: Path | None = None,
+                    offload: bool = True) -> Any:
+    """Retention and offloading (every stream's policies) applied on their schedule, as a broker would."""
     from bookkeeper.security.settings import NO_SECURITY, load_client_settings
     from dlog.core.policies import PolicyLimits
+    from dlog_tools.config import tier_options
     from dlog_tools.policies import PolicyThread
 
     security = load_client_settings(client_toml) if client_toml is not None else NO_SECURITY
-    limits = PolicyLimits(interval_min_ms=min(1_000, interval_max_ms), interval_max_ms=interval_max_ms,
-                          backoff_max_ms=max(300_000, interval_max_ms))
     policies = PolicyThread(cluster.zk_address, bookkeeper_root=cluster.zk_root, security=security,
-                            limits=limits)
+                            limits=PolicyLimits.at_most_every(interval_max_ms), offload=offload,
+                            tier_options=tier_options())
     policies.start()
     return policies
 

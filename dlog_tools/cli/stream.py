@@ -9,11 +9,14 @@ import click
 
 from bookkeeper.errors import ConfigError
 from dlog_tools.cli.common import (
+    TIER_FLAGS,
     cluster_options,
     fails_cleanly,
     json_option,
     print_table,
     run_namespace,
+    tier_policy_options,
+    tier_setting_text,
 )
 from dlog_tools.units import DURATION, SIZE, format_duration_ms, format_size, format_time_ms, plural
 
@@ -40,20 +43,24 @@ def stream() -> None:
 @click.option("--retention-age", type=DURATION, default=None, help="remove segments older than this")
 @click.option("--retention-size", type=SIZE, default=None, help="keep at most this many bytes")
 @click.option("--if-not-exists", is_flag=True, help="succeed, changing nothing, if the stream exists")
+@tier_policy_options
 @cluster_options
 @json_option
 @fails_cleanly
 def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack_quorum: int | None,
                   roll_size: int | None,
                   roll_age: int | None, roll_records: int, retention_age: int | None,
-                  retention_size: int | None, if_not_exists: bool, cluster: tuple[str, str, str],
+                  retention_size: int | None, if_not_exists: bool, tier: Any, cluster: tuple[str, str, str],
                   as_json: bool) -> None:
     """Create a stream (default schema: key, value, timestamp).
 
     Replication not given is fitted to the cluster: on fewer bookies than the default ensemble of
     3, the ensemble is every registered bookie and the quorums at most that (one line on stderr
     says which); replication given that needs more bookies than are registered is created as
-    asked, with a warning. `dlog stream alter` changes it for new segments."""
+    asked, with a warning. `dlog stream alter` changes it for new segments.
+
+    The tier options give the stream its own tier policy (what is not given, the namespace's
+    default gives: `dlog tier set --namespace-default`; docs/operations.md, "Tiered storage")."""
     from bookkeeper.protocol.metadata import check_quorum
     from dlog.names import check_stream_name
 
@@ -67,7 +74,8 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
         created = await ns.create_stream(
             name, ensemble=quorums[0], write_quorum=quorums[1], ack_quorum=quorums[2],
             roll_bytes=roll_size, roll_age_ms=roll_age, roll_records=roll_records,
-            retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0, exist_ok=if_not_exists)
+            retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0, exist_ok=if_not_exists,
+            tier=tier)
         note = replication_note(name, asked, quorums, bookies, cluster[1])
         if note and created.ensemble == quorums[0]:
             click.echo(f"dlog: {note}", err=True)
@@ -197,31 +205,35 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 @click.option("--ensemble", type=click.IntRange(1, 64), help="bookies per new segment")
 @click.option("--write-quorum", type=click.IntRange(1, 64), help="copies of each entry of new segments")
 @click.option("--ack-quorum", type=click.IntRange(1, 64), help="copies fsynced before a write is acknowledged")
+@tier_policy_options
 @cluster_options
 @json_option
 @fails_cleanly
 def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_records: int | None,
                  retention_age: int | None, retention_size: int | None, keep_unconsumed: bool | None,
-                 ensemble: int | None, write_quorum: int | None, ack_quorum: int | None,
+                 ensemble: int | None, write_quorum: int | None, ack_quorum: int | None, tier: Any,
                  cluster: tuple[str, str, str], as_json: bool) -> None:
-    """Change a stream's roll, retention and replication settings.
+    """Change a stream's roll, retention, replication and tier settings.
 
     A writer takes new roll and replication settings when it next opens the stream (`dlog write`
     does at each run): replication applies to the segments it creates, existing ones keep theirs.
     The quorums must satisfy ensemble >= write quorum >= ack quorum, checked with the stream's
-    current values for those not given. Retention applies its settings at its next run."""
+    current values for those not given. Retention applies its settings at its next run; the tier
+    options given replace the stream's own (the others it keeps or inherits)."""
     changes = {key: value for key, value in (
         ("roll_bytes", roll_size), ("roll_age_ms", roll_age), ("roll_records", roll_records),
         ("retention_age_ms", retention_age), ("retention_bytes", retention_size),
         ("retention_keeps_unconsumed", keep_unconsumed), ("ensemble", ensemble), ("write_quorum", write_quorum),
         ("ack_quorum", ack_quorum)) if value is not None}
-    if not changes:
+    if not changes and tier is None:
         raise ConfigError("nothing to change: give --roll-size, --roll-age, --roll-records, --retention-age, "
-                          "--retention-size, --keep-unconsumed/--ignore-subscribers, --ensemble, --write-quorum "
-                          "or --ack-quorum")
+                          "--retention-size, --keep-unconsumed/--ignore-subscribers, --ensemble, --write-quorum, "
+                          f"--ack-quorum, {TIER_FLAGS}")
 
     async def action(ns: Any) -> tuple[Any, Any]:
         before = await ns.config(name)
+        if tier is not None:
+            changes["tier"] = tier.over(before.tier)
         return before, await ns.alter_stream(name, **changes)
 
     before, after = run_namespace(cluster, action)
@@ -229,8 +241,15 @@ def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_re
         click.echo(json.dumps(after.public_json(), sort_keys=True))
         return
     for key in changes:
+        if key == "tier":
+            continue
         click.echo(f"{name}: {key.removesuffix('_ms')} {_setting_text(key, getattr(before, key))} -> "
                    f"{_setting_text(key, getattr(after, key))}")
+    if tier is not None:
+        for field in tier.set_fields():
+            was, now = getattr(before.tier, field), getattr(after.tier, field)
+            click.echo(f"{name}: tier {field.removesuffix('_ms')} {tier_setting_text(field, was)} -> "
+                       f"{tier_setting_text(field, now)}")
 
 
 def _setting_text(key: str, value: Any) -> str:

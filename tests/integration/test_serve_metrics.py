@@ -93,3 +93,33 @@ def test_an_admin_endpoint_off_loopback_is_refused_in_one_line(cluster_factory):
     result = run("serve", "--kafka-port", "0", "--admin-port", "0", "--admin-host", "0.0.0.0", ok=False,
                  timeout_s=60)
     assert "admin endpoint of `dlog serve` has no TLS nor tokens" in one_error_line(result)
+
+
+async def test_the_server_offloads_owned_streams_with_a_tier_and_counts_it_by_stream(cluster_factory, serve,
+                                                                                    tmp_path):
+    from dlog import Namespace, TierPolicy
+
+    cluster = cluster_factory(bookies=1)
+    namespace = f"tiered-{uuid.uuid4().hex[:8]}"
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("archived", ensemble=1, write_quorum=1, ack_quorum=1, roll_records=10,
+                               tier=TierPolicy(uri=f"file://{tmp_path}/tier", offload_after_ms=0, delete_lag_ms=0))
+    server = serve(cluster, namespace, "--admin-port", "0")
+    await asyncio.to_thread(librdkafka_produce, server.bootstrap, "archived", expected_records("tier", RECORDS))
+
+    async def offloaded() -> dict[tuple[str, str], float] | None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+                session.get(f"{server.admin}/metrics") as response:
+            text = await response.text()
+        found = {(sample.name, sample.labels.get("stream", "")): sample.value
+                 for family in text_string_to_metric_families(text) for sample in family.samples
+                 if sample.name.startswith("dlog_tier_")}
+        return found if found.get(("dlog_tier_bookie_copies_deleted_total", "archived"), 0) >= 1 else None
+
+    tier = await eventually(offloaded, timeout_s=60)
+    assert tier[("dlog_tier_offloaded_segments_total", "archived")] >= 1
+    assert tier[("dlog_tier_offloaded_bytes_total", "archived")] > 0
+    assert tier[("dlog_tier_offload_failures_total", "archived")] == 0
+    assert list((tmp_path / "tier" / namespace / "archived").glob("segment=*/*.parquet"))
+    assert len(await asyncio.to_thread(librdkafka_read, server.bootstrap, "archived", RECORDS)) == RECORDS
+    assert server.stop() == 0
