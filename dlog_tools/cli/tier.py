@@ -218,6 +218,40 @@ def offload_command(name: str, dry_run: bool, cluster: tuple[str, str, str], as_
         click.echo(f"  skipped: {reason}")
 
 
+# ------------------------------------------------------------------------------ the Iceberg view
+
+
+@tier.command("iceberg")
+@click.argument("name")
+@click.option("--catalog", default=None, metavar="URL",
+              help="the SQL catalog (a SQLAlchemy URL); default for a local tier: sqlite in <tier>/_iceberg")
+@click.option("--warehouse", default=None, metavar="URI",
+              help="where the table's metadata goes; default <tier>/_iceberg/warehouse")
+@cluster_options
+@json_option
+@fails_cleanly
+def tier_iceberg(name: str, catalog: str | None, warehouse: str | None, cluster: tuple[str, str, str],
+                 as_json: bool) -> None:
+    """Register the stream's tier files in an Iceberg table `<namespace>.<stream>` (no file is
+    rewritten: pyiceberg add_files), kept in step by offloads and retention from then on. Needs
+    the extra: pip install 'dlog[iceberg]'."""
+
+    async def action(ns: Any) -> tuple[Any, Any]:
+        result = await ns.register_iceberg(name, catalog, warehouse)
+        return result, await ns.config(name)
+
+    result, config = run_namespace(cluster, action)
+    document = {"stream": name, "catalog": config.iceberg_catalog, "warehouse": config.iceberg_warehouse,
+                "added": result.added, "removed": result.removed, "unchanged": result.unchanged,
+                "snapshot_id": result.snapshot_id}
+    if as_json:
+        click.echo(json.dumps(document, sort_keys=True))
+        return
+    click.echo(f"stream {name}: Iceberg table registered in {config.iceberg_catalog} "
+               f"({plural(result.added, 'file')} added, {result.removed} removed, {result.unchanged} unchanged); "
+               "offloads and retention keep it in step")
+
+
 # ------------------------------------------------------------------------------ the daemon
 
 

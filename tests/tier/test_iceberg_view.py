@@ -3,6 +3,8 @@ and retention: the table's rows are the log's offloaded records, no file rewritt
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
@@ -39,3 +41,20 @@ async def test_the_iceberg_table_follows_offloads_and_retention(cluster, tmp_pat
         removed = await ns.apply_retention("events", now_ms=listing.segments[-1].last_timestamp_ms + 60_000)
         assert [s.sequence for s in removed] == [1, 2, 3]  # the tier's retention; the last segment stays
         assert table_values(ns, config) == values[90:] == await read_all(ns, "events")
+
+
+def test_dlog_tier_iceberg_registers_the_tier_files(cluster, tmp_path):
+    from tests.helpers import dlog_runner
+
+    namespace = "icecli"
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    run("stream", "create", "events", "--tier", f"file://{tmp_path}/tier")
+    run("write", "events", stdin="".join(f"event {n}\n" for n in range(20)))
+    run("offload", "events")
+    found = json.loads(run("tier", "iceberg", "events", "--json").stdout)
+    assert (found["added"], found["removed"]) == (1, 0) and found["catalog"].startswith("sqlite:///")
+    catalog = SqlCatalog(CATALOG_NAME, uri=found["catalog"], warehouse=found["warehouse"])
+    table = catalog.load_table((namespace, "events")).scan().to_arrow()
+    assert sorted(table.column("value").to_pylist()) == sorted(f"event {n}".encode() for n in range(20))
+    refused = run("tier", "iceberg", "nope", ok=False)
+    assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
