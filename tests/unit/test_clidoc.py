@@ -16,5 +16,6 @@ def test_every_command_is_in_the_reference():
     text = render()
     for command in ("dlog standalone", "dlog bookie start", "dlog bookie list", "dlog stream create",
                     "dlog write", "dlog read", "dlog truncate", "dlog retention apply", "dlog export",
-                    "dlog ledger recover", "dlog bench bookie", "dlog ui"):
+                    "dlog ledger recover", "dlog bench bookie", "dlog ui", "dlog offload", "dlog tier set",
+                    "dlog tier status", "dlog tier daemon", "dlog tier iceberg", "dlog bench tier"):
         assert f"`{command}`" in text, command
