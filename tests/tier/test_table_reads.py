@@ -78,8 +78,6 @@ async def test_followers_read_offloaded_ledger_and_tailing_segments_once_in_orde
         # where each read: prefer=tier read all four offloaded segments from their files, the
         # default read only the two whose bookie copies are gone from theirs
         assert tier_ns.reads.tier_reads >= 4 and ns.reads.tier_reads >= 2
-        tier_files = {copy.uri for copy in tier_ns.reads._tier_copies.values()}
-        assert len(tier_files) == 4
 
 
 @pytest.mark.parametrize("typed", [False, True], ids=["untyped", "typed"])
