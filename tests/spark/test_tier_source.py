@@ -160,3 +160,83 @@ def test_a_streaming_query_started_before_an_offload_reads_on_after_the_bookie_c
     expected = without_positions(layered.rows)
     found = spark_rows(spark.read.parquet(str(tmp_path / "out")), False)
     assert in_log_order(found, expected) == expected  # exactly once, nothing lost
+
+
+def test_a_worker_reads_the_planned_tier_copy_and_finds_one_the_plan_did_not_see(tiered, tmp_path, monkeypatch):
+    """In this process, as a worker would: a partition of an offloaded segment carries its tier
+    copy, so prefer=tier reads the file without opening the ledger, and a segment whose bookie
+    copy is gone is read without a segment-list read; a partition planned before the offload
+    whose ledger is deleted (before its task opens it, or between two of its reads) finds the
+    copy with one list read and reads on from the file."""
+    from bookkeeper.errors import NoSuchLedgerError
+    from dlog.segments.codec import default_schema
+    from dlog.snapshot import TierHandle
+    from dlog_spark.connection import connection
+    from dlog_spark.options import parse_source_options
+    from dlog_spark.partition import DlogPartition, read_partition
+    from dlog_spark.plan import Range
+    from dlog_spark.schema import read_schema
+
+    layered = tiered.call(layers.build(tiered.ns, "work", f"file://{tmp_path}/tier"))
+    tiered.call(layered.writer.close())
+    listing = {s.sequence: s for s in tiered.call(tiered.ns.store.segments("work")).segments}
+    schema = read_schema(default_schema(), include_headers=True)
+
+    def read(span: Range, prefer: str = "bookies") -> list[Row]:
+        options = parse_source_options({**tiered.options, "stream": "work", "includeHeaders": "true",
+                                        "prefer": prefer}, batch=True)
+        batches = list(read_partition(options, schema, DlogPartition(span, fail_on_data_loss=True)))
+        return without_positions([row for batch in batches for row in rows_of_table(batch, False)])
+
+    def expected(sequence: int) -> list[Row]:
+        return without_positions([r for r in layered.rows if r.ledger == listing[sequence].ledger_id])
+
+    conn = connection(parse_source_options({**tiered.options, "stream": "work"}, batch=True).connection)
+    opened: list[int] = []
+    lists: list[str] = []
+    open_ledger, segments = conn.namespace.client.open_ledger, conn.namespace.store.segments
+
+    async def counted_open(ledger: int, **kwargs: Any) -> Any:
+        opened.append(ledger)
+        return await open_ledger(ledger, **kwargs)
+
+    async def counted_segments(name: str) -> Any:
+        lists.append(name)
+        return await segments(name)
+
+    monkeypatch.setattr(conn.namespace.client, "open_ledger", counted_open)
+    monkeypatch.setattr(conn.namespace.store, "segments", counted_segments)
+
+    def span(sequence: int, planned_tier: bool) -> Range:
+        segment = listing[sequence]
+        return Range("work", sequence, segment.ledger_id, 0, segment.last_entry,
+                     tier=segment.tier if planned_tier else None)
+
+    reads_before = conn.namespace.reads.tier_reads
+    assert read(span(3, True), prefer="tier") == expected(3)  # on bookies too, read from its file
+    assert read(span(1, True)) == expected(1)  # bookie copy gone: the planned copy says where
+    assert opened == [] and lists == [] and conn.namespace.reads.tier_reads == reads_before + 2
+
+    assert read(span(2, False)) == expected(2)  # planned before the offload: one list read finds the copy
+    assert lists == ["work"] and opened == [listing[2].ledger_id]  # the deleted ledger, tried once
+
+    assert read(span(4, False)) == expected(4)  # from the bookies; the worker keeps the ledger's handle
+    assert opened == [listing[2].ledger_id, listing[4].ledger_id]
+    tiered.call(tiered.ns.set_tier("work", TierPolicy(delete_lag_ms=0)))
+    tiered.call(Offloader(tiered.ns).run("work"))  # deletes the bookie copies of 3 and 4
+    assert not tiered.call(tiered.ns.store.segments("work")).by_sequence(4).on_bookies
+    # the bookies keep a deleted ledger's entries until their garbage collection runs; once it
+    # has, the cached handle's reads fail: stand in for that at the handle
+    handle_of = conn.namespace.reads.handle
+
+    class Collected:
+        async def read(self, first: int, last: int) -> Any:
+            raise NoSuchLedgerError(f"ledger {listing[4].ledger_id} was garbage-collected")
+
+    async def collected(ledger_id: int, *args: Any, **kwargs: Any) -> Any:
+        handle = await handle_of(ledger_id, *args, **kwargs)
+        return Collected() if ledger_id == listing[4].ledger_id and not isinstance(handle, TierHandle) else handle
+
+    monkeypatch.setattr(conn.namespace.reads, "handle", collected)
+    assert read(span(4, False)) == expected(4)  # the handle fails mid-read: read on from the file
+    assert lists == ["work", "work"]
