@@ -104,10 +104,16 @@ class Catalog:
         return self.entry(span.stream, span.ledger_id, entry_id - 1).header.next_record_index
 
     def bytes_before(self, span: Range, entry_id: int) -> int:
-        """Bytes of the span's ledger before `entry_id` (the previous entry's cumulative length)."""
+        """Bytes of the span's ledger before `entry_id` (the previous entry's cumulative length);
+        of an offloaded segment, its tier file's bytes per record times the records before
+        `entry_id` (what reading it from the tier costs; a tier file has no ledger lengths, and
+        one measure per segment keeps it monotone whichever copy answered a header)."""
         segment = self._segments[span.stream][span.ledger_id]
         if entry_id <= 0:
             return 0
+        if segment.tier is not None:
+            rows = segment.tier.rows
+            return segment.tier.size_bytes * self.records_before(span, entry_id) // rows if rows else 0
         if segment.completed:
             entry_id = min(entry_id, segment.end_entry)
         return self.entry(span.stream, span.ledger_id, entry_id - 1).length

@@ -25,10 +25,11 @@ SOURCE_OPTIONS = CONNECTION_OPTIONS + (
     "stream", "streams", "streamPattern", "path", "startingOffsets", "startingTimestamp",
     "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "maxRecordsPerTrigger",
     "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay", "failOnDataLoss", "minPartitions",
-    "subscription", "includeHeaders",
+    "subscription", "includeHeaders", "prefer",
 )
 BATCH_SOURCE_OPTIONS = SOURCE_OPTIONS + ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 TIMESTAMP_STRATEGIES = ("error", "latest")
+PREFER = ("bookies", "tier")  # where to read a segment that is on the tier and still on bookies
 SINK_OPTIONS = CONNECTION_OPTIONS + ("stream", "path", "sinkId", "checkpointLocation", "createStream",
                                      "ensemble", "writeQuorum", "ackQuorum")
 CREATION_OPTIONS = ("ensemble", "writeQuorum", "ackQuorum")
@@ -87,6 +88,7 @@ class SourceOptions:
     ending_timestamp_ms: int | None = None
     ending_by_timestamp: tuple[tuple[str, int], ...] = ()
     include_headers: bool = False
+    prefer: str = "bookies"  # an offloaded segment still on bookies: read it from them, or from the tier
 
     def matches(self, stream: str) -> bool:
         if self.pattern is not None:
@@ -153,6 +155,10 @@ def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOp
     if strategy not in TIMESTAMP_STRATEGIES:
         raise ConfigError(f"bad startingOffsetsByTimestampStrategy {values['startingOffsetsByTimestampStrategy']!r}: "
                           "use error (fail when a stream has no record at or after the timestamp) or latest")
+    prefer = values.get("prefer", "bookies").strip().lower()
+    if prefer not in PREFER:
+        raise ConfigError(f"bad prefer {values['prefer']!r}: use tier or bookies (where to read segments that "
+                          "are both on the tier and still on bookies; bookies is the default)")
     starting_by = _timestamps_by_stream(values, "startingOffsetsByTimestamp")
     ending_by = _timestamps_by_stream(values, "endingOffsetsByTimestamp")
     for name, _ in starting_by + ending_by:
@@ -162,7 +168,7 @@ def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOp
                          min_records, delay_ms, _boolean(values, "failOnDataLoss", True), min_partitions,
                          subscription, _timestamp(values, "startingTimestamp"), starting_by, strategy,
                          _timestamp(values, "endingTimestamp"), ending_by,
-                         _boolean(values, "includeHeaders", False))
+                         _boolean(values, "includeHeaders", False), prefer)
 
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:

@@ -1,7 +1,15 @@
 """The worker side of the dlog source: a partition (entries of one ledger) and its read, which
 decodes entries straight into Arrow batches of the read schema in a Python worker (an executor's,
 or the driver's in local mode). A worker process keeps its read handles (`dlog.snapshot`, on the
-process's connection): the partitions of a ledger that later tasks read cost no second open."""
+process's connection): the partitions of a ledger that later tasks read cost no second open.
+
+Tiered segments. A partition of an offloaded segment carries the segment's `TierCopy` as the
+planner saw it, so the worker (which never sees the segment list) reads the Parquet file when the
+bookie copy is gone or the query prefers the tier (`prefer`), through the same read cache that
+reads ledgers: the same entries, slots and headers come out. A ledger that turns out to be gone
+(deleted after an offload the plan did not see yet, or while it was read) is looked up once in
+the segment list: a tier copy there is read on from the entry reached; only a segment without
+one is data loss."""
 
 from __future__ import annotations
 
@@ -15,7 +23,9 @@ from pyspark.sql.types import StructType
 
 from bookkeeper.errors import NoSuchEntryError, NoSuchLedgerError
 from dlog.segments.codec import HEADERS_SCHEMA, RecordSetCodec
+from dlog.segments.metadata import TierCopy
 from dlog.segments.store import StreamNotFoundError
+from dlog.snapshot import TierHandle
 from dlog_spark.connection import connection
 from dlog_spark.options import SourceOptions
 from dlog_spark.plan import DataLossError, Range
@@ -37,12 +47,14 @@ class DlogPartition(InputPartition):
         self.last_entry = span.last_entry
         self.first_slot = span.first_slot
         self.end_slot = span.end_slot
+        self.tier = span.tier
         self.fail_on_data_loss = fail_on_data_loss
 
     def __repr__(self) -> str:
         end = "" if self.end_slot is None else f", end_slot={self.end_slot}"
+        tier = "" if self.tier is None else f", tier={self.tier.uri!r}"
         return (f"DlogPartition({self.stream!r}, ledger={self.ledger_id}, entries={self.first_entry}.."
-                f"{self.last_entry}, first_slot={self.first_slot}{end})")
+                f"{self.last_entry}, first_slot={self.first_slot}{end}{tier})")
 
 
 
@@ -66,10 +78,17 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
     namespace = conn.namespace
     try:
         config = conn.call(namespace.config(partition.stream))
+        password = namespace.password_of(config)
         # the process's cached handle when an earlier task opened the ledger; the planner saw
         # these entries confirmed, so no LAC read
-        handle = conn.call(namespace.reads.handle(partition.ledger_id, namespace.password_of(config),
-                                                  partition.last_entry))
+        try:
+            handle = conn.call(namespace.reads.handle(partition.ledger_id, password, partition.last_entry,
+                                                      tier=partition.tier, prefer=options.prefer))
+        except NoSuchLedgerError:
+            copy = _listed_tier_copy(conn, partition)
+            if copy is None:
+                raise
+            handle = conn.call(namespace.reads.tier_handle(copy, partition.last_entry))
     except (StreamNotFoundError, NoSuchLedgerError) as error:
         on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))
         return
@@ -90,8 +109,14 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
             entries = pending.result(READ_TIMEOUT_S)
         except (NoSuchLedgerError, NoSuchEntryError) as error:
             namespace.reads.forget(partition.ledger_id)
-            on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
-            return
+            copy = None if isinstance(handle, TierHandle) else _listed_tier_copy(conn, partition)
+            if copy is None:
+                on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
+                return
+            # the bookie copy went after an offload: read on from the tier file
+            handle = conn.call(namespace.reads.tier_handle(copy, last))
+            pending = fetch(next_start)
+            continue
         next_start += len(entries)
         pending = fetch(next_start) if next_start <= last else None  # decode while the next arrives
         for entry in entries:
@@ -101,3 +126,19 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
                 batch = batch.slice(0, max(0, partition.end_slot - slot))
             if batch.num_rows:
                 yield shaper.shape(batch, partition.ledger_id, entry.entry_id, slot)
+
+
+def _listed_tier_copy(conn: Any, partition: DlogPartition) -> TierCopy | None:
+    """The tier copy of the partition's segment: the planned one, else the one the segment list
+    holds now (an offload the plan did not see), else None (the records are gone: data loss)."""
+    if partition.tier is not None:
+        return partition.tier
+    try:
+        listing = conn.call(conn.namespace.store.segments(partition.stream))
+    except StreamNotFoundError:
+        return None
+    segment = listing.by_ledger(partition.ledger_id)
+    if segment is None or segment.tier is None:
+        return None
+    conn.namespace.reads.know(segment)
+    return segment.tier

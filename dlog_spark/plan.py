@@ -14,10 +14,11 @@ entry, first slot) before anything is measured.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bookkeeper.errors import DlogError, invariant
 from dlog.core.snapshot import Cursor, StreamView
+from dlog.segments.metadata import TierCopy
 
 
 class DataLossError(DlogError):
@@ -30,7 +31,9 @@ class DataLossError(DlogError):
 class Range:
     """Entries first..last (inclusive) of one segment's ledger; records from `first_slot` of the
     first and, when `end_slot` is set, only those before it of the last (an end inside an entry:
-    batch reads up to an ending timestamp)."""
+    batch reads up to an ending timestamp). `tier` is the segment's copy on the tier as the plan
+    saw it: the worker that reads the range has never seen the segment list, and reads the file
+    by it (when the bookie copy is gone, or the query prefers the tier)."""
 
     stream: str
     sequence: int
@@ -39,6 +42,7 @@ class Range:
     last_entry: int
     first_slot: int = 0
     end_slot: int | None = None
+    tier: TierCopy | None = None
 
     @property
     def entries(self) -> int:
@@ -63,7 +67,8 @@ def spans(view: StreamView, start: Cursor, end: Cursor) -> list[Range]:
             stop, end_slot = end.entry_id + 1, end.slot  # the end is inside entry end.entry_id
         first = max(first, 0)
         if stop > first and not (end_slot is not None and stop - 1 == first and end_slot <= slot):
-            ranges.append(Range(view.name, segment.sequence, segment.ledger_id, first, stop - 1, slot, end_slot))
+            ranges.append(Range(view.name, segment.sequence, segment.ledger_id, first, stop - 1, slot, end_slot,
+                                segment.tier))
     return ranges
 
 
@@ -105,8 +110,7 @@ def cut(ranges: Sequence[Range], budget: int | Sequence[Budget],
             else:
                 high = middle
         if low > span.first_entry:
-            taken.append(Range(span.stream, span.sequence, span.ledger_id, span.first_entry, low - 1,
-                               span.first_slot))
+            taken.append(replace(span, last_entry=low - 1, end_slot=None))
             used = [spent + measure(span, low) - measure(span, span.first_entry)
                     for spent, (_, measure) in zip(used, budgets, strict=True)]
         break
@@ -154,8 +158,8 @@ def admit(backlogs: Mapping[str, list[Range]], max_records: int | None, records_
     if not any(taken.values()) and any(backlogs.values()):
         name = max((n for n in backlogs if backlogs[n]), key=lambda item: (record_sizes[item], item))
         first = backlogs[name][0]
-        one = Range(first.stream, first.sequence, first.ledger_id, first.first_entry, first.first_entry,
-                    first.first_slot)
+        one = replace(first, last_entry=first.first_entry,
+                      end_slot=first.end_slot if first.last_entry == first.first_entry else None)
         taken[name] = [one]
         admitted = count([one], records_before)
     return Admission(taken, admitted)
@@ -188,6 +192,8 @@ def split(ranges: Sequence[Range], min_partitions: int | None) -> list[Range]:
         for piece in range(pieces):
             size = step + (1 if piece < extra else 0)
             slot = span.first_slot if first == span.first_entry else 0
-            result.append(Range(span.stream, span.sequence, span.ledger_id, first, first + size - 1, slot))
+            last = first + size - 1  # an end inside the last entry stays with the piece that ends there
+            result.append(replace(span, first_entry=first, last_entry=last, first_slot=slot,
+                                  end_slot=span.end_slot if last == span.last_entry else None))
             first += size
     return result

@@ -42,16 +42,19 @@ def check_out_path(out_path: Path, force: bool) -> None:
 
 
 async def export_stream(ns: Any, name: str, out_path: Path, output_format: str, start: str,
-                        end: str | None, *, progress: bool = True, force: bool = False) -> dict[str, Any]:
+                        end: str | None, *, progress: bool = True, force: bool = False,
+                        prefer: str = "bookies") -> dict[str, Any]:
     """Write every record from `start` through `end` (inclusive) with its offset columns.
-    The file appears only when complete (written to a temporary name, then renamed)."""
+    The file appears only when complete (written to a temporary name, then renamed). Offloaded
+    segments are read from the tier as the stream reader reads them (`prefer`: where to read a
+    segment that is on the tier and still on the bookies)."""
     stop = Offset.parse(end) if end else None
     if start not in ("earliest", "latest"):
         Offset.parse(start)
     check_out_path(out_path, force)
     info = await ns.stream_info(name)
     total = sum(s["records"] for s in info["segments"] if s["state"] != "truncated") or None
-    reader = await ns.open_reader(name, start, follow=False)
+    reader = await ns.open_reader(name, start, follow=False, prefer=prefer)
     schema = file_schema(name, reader.codec.schema)
     temporary = out_path.with_name(out_path.name + ".partial")
     out_path.parent.mkdir(parents=True, exist_ok=True)

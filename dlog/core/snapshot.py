@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from bookkeeper.errors import invariant
 from dlog.offsets import Offset
-from dlog.segments.metadata import Segment, SegmentList
+from dlog.segments.metadata import Segment, SegmentList, TierCopy
 
 if TYPE_CHECKING:
     from dlog.segments.codec import RecordSetHeader
@@ -135,6 +135,7 @@ class SegmentView:
     records: int | None = None  # known for completed segments
     last_timestamp_ms: int | None = None  # the latest record timestamp, known for completed segments
     first_position: int | None = None  # the stream position of its first record (None: not assigned)
+    tier: TierCopy | None = None  # its copy on the tier, if offloaded (a reader elsewhere reads it by this)
 
     @classmethod
     def of(cls, segment: Segment, lac: int | None) -> SegmentView:
@@ -144,7 +145,7 @@ class SegmentView:
                    min_active_entry=segment.min_active_entry, min_active_slot=segment.min_active_slot,
                    records=segment.records if completed else None,
                    last_timestamp_ms=segment.last_timestamp_ms if completed else None,
-                   first_position=segment.first_position)
+                   first_position=segment.first_position, tier=segment.tier)
 
     @property
     def is_truncated(self) -> bool:

@@ -352,7 +352,7 @@ class RecordSetCodec:
         else:
             codec, payload = Compression.NONE, memoryview(message)
         if timestamp_range_ms is None:
-            min_timestamp_ms, max_timestamp_ms = _timestamp_range_ms(batch)
+            min_timestamp_ms, max_timestamp_ms = batch_timestamp_range_ms(batch)
         else:
             min_timestamp_ms, max_timestamp_ms = timestamp_range_ms
         header = HEADER.pack(
@@ -510,7 +510,9 @@ def _read_batch(buffer: pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
     return batch
 
 
-def _timestamp_range_ms(batch: pa.RecordBatch) -> tuple[int, int]:
+def batch_timestamp_range_ms(batch: pa.RecordBatch) -> tuple[int, int]:
+    """(min, max) of a batch's `timestamp` column in ms, floored and ceiled so the range covers
+    every record whatever the column's unit; (0, 0) without one, or when all are null."""
     index = batch.schema.get_field_index("timestamp")
     if index < 0 or batch.num_rows == 0 or not pa.types.is_timestamp(batch.schema.field(index).type):
         return 0, 0

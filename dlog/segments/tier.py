@@ -49,6 +49,7 @@ from dlog.segments.codec import (
     Compression,
     DecodedEntry,
     RecordSetHeader,
+    batch_timestamp_range_ms,
 )
 from dlog.segments.metadata import Segment, TierCopy
 
@@ -422,16 +423,12 @@ class SegmentFile:
         starts = pc.indices_nonzero(pc.equal(batch.column("slot"), 0)).to_pylist()
         starts.append(batch.num_rows)
         records = batch.select(self.output_names)
-        timestamps = batch.column("timestamp") if "timestamp" in batch.schema.names else None
         for at, end in zip(starts, starts[1:], strict=False):
             entry_id = entry_ids[at].as_py()
             if entry_id < first or entry_id > last:
                 continue
             piece = records.slice(at, end - at)
-            low_ms = high_ms = 0
-            if timestamps is not None and pa.types.is_timestamp(timestamps.type):
-                bounds = pc.min_max(timestamps.slice(at, end - at).cast(pa.int64()))
-                low_ms, high_ms = int(bounds["min"].as_py() or 0), int(bounds["max"].as_py() or 0)
+            low_ms, high_ms = batch_timestamp_range_ms(piece)  # in ms whatever the column's unit, as a ledger entry's
             flags = FLAG_HEADERS if self.headers and piece.column("headers").null_count < piece.num_rows else 0
             header = RecordSetHeader(FORMAT_VERSION, Compression.NONE, piece.num_rows, start + at, low_ms, high_ms,
                                      piece.nbytes, flags)

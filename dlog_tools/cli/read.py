@@ -197,6 +197,8 @@ class Committer:
 @click.option("--format", "output_format", type=click.Choice(["text", "raw"]), default="text", show_default=True,
               help="text: UTF-8 lines (other bytes shown as U+FFFD, said on stderr once); raw: the bytes as they "
                    "are")
+@click.option("--prefer", type=click.Choice(["bookies", "tier"]), default="bookies", show_default=True,
+              help="where to read segments offloaded to the tier whose bookie copy still exists")
 @click.option("--subscription", default=None,
               help="start at this subscription's committed offset (earliest if it has none) and commit "
                    "as records are printed")
@@ -209,8 +211,8 @@ class Committer:
 @fails_cleanly
 def read_command(name: str, start: str | None, end: str | None, max_records: int | None, follow: bool,
                  skip_truncated: bool, print_key: bool, print_timestamp: bool, with_headers: bool,
-                 output_format: str, subscription: str | None, commit_every: int, commit_interval: float,
-                 cluster: tuple[str, str, str], as_json: bool) -> None:
+                 output_format: str, prefer: str, subscription: str | None, commit_every: int,
+                 commit_interval: float, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Print records: one value per line, or with --json one object per line (what
     `dlog write --format jsonl` takes back).
 
@@ -236,7 +238,7 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
         await stop.check(ns, name, first)
         committer = Committer(ns, name, subscription, commit_every, commit_interval)
         async with ns.open_reader(name, first, follow=follow, skip_truncated=skip_truncated,
-                                  headers=with_headers) as reader:
+                                  headers=with_headers, prefer=prefer) as reader:
             try:
                 await _print_records(reader, stop, max_records, committer, as_json, print_key, print_timestamp,
                                      with_headers, output_format == "raw")

@@ -5,12 +5,15 @@ case-insensitively."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bookkeeper.errors import ConfigError
 from dlog.core import snapshot
 from dlog.core.snapshot import Cursor, SegmentView, StreamView
 from dlog.offsets import Offset
+from dlog.segments.metadata import TierCopy
 from dlog_spark import plan
 from dlog_spark.options import parse_sink_options, parse_source_options
 from dlog_spark.plan import Range
@@ -71,6 +74,34 @@ def test_partitions_split_large_ranges_by_entries():
     assert sum(p.entries for p in pieces) == 12 and len(pieces) >= 4
     assert pieces[0].first_slot == 2 and all(p.first_slot == 0 for p in pieces[1:])
     assert plan.split(ranges, None) == ranges
+
+
+def test_a_split_keeps_an_end_inside_the_last_entry_on_the_piece_that_ends_there():
+    pieces = plan.split([Range("s", 1, 40, 0, 9, 2, end_slot=5)], 4)
+    assert [p.end_slot for p in pieces] == [None] * (len(pieces) - 1) + [5]
+    assert pieces[-1].last_entry == 9
+
+
+TIER = TierCopy("file:///t/ns/s/segment=1/a.parquet", 100, 7, 50, 1_000)
+
+
+def test_every_range_of_an_offloaded_segment_carries_its_tier_copy_to_the_worker():
+    offloaded = dataclasses.replace(segment(1, 40, 5), tier=TIER)
+    view = StreamView("s", (offloaded, segment(2, 7, 5)))
+    ranges = plan.spans(view, Cursor(1, 0), snapshot.latest(view))
+    assert [r.tier for r in ranges] == [TIER, None]
+    assert all(p.tier == TIER for p in plan.split(ranges, 6) if p.ledger_id == 40)
+    taken, _ = plan.cut(ranges, 25, records_before)  # cut inside the offloaded segment
+    assert taken == [Range("s", 1, 40, 0, 1, tier=TIER)]
+    one = plan.admit({"s": ranges}, 1, records_before).ranges["s"]
+    assert one == [Range("s", 1, 40, 0, 0, tier=TIER)]
+
+
+def test_the_prefer_option_is_tier_or_bookies():
+    assert parse_source_options({"stream": "a"}, batch=True).prefer == "bookies"
+    assert parse_source_options({"stream": "a", "PREFER": " Tier "}, batch=False).prefer == "tier"
+    with pytest.raises(ConfigError, match=r"^bad prefer 'disk': use tier or bookies"):
+        parse_source_options({"stream": "a", "prefer": "disk"}, batch=True)
 
 
 def test_options_are_case_insensitive_and_unknown_ones_are_named():
