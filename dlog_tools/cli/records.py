@@ -153,11 +153,13 @@ def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_j
 @click.option("--from", "start", default="earliest", show_default=True, help="earliest or L:E[:S]")
 @click.option("--to", "end", default=None, help="last offset to export L:E[:S]")
 @click.option("--force", is_flag=True, help="overwrite an existing file, create missing folders")
+@click.option("--prefer", type=click.Choice(["bookies", "tier"]), default="bookies", show_default=True,
+              help="where to read segments offloaded to the tier whose bookie copy still exists")
 @cluster_options
 @json_option
 @fails_cleanly
 def export_command(name: str, out_path: Path, output_format: str, start: str, end: str | None, force: bool,
-                   cluster: tuple[str, str, str], as_json: bool) -> None:
+                   prefer: str, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar.
 
     Refuses to overwrite an existing file or to create missing folders unless --force. The
@@ -168,6 +170,6 @@ def export_command(name: str, out_path: Path, output_format: str, start: str, en
 
     check_out_path(out_path, force)
     result = run_namespace(cluster, lambda ns: export_stream(ns, name, out_path, output_format, start, end,
-                                                             progress=not as_json, force=force))
+                                                             progress=not as_json, force=force, prefer=prefer))
     click.echo(json.dumps(result) if as_json else
                f"exported {plural(result['records'], 'record')} to {out_path} ({format_size(result['bytes'])})")

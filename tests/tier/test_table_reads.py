@@ -147,5 +147,10 @@ async def test_dlog_read_and_dlog_export_give_the_whole_stream_across_the_tier(c
                           "headers": None if f["headers"] is None else [[k, None if v is None else v.decode()]
                                                                         for k, v in f["headers"]]}
                          for r in layered.rows for f in [dict(r.fields)]]
+    exported = tmp_path / "cli-command.parquet"
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["export", "cli", "--out", str(exported), "--json",
+                                                                "--prefer", "tier", *options])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["records"] == len(layered.rows) == pq.read_table(exported).num_rows
     result = await asyncio.to_thread(CliRunner().invoke, main, ["read", "cli", "--prefer", "disk", *options])
     assert result.exit_code != 0 and "disk" in result.output and "Traceback" not in result.output
