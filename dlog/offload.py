@@ -150,6 +150,9 @@ class Offloader:
     async def _record_status(self, name: str, report: OffloadReport, now_ms: int) -> None:
         try:
             previous = await self.namespace.store.tier_status(name) or {}
+            idle = not (report.error or report.offloaded or report.bookie_copies_deleted)
+            if idle and previous and not previous.get("failures"):
+                return  # nothing new to say: no write per stream per round of a daemon
             failures = int(previous.get("failures", 0)) + 1 if report.error else 0
             await self.namespace.store.store_tier_status(name, {
                 "at_ms": now_ms, "holder": self.holder, "error": report.error, "failures": failures,
