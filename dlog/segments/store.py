@@ -284,35 +284,25 @@ class ZooKeeperSegmentStore:
 
     async def claim_runner(self, name: str, runner: str) -> str | None:
         """An ephemeral `runner` node holding the runner's id: whoever made it holds the claim."""
-        path = self.runner_path(name)
-        try:
-            await self.zk.create(path, runner.encode(), ephemeral=True)
-            return None
-        except MetadataExistsError:
-            pass
-        except MetadataNotFoundError as exc:
-            raise StreamNotFoundError(f"stream {name!r} does not exist") from exc
-        found = await self.zk.get_or_none(path)
-        if found is None:  # its holder's session ended as we looked: the next round takes it
-            return "(none)"
-        holder = found[0].decode(errors="replace")
-        return None if holder == runner else holder
+        return await self._claim(name, self.runner_path(name), runner)
 
     async def claim_offloader(self, name: str, offloader: str) -> str | None:
         """An ephemeral `offloader` node holding the offloader's id, as `claim_runner`."""
-        path = self.offloader_path(name)
+        return await self._claim(name, self.offloader_path(name), offloader)
+
+    async def _claim(self, name: str, path: str, holder_id: str) -> str | None:
         try:
-            await self.zk.create(path, offloader.encode(), ephemeral=True)
+            await self.zk.create(path, holder_id.encode(), ephemeral=True)
             return None
         except MetadataExistsError:
             pass
         except MetadataNotFoundError as exc:
             raise self.not_found(name) from exc
         found = await self.zk.get_or_none(path)
-        if found is None:
+        if found is None:  # its holder's session ended as we looked: the next round takes it
             return "(none)"
         holder = found[0].decode(errors="replace")
-        return None if holder == offloader else holder
+        return None if holder == holder_id else holder
 
     async def release_offloader(self, name: str, offloader: str) -> None:
         path = self.offloader_path(name)
