@@ -25,7 +25,9 @@ file when its bookie copy was deleted, when the caller prefers the tier (`prefer
 when its ledger turns out to be gone; a damaged file falls back to the bookie copy while it
 exists. A tier handle answers like a ledger's (`read`, `last_add_confirmed`) with entries whose
 payloads are already decoded (`dlog.segments.codec.DecodedEntry`). Files are kept parsed in
-memory, at most `tier_bytes_max` bytes of them (least recently used first out); the tier copy
+memory, at most `tier_bytes_max` bytes of them (least recently used first out), and the
+`TIER_FILES_DECODED` most recently read keep their last decoded row groups
+(`dlog.segments.tier.DECODED_GROUPS_KEPT` each, at most 64 MiB decoded apiece); the tier copy
 of each segment seen in a view is remembered (bounded like the handles), so a caller that knows
 only a ledger id reads the right copy.
 
@@ -69,6 +71,7 @@ K = TypeVar("K")
 READ_HANDLES_MAX = 1024
 ENTRY_HEADERS_MAX = 100_000
 TIER_BYTES_MAX = 512 * 2**20  # tier files kept parsed in memory, in all
+TIER_FILES_DECODED = 4  # files whose decoded row groups are kept (DECODED_GROUPS_KEPT each)
 PREFER = ("bookies", "tier")
 Blocking = Callable[..., Awaitable[Any]]
 
@@ -94,6 +97,7 @@ class TierHandle:
         self.last_add_confirmed = last_entry
         self.blocking = blocking
         self.fallback = fallback
+        self._prefetch: asyncio.Future[Any] | None = None  # the next row group, decoding
 
     def advance_lac(self, entry_id: int) -> None:
         """Nothing to advance: the file holds the completed segment."""
@@ -108,6 +112,11 @@ class TierHandle:
             if self.fallback is None:
                 raise
             return list(await (await self.fallback(exc)).read(first, last))
+        following = self.file.group_after(last)
+        if following is not None and last < self.last_add_confirmed:
+            # decode the next row group in a worker while the caller hands these entries out
+            self._prefetch = asyncio.ensure_future(self.blocking(self.file.group, following))
+            self._prefetch.add_done_callback(_quiet)
         return [TierEntry(entry_id, payload, 0) for entry_id, payload in entries]
 
     async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> None:
@@ -211,6 +220,8 @@ class SegmentReads:
                 self._drop_tier_file(next(iter(self._tier_files)))
         else:
             self._tier_files.move_to_end(tier.uri)
+        for idle in list(self._tier_files.values())[:-TIER_FILES_DECODED]:
+            idle.forget_decoded()  # decoded row groups only for the files read most recently
         return TierHandle(found, last_entry, self.blocking)
 
     def _drop_tier_file(self, uri: str) -> None:
@@ -347,6 +358,12 @@ class SegmentReads:
             return await awaitable
         async with asyncio.timeout(self.step_timeout_s):
             return await awaitable
+
+
+def _quiet(future: asyncio.Future[Any]) -> None:
+    """A prefetch's outcome is the next read's business (it decodes again and says what failed)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _remember(cache: OrderedDict[K, Any], key: K, value: Any, size_max: int) -> None:

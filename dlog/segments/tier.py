@@ -60,6 +60,7 @@ UNTYPED_COLUMNS = ("key", "value", "timestamp", "headers")
 SCHEMES = ("file", "s3")
 ROW_GROUP_ROWS = 128 * 1024  # entries are gathered into a row group until it holds this many records
 ROW_GROUP_BYTES = 64 * 2**20  # ... or this many decoded bytes
+DECODED_GROUPS_KEPT = 2  # decoded row groups a parsed file keeps (the one read, the next one prefetched)
 UPLOAD_CHUNK_BYTES = 8 * 2**20  # what an upload copies per write (S3: one multipart part at most)
 READ_CHUNK_BYTES = 8 * 2**20
 
@@ -371,6 +372,8 @@ class SegmentFile:
     def __init__(self, copy: TierCopy, data: bytes) -> None:
         self.copy = copy
         self.size_bytes = len(data)
+        self._lock = threading.Lock()
+        self._decoded: dict[int, pa.RecordBatch | None] = {}  # row group -> decoded, oldest first
         if len(data) != copy.size_bytes:
             raise TierDamagedError(f"tier file {copy.uri} is {len(data)} bytes; its segment recorded "
                                    f"{copy.size_bytes}")
@@ -408,15 +411,44 @@ class SegmentFile:
         for index, (low, high, start) in enumerate(self.groups):
             if high < first or low > last:
                 continue
+            found.extend(self._split(self.group(index), start, first, last))
+        return found
+
+    def group(self, index: int) -> pa.RecordBatch | None:
+        """Row group `index`, decoded (None: empty); the last DECODED_GROUPS_KEPT decoded are kept,
+        so reads of a few entries at a time decode each row group once. Thread-safe: a reader's
+        prefetch decodes the next group in a worker while it hands out this one."""
+        with self._lock:
+            found = self._decoded.get(index)
+            if found is not None or index in self._decoded:
+                return found
             try:
                 table = self.file.read_row_group(index)
             except (pa.ArrowException, OSError) as exc:
                 raise TierDamagedError(f"tier file {self.copy.uri} row group {index} cannot be read: {exc}") from exc
-            found.extend(self._split(table, start, first, last))
-        return found
+            batch = table.combine_chunks().to_batches()[0] if table.num_rows else None
+            self._decoded[index] = batch
+            while len(self._decoded) > DECODED_GROUPS_KEPT:
+                self._decoded.pop(next(iter(self._decoded)))
+            return batch
 
-    def _split(self, table: pa.Table, start: int, first: int, last: int) -> Iterator[tuple[int, DecodedEntry]]:
-        batch = table.combine_chunks().to_batches()[0] if table.num_rows else None
+    def forget_decoded(self) -> None:
+        """Drop the decoded row groups (the read cache keeps them only for the files in use)."""
+        with self._lock:
+            self._decoded.clear()
+
+    def group_after(self, entry_id: int) -> int | None:
+        """The row group after the one holding `entry_id` (None: that is the last, or decoded already)."""
+        for index, (low, high, _) in enumerate(self.groups):
+            if low <= entry_id <= high:
+                following = index + 1
+                if following < len(self.groups) and following not in self._decoded:
+                    return following
+                return None
+        return None
+
+    def _split(self, batch: pa.RecordBatch | None, start: int, first: int,
+               last: int) -> Iterator[tuple[int, DecodedEntry]]:
         if batch is None:
             return
         entry_ids = batch.column("entry")
