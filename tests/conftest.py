@@ -86,6 +86,7 @@ def secure_cluster(tmp_path_factory):
 # ------------------------------------------------------------------------------ running side by side
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`): most of the suite waits
     on real processes, so two files at once use the machine's two cores. A file's tests stay
@@ -105,3 +106,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             group = path
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Under `--dist loadgroup`, stop unless every test id a worker collected carries its group: a
+    pytest and pytest-xdist pair that drops the groups (pytest 9.2 with xdist 3.8) would still
+    pass, only slower, with module fixtures and the fixed-seed sweeps run once on each worker."""
+    if node.config.getoption("dist", default="no") != "loadgroup":
+        return
+    lost = [nodeid for nodeid in ids if "@" not in nodeid.rpartition("]")[2]]
+    if lost:
+        pytest.exit(f"--dist loadgroup lost the test groups (e.g. {lost[0]}): this pytest-xdist does "
+                    "not group with this pytest; see pyproject.toml", returncode=pytest.ExitCode.USAGE_ERROR)

@@ -7,16 +7,16 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
 from bookkeeper.client import BookKeeper
+from dlog_tools.cluster import LocalCluster
+from tests.helpers import local_clusters
 
 
-@pytest.fixture
-def ledger_cli(cluster_factory):
-    cluster = cluster_factory(bookies=3)
-
+def cli_on(cluster: LocalCluster) -> tuple[LocalCluster, Callable[..., subprocess.CompletedProcess]]:
     def run(*arguments: str, ok: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "ledger", *arguments, "--zk",
                                  cluster.zk_address, "--zk-root", cluster.zk_root],
@@ -26,6 +26,19 @@ def ledger_cli(cluster_factory):
         return result
 
     return cluster, run
+
+
+@pytest.fixture
+def ledger_cli(cluster_factory):
+    return cli_on(cluster_factory(bookies=3))
+
+
+@pytest.fixture(scope="module")
+def refusing_cli(zk_server, tmp_path_factory):
+    """One cluster for the refused commands (a cluster each took half of this file's time): each is
+    refused before it changes anything, and none looks at what another's setup wrote."""
+    with local_clusters(zk_server, tmp_path_factory.mktemp("ledger-cli"), "t", default_bookies=3) as make:
+        yield cli_on(make())
 
 
 async def open_ledger_with_entries(cluster, count: int) -> int:
@@ -72,14 +85,14 @@ def test_ledger_commands(ledger_cli):
     (("delete", "424242"), "ledger 424242 does not exist"),
     (("create", "--ensemble", "2", "--write-quorum", "3"), "ensemble >= write quorum"),
 ])
-def test_bad_ledger_input(ledger_cli, arguments, words):
-    _, run = ledger_cli
+def test_bad_ledger_input(refusing_cli, arguments, words):
+    _, run = refusing_cli
     result = run(*arguments, ok=False)
     assert result.returncode != 0 and words in result.stderr and "Traceback" not in result.stderr
 
 
-def test_wrong_password_is_one_line(ledger_cli):
-    cluster, run = ledger_cli
+def test_wrong_password_is_one_line(refusing_cli):
+    cluster, run = refusing_cli
     ledger_id = asyncio.run(open_ledger_with_entries(cluster, 1))
     result = run("recover", str(ledger_id), "--password", "nope", ok=False)
     assert result.returncode == 1 and "wrong password" in result.stderr
