@@ -16,7 +16,8 @@ the offload (never with -1), or once the stream's bookie retention (`retention_a
 `retention_bytes` of its config) passes it; the segment is marked first (`bookie_deleted_change`),
 so nobody mistakes the missing ledger for lost data. On a tiered stream bookie retention never
 truncates a segment that is not offloaded yet (it waits for the offload); the tier's own
-retention (`tier_retention_plan`) removes whole segments.
+retention (`tiered_retention_plan`) removes whole segments. The bookie retention rule itself is
+`changes.retention_plan`, called through its module (one rule, which the simulator's plant replaces).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 
-from dlog.core.changes import retention_plan
+from dlog.core import changes
 from dlog.segments.metadata import (
     TIER_DEFAULTS,
     Segment,
@@ -89,7 +90,7 @@ def bookie_copy_plan(listing: SegmentList, config: StreamConfig, policy: TierPol
     lag = policy.delete_lag_ms if policy.delete_lag_ms is not None else -1
     on_bookies = SegmentList(tuple(s for s in listing.segments if s.on_bookies), listing.version,
                              listing.max_sequence)  # what the bookie retention measures
-    retained = {s.sequence for s in retention_plan(on_bookies, config, subscriptions, now_ms)}
+    retained = {s.sequence for s in changes.retention_plan(on_bookies, config, subscriptions, now_ms)}
     for segment in listing.segments:
         tier = segment.tier
         if tier is None or not tier.on_bookies or segment.is_truncated or segment.ledger_id in held:
@@ -111,10 +112,10 @@ def tiered_retention_plan(listing: SegmentList, config: StreamConfig, policy: Ti
     ever); with one, the tier retention's plan (its age and size limits over every completed
     segment, offloaded or not: a segment the tier no longer keeps is gone from the stream)."""
     if not policy.enabled:
-        return retention_plan(listing, config, subscriptions, now_ms)
+        return changes.retention_plan(listing, config, subscriptions, now_ms)
     limits = replace(config, retention_age_ms=policy.retention_age_ms or 0,
                      retention_bytes=policy.retention_bytes or 0)
-    return retention_plan(listing, limits, subscriptions, now_ms)
+    return changes.retention_plan(listing, limits, subscriptions, now_ms)
 
 
 def tier_files(segment: Segment) -> list[str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import ConfigError
 from dlog.segments.tier import TierOptions
 from dlog_tools.cluster import free_port
@@ -81,12 +82,12 @@ class MotoS3:
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = monotonic_s() + START_TIMEOUT_S
         while not self._answers():
             if self.process.poll() is not None:
                 raise RuntimeError(f"moto exited with {self.process.returncode}; its log: "
                                    f"{self.log_path.read_text(errors='replace')[-2000:]}")
-            if time.monotonic() >= deadline:
+            if monotonic_s() >= deadline:
                 self.stop()
                 raise RuntimeError(f"moto did not answer on {self.endpoint} within {START_TIMEOUT_S}s")
             time.sleep(0.05)

@@ -84,7 +84,7 @@ def test_a_seed_replays_exactly_whatever_the_hash_seed():
 # Seeds where each planted bug breaks a promise (found with `python -m tests.harness.streamsim
 # --seeds 60 --plant NAME`; if the simulator changes how it draws, find new ones the same way).
 PLANTED = [
-    ("lost-cas-is-takeover", 0),
+    ("lost-cas-is-takeover", 2),
     ("reader-misses-roll", 1),
     ("waiters-not-woken", 17),
     ("buffered-left-pending", 0),
@@ -96,8 +96,8 @@ PLANTED = [
     ("gc-without-sync", 2),
     ("metadata-errors-not-retried", 51),
     ("roll-timer-crash", 48),
-    ("created-after-close-committed", 19),
-    ("deleted-ledger-acknowledged", 3),
+    ("created-after-close-committed", 68),
+    ("deleted-ledger-acknowledged", 5),
     ("roll-positions-from-entries", 0),
     ("dedup-not-rebuilt", 3),
 ]
