@@ -440,7 +440,13 @@ async def test_only_the_owner_serves_a_stream_and_a_native_writer_is_told_which_
         await ns.create_stream("routed", ensemble=1, write_quorum=1, ack_quorum=1)
     first, second = serve(cluster, namespace), serve(cluster, namespace)
     by_id = {first.server_id: first, second.server_id: second}
-    # either server names the same leader; the leader takes the stream on its first produce
+    # once each server sees the other registered (a ZooKeeper watch, so not at once: until then the
+    # first one started picks from itself alone), either names the same leader, which takes the
+    # stream on its first produce
+    def both_see_both() -> bool:
+        return all(len(raw_request(server.bootstrap, metadata_request("routed"), 5).brokers) == 2
+                   for server in (first, second))
+    await eventually(both_see_both, timeout_s=30, message="each server lists both servers")
     leaders = {raw_request(server.bootstrap, metadata_request("routed"), 5).topics[0].partitions[0].leader_id
                for server in (first, second)}
     assert len(leaders) == 1
