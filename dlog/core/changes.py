@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from bookkeeper.errors import CorruptMetadataError, invariant
+from dlog.core import backlog
 from dlog.core.errors import OffsetOutOfRangeError
 from dlog.offsets import Offset
 from dlog.segments.metadata import (
@@ -205,10 +206,10 @@ def retention_plan(listing: SegmentList, config: StreamConfig, subscriptions: Ma
     stream is over its size limit. Never the in-progress segment, never the last completed one
     (so an idle stream keeps its latest records readable, and a stream whose in-progress segment
     has just started is never emptied), never what a subscriber has not consumed (when
-    `retention_keeps_unconsumed`)."""
+    `retention_keeps_unconsumed`, or the stream holds writers for its backlog: `backlog.keeps_unconsumed`)."""
     completed = [s for s in listing.segments if s.state is SegmentState.COMPLETED]
     candidates = completed[:-1]
-    if config.retention_keeps_unconsumed:
+    if backlog.keeps_unconsumed(config):
         floor = subscriber_floor(listing, subscriptions.values())
         candidates = [s for s in candidates if floor is None or s.sequence < floor]
     plan: list[Segment] = []

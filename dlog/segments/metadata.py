@@ -40,6 +40,7 @@ FORMAT_VERSION = 1
 POSITION_MAX = 2**63 - 1  # positions are signed 64-bit, as Kafka's offsets
 ROLL_BYTES_DEFAULT = 256 * 2**20
 ROLL_AGE_MS_DEFAULT = 2 * 3600 * 1000
+BACKLOG_POLICIES = ("hold", "evict", "none")  # dlog.core.backlog.BacklogPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,12 +248,24 @@ class StreamConfig:
     # the Iceberg table its tier files are registered in ("" none): a SQL catalog URL, a warehouse
     iceberg_catalog: str = ""
     iceberg_warehouse: str = ""
+    # backlog limits of a subscription (0: none), what happens over one, and subscription expiry
+    # after inactivity (0: never); see dlog.core.backlog
+    backlog_bytes: int = 0
+    backlog_age_ms: int = 0
+    backlog_policy: str = "hold"  # hold | evict | none
+    subscription_expiry_ms: int = 0
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble, self.write_quorum, self.ack_quorum)
         for name in ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', ' ')} must be >= 0, got {getattr(self, name)}")
+        for name in ("backlog_bytes", "backlog_age_ms", "subscription_expiry_ms"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', ' ')} must be an integer >= 0, got {getattr(self, name)!r}")
+        if self.backlog_policy not in BACKLOG_POLICIES:
+            raise ConfigError(f"backlog policy must be one of {', '.join(BACKLOG_POLICIES)}, "
+                              f"got {self.backlog_policy!r}")
 
     def to_bytes(self) -> bytes:
         document = asdict(self)
