@@ -49,8 +49,8 @@ from bookkeeper.security.settings import (
     unseal_password,
 )
 from dlog.context import StreamContext
-from dlog.core import changes, tiering
-from dlog.core.errors import StreamBusyError, WriterLockedError
+from dlog.core import backlog, changes, tiering
+from dlog.core.errors import StreamBusyError, SubscriptionEvictedError, WriterLockedError
 from dlog.iceberg import IcebergTarget, SyncResult, sync_table
 from dlog.names import check_stream_name, check_subscription_name, stream_node_name
 from dlog.offsets import Offset
@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
                       "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum", "tier",
-                      "iceberg_catalog", "iceberg_warehouse")
+                      "iceberg_catalog", "iceberg_warehouse", "backlog_bytes", "backlog_age_ms", "backlog_policy",
+                      "subscription_expiry_ms")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -191,9 +192,11 @@ class Namespace:
                             roll_age_ms: int | None = None, roll_records: int = 0,
                             retention_age_ms: int = 0, retention_bytes: int = 0,
                             schema: pa.Schema | None = None, exist_ok: bool = False,
-                            tier: TierPolicy | None = None) -> StreamConfig:
+                            tier: TierPolicy | None = None, backlog_bytes: int = 0, backlog_age_ms: int = 0,
+                            backlog_policy: str = "hold", subscription_expiry_ms: int = 0) -> StreamConfig:
         """Create a stream; with `exist_ok` an existing one is left as it is and its config returned.
-        `tier`: its own tier settings (what it leaves None, the namespace's default gives)."""
+        `tier`: its own tier settings (what it leaves None, the namespace's default gives). The
+        backlog limits and subscription expiry: `dlog.core.backlog`."""
         check_stream_name(name)
         options: dict[str, Any] = {}
         if tier is not None:
@@ -207,7 +210,9 @@ class Namespace:
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
                               schema=schema_to_text(schema) if schema is not None else "",
                               password=seal_new_password(self.security.seal_key(self.name))[0],
-                              created_ms=self.clock.wall_ms(), **options)
+                              created_ms=self.clock.wall_ms(), **options, backlog_bytes=backlog_bytes,
+                              backlog_age_ms=backlog_age_ms, backlog_policy=backlog_policy,
+                              subscription_expiry_ms=subscription_expiry_ms)
         try:
             await self.store.create_stream(config)
         except StreamExistsError:
@@ -419,10 +424,19 @@ class Namespace:
 
     def open_reader(self, name: str, start: str | Offset | int | datetime.datetime = "earliest",
                     **options: Any) -> _Opening[StreamReader]:
-        """`async with ns.open_reader(name, start) as reader:` (or `await ns.open_reader(...)`)."""
+        """`async with ns.open_reader(name, start) as reader:` (or `await ns.open_reader(...)`).
+        `subscription=NAME` starts at its committed offset (`start` when it has none); an evicted
+        one fails (SubscriptionEvictedError) unless `skip_evicted=True`, which starts at `start`."""
 
         async def open_it() -> StreamReader:
-            return await StreamReader(self.context_of(await self.store.config(name)), start, **options).open()
+            begin = start
+            if options.get("subscription") is not None:  # start at its committed offset, if it has one
+                subscription = options.pop("subscription")
+                at = await self.subscription_start(name, subscription, skip_evicted=options.pop("skip_evicted", False))
+                begin = at if at is not None else start
+            options.pop("subscription", None)
+            options.pop("skip_evicted", None)
+            return await StreamReader(self.context_of(await self.store.config(name)), begin, **options).open()
 
         return _Opening(open_it)
 
@@ -523,8 +537,10 @@ class Namespace:
         config = await self.store.config(name)
         policy = await self.tier_policy(name, config)
         listing = await self.store.segments(name)
-        subscriptions = await self.store.subscriptions(name) if config.retention_keeps_unconsumed else {}
+        stored = await self.store.subscriptions(name) if backlog.keeps_unconsumed(config) else {}
         now_ms = self.clock.wall_ms() if now_ms is None else now_ms
+        evicting = backlog.to_evict(config, backlog.backlogs(listing, config, stored, now_ms))
+        subscriptions = backlog.retention_holders(config, stored, evicting)  # never the evicted
         return tiering.tiered_retention_plan(listing, config, policy, subscriptions, now_ms), listing
 
     async def apply_retention(self, name: str, *, dry_run: bool = False,
@@ -532,6 +548,7 @@ class Namespace:
         """Remove what the retention policy says (L5); safe beside a live writer (L7)."""
         if not dry_run:
             self.security.require_role(self.name, "admin", f"applying the retention of stream {name!r}")
+            await self.enforce_subscription_limits(name, now_ms)
 
         async def attempt() -> list[Segment]:
             plan, listing = await self._retention_plan(name, now_ms)
@@ -548,13 +565,69 @@ class Namespace:
     # ------------------------------------------------------------------ subscriptions
 
     async def commit_subscription(self, name: str, subscription: str, offset: Offset | str) -> None:
-        """Store a subscriber's committed offset (the next record it will read)."""
+        """Store a subscriber's committed offset (the next record it will read), with the time (its
+        last activity, for expiry); a commit clears an eviction mark."""
         offset = Offset.parse(offset) if isinstance(offset, str) else offset
         self.security.require_role(self.name, "consume", f"committing subscription {subscription!r}")
-        await self.store.commit_subscription(name, check_subscription_name(subscription), offset.to_json())
+        await self.store.commit_subscription(name, check_subscription_name(subscription),
+                                             backlog.committed(offset.to_json(), self.clock.wall_ms()))
 
     async def subscriptions(self, name: str) -> dict[str, Offset]:
-        return {key: Offset.from_json(value) for key, value in (await self.store.subscriptions(name)).items()}
+        return {key: Offset.from_json(backlog.offset_of(value))
+                for key, value in (await self.store.subscriptions(name)).items()}
+
+    async def subscription_start(self, name: str, subscription: str, *, skip_evicted: bool = False) -> Offset | None:
+        """Where a reader of `subscription` starts: its committed offset (None: it has none). An
+        evicted subscription raises SubscriptionEvictedError, unless `skip_evicted`: then None (the
+        caller starts at the earliest record kept); its next commit clears the mark."""
+        stored = (await self.store.subscriptions(name)).get(check_subscription_name(subscription))
+        if stored is None:
+            return None
+        if backlog.is_evicted(stored):
+            if skip_evicted:
+                return None
+            raise SubscriptionEvictedError(
+                f"subscription {subscription!r} of stream {name!r} was evicted at {stored['evicted_ms']} ms: its "
+                "backlog passed the stream's limit (backlog policy evict), so retention may have removed records "
+                "it had not read; read with skip_evicted (dlog read --skip-evicted) to go on from the earliest "
+                "record kept, or commit an offset")
+        return Offset.from_json(backlog.offset_of(stored))
+
+    async def backlogs(self, name: str, now_ms: int | None = None) -> list[backlog.Backlog]:
+        """Each subscription's backlog against the stream's limits, from the segment list (for the
+        status page, the metrics, `dlog subscription list`)."""
+        config = await self.store.config(name)
+        listing = await self.store.segments(name)
+        stored = await self.store.subscriptions(name)
+        return backlog.backlogs(listing, config, stored, self.clock.wall_ms() if now_ms is None else now_ms)
+
+    async def enforce_subscription_limits(self, name: str, now_ms: int | None = None) -> dict[str, list[str]]:
+        """What a retention run does to subscriptions before it plans: mark evicted those over a
+        backlog limit (evict policy), remove those inactive past the expiry. Each change is a
+        compare-and-set on what was read: a subscription that commits meanwhile wins, and the next
+        run looks again. Returns the names evicted and expired."""
+        config = await self.store.config(name)
+        done: dict[str, list[str]] = {"evicted": [], "expired": []}
+        if not (backlog.has_limits(config) or config.subscription_expiry_ms):
+            return done
+        now_ms = self.clock.wall_ms() if now_ms is None else now_ms
+        stored = await self.store.subscriptions(name)
+        for subscription in backlog.expired(config, stored, now_ms):
+            if await self.store.replace_subscription(name, subscription, stored[subscription], None):
+                log.info("stream %s: subscription %r expired (no commit for over %d ms)", name, subscription,
+                         config.subscription_expiry_ms)
+                done["expired"].append(subscription)
+        listing = await self.store.segments(name)
+        found = backlog.backlogs(listing, config, stored, now_ms)
+        for subscription in backlog.to_evict(config, found):
+            if subscription in done["expired"]:
+                continue
+            if await self.store.replace_subscription(name, subscription, stored[subscription],
+                                                     backlog.evicted(stored[subscription], now_ms)):
+                log.warning("stream %s: subscription %r evicted: %s", name, subscription,
+                            backlog.describe(next(b for b in found if b.subscription == subscription), config))
+                done["evicted"].append(subscription)
+        return done
 
     async def delete_subscription(self, name: str, subscription: str) -> None:
         self.security.require_role(self.name, "admin", f"deleting subscription {subscription!r}")

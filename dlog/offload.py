@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from bookkeeper.clock import perf_s
 from bookkeeper.errors import DlogError, MetadataContentionError, MetadataVersionError
-from dlog.core import tiering
+from dlog.core import backlog, tiering
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment, SegmentList, StreamConfig, TierCopy, TierPolicy
 from dlog.segments.tier import SegmentFileWriter, TierDamagedError, TierError, segment_file_uri
@@ -256,7 +256,8 @@ class Offloader:
                                    now_ms: int) -> list[int]:
         """Delete the ledgers of offloaded segments that are due (marked first, then deleted)."""
         ns = self.namespace
-        subscriptions = await ns.store.subscriptions(name) if config.retention_keeps_unconsumed else {}
+        subscriptions = backlog.retention_holders(  # never an evicted one
+            config, await ns.store.subscriptions(name) if backlog.keeps_unconsumed(config) else {})
 
         async def mark() -> list[Segment]:
             listing = await ns.store.segments(name)

@@ -29,6 +29,7 @@ import pyarrow as pa
 from bookkeeper.errors import ConfigError, DlogError, MetadataVersionError
 from bookkeeper.runtime import start_task
 from dlog.context import StreamContext
+from dlog.core import backlog
 from dlog.core.effects import (
     AppendEntry,
     ApplyRetention,
@@ -51,6 +52,7 @@ from dlog.core.effects import (
     WriterOpened,
 )
 from dlog.core.errors import (
+    BacklogExceededError,
     LedgerDeletedError,
     WriterAbortedError,
     WriterClosedError,
@@ -58,7 +60,7 @@ from dlog.core.errors import (
     WriterLockedError,
 )
 from dlog.core.settings import RECORD_OVERHEAD_BYTES, WriterSettings
-from dlog.core.writer import WriterMachine
+from dlog.core.writer import WriterMachine, WriterState
 from dlog.offsets import Offset, record_offset
 from dlog.seal import seal_in_progress
 from dlog.segments.codec import (
@@ -234,6 +236,12 @@ class StreamWriter:
         self._aborted = False
         self._lock_holder = lock_holder
         self._runs_buffered = 0  # producer batches buffered and not encoded yet
+        # backlog hold (dlog.core.backlog): the refusal while a subscription is over a limit, set or
+        # cleared by a check at open, after each segment-list commit (a roll) and, while refused, at a
+        # refused write (at most one check at a time); the per-record path only tests `_hold`
+        self._holds = backlog.holds_writers(config)
+        self._hold: BacklogExceededError | None = None
+        self._hold_checking = False
 
     # ------------------------------------------------------------------ state
 
@@ -274,6 +282,8 @@ class StreamWriter:
     async def open(self) -> StreamWriter:
         self.run(self.machine.open(self.now_ms()))
         await self._opened
+        if self._holds:
+            await self._check_backlog()
         return self
 
     async def close(self) -> None:
@@ -319,6 +329,37 @@ class StreamWriter:
         await self.close()
 
     # ------------------------------------------------------------------ writes
+
+    def _refuse(self) -> None:
+        """Refuse a write while a subscription is over its backlog limit (hold policy), and check
+        again whether it still is (so the refusal clears once the subscription commits past)."""
+        assert self._hold is not None
+        self._recheck_backlog()
+        raise self._hold
+
+    def _recheck_backlog(self) -> None:
+        if not self._hold_checking:
+            self._hold_checking = True
+            coroutine = self._check_backlog()
+            start_task(self.loop, self._tasks, coroutine, coroutine)
+
+    async def _check_backlog(self) -> None:
+        """Set or clear the hold refusal from the segment list and the subscriptions' offsets: a
+        failed read keeps the current state (the next roll or refused write checks again)."""
+        self._hold_checking = True
+        store, config = self.context.store, self.context.config
+        try:
+            listing = await store.segments(self.name)
+            stored = await store.subscriptions(self.name)
+        except DlogError as exc:
+            log.warning("stream %s: the backlog check failed, tried again at the next roll: %s", self.name, exc)
+            return
+        finally:
+            self._hold_checking = False
+        reason = backlog.hold_refusal(self.name, config, backlog.backlogs(listing, config, stored, self._wall_ms()))
+        if (reason is None) != (self._hold is None):
+            log.warning("stream %s: %s", self.name, reason or "backlog back under its limits: writes accepted again")
+        self._hold = None if reason is None else BacklogExceededError(reason)
 
     def _check_open(self) -> None:
         if self._crash is not None:
@@ -371,6 +412,8 @@ class StreamWriter:
         records (not bytes, a record too large for an entry, headers of a typed stream) are refused
         here, before any is buffered. As with `offer`, the caller bounds memory with `writable`."""
         self._check_open()
+        if self._hold is not None:
+            self._refuse()
         count = len(values)
         if count == 0:
             raise ConfigError("offer_records needs at least one record")
@@ -453,6 +496,8 @@ class StreamWriter:
         machine = self.machine
         if machine.ended or self._closed is not None or self._crash is not None:
             self._check_open()
+        if self._hold is not None:
+            self._refuse()
         if type(value) is not bytes or (key is not None and type(key) is not bytes) or (
                 timestamp_ms is not None and type(timestamp_ms) is not int):
             value, key = _checked_record(value, key, timestamp_ms)
@@ -476,6 +521,8 @@ class StreamWriter:
         machine = self.machine
         if machine.ended or self._closed is not None or self._crash is not None:
             self._check_open()
+        if self._hold is not None:
+            self._refuse()
         rows = []
         size_bytes = run_bytes(producer)
         for value, key, timestamp_ms, headers in records:
@@ -514,6 +561,8 @@ class StreamWriter:
         nullable columns are filled with nulls and a missing `timestamp` with the write time. The
         batch lands in one segment, in entries of at most min(roll size, entry_bytes_max)."""
         self._check_open()
+        if self._hold is not None:
+            self._refuse()
         if not isinstance(batch, pa.RecordBatch):
             batch = records_to_batch(list(batch), schema=self.codec.schema)
         else:
@@ -756,6 +805,8 @@ class StreamWriter:
             self._feed(self.machine.on_commit_conflict, await store.segments(self.name))
             return
         self._feed(self.machine.on_committed, listing)
+        if self._holds and self.machine.state is WriterState.OPEN:  # a roll (or the open) committed
+            self._recheck_backlog()
 
     async def _close_ledger(self, ledger_id: int) -> None:
         handle = self._ledgers.pop(ledger_id, None)

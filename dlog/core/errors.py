@@ -72,3 +72,17 @@ class WriterAbortedError(DlogError):
     ack quorum of bookies)."""
 
     code = 324
+
+
+class BacklogExceededError(DlogError):
+    """A write refused: a subscription of the stream is over its backlog limit and the stream's
+    backlog policy is hold (`dlog.core.backlog`). It clears once the subscription commits past."""
+
+    code = 336
+
+
+class SubscriptionEvictedError(DlogError):
+    """A read at a subscription that was evicted (its backlog passed the stream's limit under the
+    evict policy): records it had not read may be gone. Read with skip_evicted to go on."""
+
+    code = 337

@@ -10,6 +10,8 @@ settings and the time it is handed (no clock is read here):
   `interval_min_ms` nor less often than `interval_max_ms` (so `--age 1s` is enforced within about
   a second, and a 7-day policy once a minute); a stream with a tier counts its offload age,
   bookie-copy delete lag and tier retention age as age limits too (0: every `interval_min_ms`);
+- subscription expiry and a backlog age limit count as age limits too (a retention run evicts
+  and expires subscriptions: `dlog.core.backlog`);
 - a stream with only a size limit, or none (its settings may change), every `interval_max_ms`;
 - a stream whose run failed waits twice as long after each failure, up to `backoff_max_ms`;
 - the stream list is read again every `list_interval_ms`, so a new stream is seen within it;
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dlog.core import backlog
 from dlog.segments.metadata import StreamConfig, TierPolicy
 
 
@@ -72,7 +75,10 @@ def has_policy(config: StreamConfig, tier: TierPolicy | None = None) -> bool:
     or the tier's on a tiered stream), or offloading (`runs_offloader`). `tier`: the stream's
     effective tier policy."""
     tiered = tier is not None and tier.enabled and bool(tier.retention_age_ms or tier.retention_bytes)
-    return bool(config.retention_age_ms or config.retention_bytes) or tiered or runs_offloader(config, tier)
+    subscriptions = bool(config.subscription_expiry_ms) or (backlog.has_limits(config)
+                                                            and config.backlog_policy == "evict")
+    return (bool(config.retention_age_ms or config.retention_bytes) or tiered or runs_offloader(config, tier)
+            or subscriptions)
 
 
 def interval_ms(config: StreamConfig | None, limits: PolicyLimits, tier: TierPolicy | None = None) -> int:
@@ -81,6 +87,8 @@ def interval_ms(config: StreamConfig | None, limits: PolicyLimits, tier: TierPol
     ages = []
     if config is not None and config.retention_age_ms:
         ages.append(config.retention_age_ms)
+    if config is not None:  # expiry and eviction by age are checked as often as retention's age
+        ages += [age for age in (config.subscription_expiry_ms, config.backlog_age_ms) if age]
     if tier is not None and tier.enabled and tier.retention_age_ms:
         ages.append(tier.retention_age_ms)
     if config is not None and tier is not None and runs_offloader(config, tier):

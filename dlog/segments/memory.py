@@ -309,6 +309,20 @@ class MemorySegmentStore:
 
         await self._operation("delete_subscription", name, apply)
 
+    async def replace_subscription(self, name: str, subscription: str, expected: dict[str, int],
+                                   document: dict[str, int] | None) -> bool:
+        def apply() -> bool:
+            subscriptions = self.metadata.stream(name).subscriptions
+            if subscriptions.get(subscription) != expected:
+                return False
+            if document is None:
+                del subscriptions[subscription]
+            else:
+                subscriptions[subscription] = dict(document)
+            return True
+
+        return await self._operation("replace_subscription", name, apply)
+
     async def sink_batch(self, name: str, sink_id: str) -> SinkBatch | None:
         return await self._operation("sink_batch", name, lambda: self.metadata.stream(name).sinks.get(sink_id))
 

@@ -113,6 +113,11 @@ class SegmentStore(Protocol):
 
     async def delete_subscription(self, stream: str, subscription: str) -> None: ...
 
+    async def replace_subscription(self, stream: str, subscription: str, expected: dict[str, int],
+                                   document: dict[str, int] | None) -> bool:
+        """Store `document` as the subscription (None: delete it) if it is still `expected`, as one
+        compare-and-set; False when it changed or is gone (a commit meanwhile wins)."""
+
     async def sink_batch(self, stream: str, sink_id: str) -> SinkBatch | None:
         """The last batch `sink_id` committed to `stream`, or None before its first."""
 
@@ -176,6 +181,12 @@ class RetryingSegmentStore:
     async def commit_subscription(self, stream: str, subscription: str, offset_json: dict[str, int]) -> None:
         await self._retry(f"subscription {subscription!r} commit",
                           lambda: self.inner.commit_subscription(stream, subscription, offset_json))
+
+    async def replace_subscription(self, stream: str, subscription: str, expected: dict[str, int],
+                                   document: dict[str, int] | None) -> bool:
+        # a lost answer retried finds the node changed (by us): False, and the caller's next run sees it done
+        return await self._retry(f"subscription {subscription!r} change",
+                                 lambda: self.inner.replace_subscription(stream, subscription, expected, document))
 
     async def sink_batch(self, stream: str, sink_id: str) -> SinkBatch | None:
         return await self._retry(f"sink {sink_id!r} record", lambda: self.inner.sink_batch(stream, sink_id))

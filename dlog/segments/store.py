@@ -391,6 +391,21 @@ class ZooKeeperSegmentStore:
         except MetadataNotFoundError as exc:
             raise ConfigError(f"stream {name!r} has no subscription {subscription!r}") from exc
 
+    async def replace_subscription(self, name: str, subscription: str, expected: dict[str, int],
+                                   document: dict[str, int] | None) -> bool:
+        path = self.subscriber_path(name, subscription)
+        found = await self.zk.get_or_none(path)
+        if found is None or json.loads(found[0]) != expected:
+            return False
+        try:
+            if document is None:
+                await self.zk.delete(path, found[1])
+            else:
+                await self.zk.set(path, json.dumps(document, sort_keys=True).encode(), found[1])
+        except (MetadataVersionError, MetadataNotFoundError):
+            return False
+        return True
+
     async def sink_batch(self, name: str, sink_id: str) -> SinkBatch | None:
         found = await self.zk.get_or_none(self.sink_path(name, sink_id))
         if found is None:

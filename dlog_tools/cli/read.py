@@ -206,13 +206,17 @@ class Committer:
               help="with --subscription: commit after this many records")
 @click.option("--commit-interval", default=COMMIT_INTERVAL_S_DEFAULT, show_default=True,
               type=click.FloatRange(0.1, 3600), help="with --subscription: commit at least this often (seconds)")
+@click.option("--skip-evicted", is_flag=True,
+              help="with --subscription: if it was evicted (backlog policy evict), start at the earliest record "
+                   "kept instead of failing")
 @cluster_options
 @json_option
 @fails_cleanly
 def read_command(name: str, start: str | None, end: str | None, max_records: int | None, follow: bool,
                  skip_truncated: bool, print_key: bool, print_timestamp: bool, with_headers: bool,
                  output_format: str, prefer: str, subscription: str | None, commit_every: int,
-                 commit_interval: float, cluster: tuple[str, str, str], as_json: bool) -> None:
+                 commit_interval: float, cluster: tuple[str, str, str], as_json: bool,
+                 skip_evicted: bool = False) -> None:
     """Print records: one value per line, or with --json one object per line (what
     `dlog write --format jsonl` takes back).
 
@@ -232,7 +236,7 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
     async def action(ns: Any) -> None:
         first = begin
         if first is None and subscription is not None:
-            committed = (await ns.subscriptions(name)).get(subscription)
+            committed = await ns.subscription_start(name, subscription, skip_evicted=skip_evicted)
             first = str(committed) if committed is not None else None
         first = "earliest" if first is None else first
         await stop.check(ns, name, first)

@@ -43,6 +43,15 @@ def stream() -> None:
 @click.option("--retention-age", type=DURATION, default=None, help="remove segments older than this")
 @click.option("--retention-size", type=SIZE, default=None, help="keep at most this many bytes")
 @click.option("--if-not-exists", is_flag=True, help="succeed, changing nothing, if the stream exists")
+@click.option("--backlog-size", type=SIZE, default=None,
+              help="a subscription's backlog limit in unconsumed bytes (0: none)")
+@click.option("--backlog-age", type=DURATION, default=None,
+              help="a subscription's backlog limit by the age of its oldest unconsumed record (0: none)")
+@click.option("--backlog-policy", type=click.Choice(["hold", "evict", "none"]), default=None,
+              help="over a backlog limit: hold (refuse writers, keep the data), evict (retention goes on, the "
+                   "subscription is marked evicted), none (default hold)")
+@click.option("--subscription-expiry", type=DURATION, default=None,
+              help="remove a subscription inactive (no commit) for this long (0: never)")
 @tier_policy_options
 @cluster_options
 @json_option
@@ -51,7 +60,8 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
                   roll_size: int | None,
                   roll_age: int | None, roll_records: int, retention_age: int | None,
                   retention_size: int | None, if_not_exists: bool, tier: Any, cluster: tuple[str, str, str],
-                  as_json: bool) -> None:
+                  as_json: bool, backlog_size: int | None = None, backlog_age: int | None = None,
+                  backlog_policy: str | None = None, subscription_expiry: int | None = None) -> None:
     """Create a stream (default schema: key, value, timestamp).
 
     Replication not given is fitted to the cluster: on fewer bookies than the default ensemble of
@@ -75,7 +85,8 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
             name, ensemble=quorums[0], write_quorum=quorums[1], ack_quorum=quorums[2],
             roll_bytes=roll_size, roll_age_ms=roll_age, roll_records=roll_records,
             retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0, exist_ok=if_not_exists,
-            tier=tier)
+            tier=tier, backlog_bytes=backlog_size or 0, backlog_age_ms=backlog_age or 0,
+            backlog_policy=backlog_policy or "hold", subscription_expiry_ms=subscription_expiry or 0)
         note = replication_note(name, asked, quorums, bookies, cluster[1])
         if note and created.ensemble == quorums[0]:
             click.echo(f"dlog: {note}", err=True)
@@ -161,6 +172,12 @@ def _print_settings(name: str, config: dict[str, Any]) -> None:
     click.echo(f"  retention     age {format_duration_ms(age) if age else 'off'}, "
                f"size {format_size(size) if size else 'off'}, "
                f"{'keeps' if config['retention_keeps_unconsumed'] else 'ignores'} what subscribers have not read")
+    if config.get("backlog_bytes") or config.get("backlog_age_ms"):
+        size, age = config["backlog_bytes"], config["backlog_age_ms"]
+        click.echo(f"  backlog       per subscription: size {format_size(size) if size else 'off'}, "
+                   f"age {format_duration_ms(age) if age else 'off'}, policy {config['backlog_policy']}")
+    if config.get("subscription_expiry_ms"):
+        click.echo(f"  expiry        subscriptions inactive for {format_duration_ms(config['subscription_expiry_ms'])}")
     click.echo(f"  created       {format_time_ms(config['created_ms'])}")
 
 
@@ -205,6 +222,15 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 @click.option("--ensemble", type=click.IntRange(1, 64), help="bookies per new segment")
 @click.option("--write-quorum", type=click.IntRange(1, 64), help="copies of each entry of new segments")
 @click.option("--ack-quorum", type=click.IntRange(1, 64), help="copies fsynced before a write is acknowledged")
+@click.option("--backlog-size", type=SIZE, default=None,
+              help="a subscription's backlog limit in unconsumed bytes (0: none)")
+@click.option("--backlog-age", type=DURATION, default=None,
+              help="a subscription's backlog limit by the age of its oldest unconsumed record (0: none)")
+@click.option("--backlog-policy", type=click.Choice(["hold", "evict", "none"]), default=None,
+              help="over a backlog limit: hold (refuse writers, keep the data), evict (retention goes on, the "
+                   "subscription is marked evicted), none (default hold)")
+@click.option("--subscription-expiry", type=DURATION, default=None,
+              help="remove a subscription inactive (no commit) for this long (0: never)")
 @tier_policy_options
 @cluster_options
 @json_option
@@ -212,8 +238,10 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_records: int | None,
                  retention_age: int | None, retention_size: int | None, keep_unconsumed: bool | None,
                  ensemble: int | None, write_quorum: int | None, ack_quorum: int | None, tier: Any,
-                 cluster: tuple[str, str, str], as_json: bool) -> None:
-    """Change a stream's roll, retention, replication and tier settings.
+                 cluster: tuple[str, str, str], as_json: bool, backlog_size: int | None = None,
+                 backlog_age: int | None = None, backlog_policy: str | None = None,
+                 subscription_expiry: int | None = None) -> None:
+    """Change a stream's roll, retention, replication, tier and backlog settings.
 
     A writer takes new roll and replication settings when it next opens the stream (`dlog write`
     does at each run): replication applies to the segments it creates, existing ones keep theirs.
@@ -224,11 +252,13 @@ def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_re
         ("roll_bytes", roll_size), ("roll_age_ms", roll_age), ("roll_records", roll_records),
         ("retention_age_ms", retention_age), ("retention_bytes", retention_size),
         ("retention_keeps_unconsumed", keep_unconsumed), ("ensemble", ensemble), ("write_quorum", write_quorum),
-        ("ack_quorum", ack_quorum)) if value is not None}
+        ("ack_quorum", ack_quorum), ("backlog_bytes", backlog_size), ("backlog_age_ms", backlog_age),
+        ("backlog_policy", backlog_policy), ("subscription_expiry_ms", subscription_expiry)) if value is not None}
     if not changes and tier is None:
         raise ConfigError("nothing to change: give --roll-size, --roll-age, --roll-records, --retention-age, "
                           "--retention-size, --keep-unconsumed/--ignore-subscribers, --ensemble, --write-quorum, "
-                          f"--ack-quorum, {TIER_FLAGS}")
+                          f"--ack-quorum, {TIER_FLAGS}, --backlog-size, --backlog-age, --backlog-policy, "
+                          "--subscription-expiry")
 
     async def action(ns: Any) -> tuple[Any, Any]:
         before = await ns.config(name)
@@ -255,7 +285,9 @@ def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_re
 def _setting_text(key: str, value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if key.startswith("retention") and value == 0:
+    if isinstance(value, str):
+        return value
+    if key.startswith(("retention", "backlog", "subscription")) and value == 0:
         return "off"
     if key.endswith("_ms"):
         return format_duration_ms(value)

@@ -81,12 +81,13 @@ def tier_set(name: str | None, namespace_default: bool, tier: Any, cluster: tupl
 
 async def stream_tier_status(ns: Any, name: str, namespace_default: Any, now_ms: int) -> dict[str, Any]:
     """What `dlog tier status` says of one stream (its JSON)."""
-    from dlog.core import tiering
+    from dlog.core import backlog, tiering
 
     config = await ns.config(name)
     policy = tiering.effective_policy(config, namespace_default)
     listing = await ns.store.segments(name)
-    subscriptions = await ns.store.subscriptions(name) if config.retention_keeps_unconsumed else {}
+    subscriptions = backlog.retention_holders(
+        config, await ns.store.subscriptions(name) if backlog.keeps_unconsumed(config) else {})
     return {
         "stream": name, "policy": policy.set_fields(),
         "sources": tiering.policy_sources(config.tier, namespace_default),
