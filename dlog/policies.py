@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bookkeeper.errors import DlogError
+from dlog.core import backlog
 from dlog.core.policies import PolicyLimits, PolicySchedule, has_policy, runs_offloader
 from dlog.offload import Offloader, OffloadReport, offload_quietly
 from dlog.segments.port import StreamNotFoundError
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 TIER_STREAMS_LABELLED_MAX = 100  # streams counted by name in `TierStats.streams`; the rest under OTHER_STREAMS
 OTHER_STREAMS = "_other"
+BACKLOGS_LABELLED_MAX = 1000  # (stream, subscription) backlog fractions kept for the metric; the rest not shown
 
 
 @dataclass
@@ -72,6 +74,19 @@ class PolicyStats:
     failures: int = 0
     last_removed: dict[str, int] = field(default_factory=dict)  # stream -> segments removed at its last run
     tier: TierStats = field(default_factory=TierStats)
+    # (stream, subscription) -> its backlog over the nearest limit at the stream's last run (streams
+    # with backlog limits only; at most BACKLOGS_LABELLED_MAX pairs: a metric label's values stay bounded)
+    backlogs: dict[tuple[str, str], float] = field(default_factory=dict)
+    backlogs_unlabelled: int = 0  # pairs left out at the last runs for the bound
+
+    def set_backlogs(self, stream: str, found: list[backlog.Backlog]) -> None:
+        for key in [key for key in self.backlogs if key[0] == stream]:
+            del self.backlogs[key]
+        for item in found:
+            if len(self.backlogs) >= BACKLOGS_LABELLED_MAX:
+                self.backlogs_unlabelled += 1
+                continue
+            self.backlogs[(stream, item.subscription)] = item.fraction
 
 
 class PolicyRunner:
@@ -121,6 +136,8 @@ class PolicyRunner:
                 else:
                     if self.retention:
                         await self._retention(stream)
+                        if backlog.has_limits(config):
+                            self.stats.set_backlogs(stream, await namespace.backlogs(stream))
                     self.stats.runs += 1
                     if offloader is not None and (error := await self._offload(offloader, stream)):
                         self._failed(stream, error)

@@ -358,7 +358,7 @@ class StreamWriter:
             self._hold_checking = False
         reason = backlog.hold_refusal(self.name, config, backlog.backlogs(listing, config, stored, self._wall_ms()))
         if (reason is None) != (self._hold is None):
-            log.warning("stream %s: %s", self.name, reason or "backlog back under its limits: writes accepted again")
+            log.info("stream %s: %s", self.name, reason or "backlog back under its limits: writes accepted again")
         self._hold = None if reason is None else BacklogExceededError(reason)
 
     def _check_open(self) -> None:

@@ -86,7 +86,7 @@ from bookkeeper.errors import DlogError, MetadataNotFoundError, invariant
 from bookkeeper.meta import layout
 from bookkeeper.security.settings import NO_SECURITY, SecuritySettings, unseal_password
 from bookkeeper.security.tls import host_of
-from dlog.core import tiering
+from dlog.core import backlog, tiering
 from dlog.core.snapshot import SegmentView, StreamView, first_readable, resolve
 from dlog.describe import entry_count, subscription_lag
 from dlog.offsets import Offset
@@ -229,6 +229,21 @@ def subscription_losses(view: StreamView, committed: dict[str, Any]) -> list[str
     return list(resolve(view, offset).losses)
 
 
+def backlog_json(found: backlog.Backlog, config: Any) -> dict[str, Any]:
+    """A subscription's backlog for the page: its level (ok, warning at 80% of a limit, over,
+    evicted), its fraction of the nearest limit, and the note its badge shows."""
+    percent_of = f"{round(found.fraction * 100)}% of its backlog limit ({backlog.describe(found, config)})"
+    notes = {"ok": "", "warning": f"is at {percent_of}",
+             "over": f"is over its backlog limit: {round(found.fraction * 100)}% ({backlog.describe(found, config)})"
+                     + ("; writes are refused (policy hold)" if config.backlog_policy == "hold" else ""),
+             "evicted": "was evicted (its backlog passed the limit, policy evict): its next read fails unless it "
+                        "skips"}
+    labels = {"ok": "", "warning": f"backlog {round(found.fraction * 100)}%", "over": "over backlog limit",
+              "evicted": "evicted"}
+    return {"bytes": found.bytes, "age_ms": found.age_ms, "fraction": found.fraction, "level": found.level,
+            "note": notes[found.level], "label": labels[found.level]}
+
+
 def health_summary(result: dict[str, Any]) -> dict[str, Any]:
     """The cluster in one line: each problem named, none means healthy. Problems: what the page
     could not read, a bookie down (it has a cookie, so it joined this cluster, but is not
@@ -261,6 +276,8 @@ def health_summary(result: dict[str, Any]) -> dict[str, Any]:
                 if sub.get("losses"):
                     problems.append(f"{where}: subscription {sub['name']} will skip records it never read "
                                     f"({sub['losses'][0]})")
+                if (sub.get("backlog") or {}).get("level") in ("over", "evicted"):
+                    problems.append(f"{where}: subscription {sub['name']} {sub['backlog']['note']}")
     recovery = result.get("autorecovery") or {}
     count = recovery.get("underreplicated") or 0
     if count:
@@ -483,8 +500,10 @@ class Collector:
         await self._mark_writer(store, name, segments)
         view = StreamView(name, tuple(SegmentView.of(segment, item["last_entry"] if segment.is_in_progress else None)
                                       for segment, item in zip(listing.segments, segments, strict=True)))
+        backlogs = {b.subscription: b for b in backlog.backlogs(listing, config, offsets, self.clock.wall_ms())}
         subscriptions = [{"name": sub, "offset": f"{o['ledger']}:{o['entry']}:{o.get('slot', 0)}",
-                          **subscription_lag(segments, o), "losses": subscription_losses(view, o)}
+                          **subscription_lag(segments, o), "losses": subscription_losses(view, o),
+                          "backlog": backlog_json(backlogs[sub], config)}
                          for sub, o in sorted(offsets.items())]
         live = [s for s in segments if s["state"] != "truncated"]
         return {"name": name, "error": None, "segments": segments[-SEGMENTS_SHOWN_MAX:],

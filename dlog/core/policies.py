@@ -75,8 +75,7 @@ def has_policy(config: StreamConfig, tier: TierPolicy | None = None) -> bool:
     or the tier's on a tiered stream), or offloading (`runs_offloader`). `tier`: the stream's
     effective tier policy."""
     tiered = tier is not None and tier.enabled and bool(tier.retention_age_ms or tier.retention_bytes)
-    subscriptions = bool(config.subscription_expiry_ms) or (backlog.has_limits(config)
-                                                            and config.backlog_policy == "evict")
+    subscriptions = bool(config.subscription_expiry_ms) or backlog.has_limits(config)  # evict, expire, measure
     return (bool(config.retention_age_ms or config.retention_bytes) or tiered or runs_offloader(config, tier)
             or subscriptions)
 

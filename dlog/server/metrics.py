@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from bookkeeper.errors import ConfigError, PortInUseError
 from bookkeeper.security.tls import is_loopback
 from dlog.core.dedup import DedupLimits
-from dlog.policies import TierStats
+from dlog.policies import BACKLOGS_LABELLED_MAX, PolicyStats, TierStats
 from dlog.serve.kafka import BATCH_DECOMPRESSED_BYTES_MAX_DEFAULT
 from dlog.server.streams import TAKEOVER_SCAN_MAX
 
@@ -123,6 +123,7 @@ class _Collector(Collector):
         for name, (documentation, level) in gauges.items():
             yield GaugeMetricFamily(name, documentation, value=level)
         yield from tier_metrics(server.policies.stats.tier)
+        yield from backlog_metrics(server.policies.stats)
 
 
 def tier_metrics(stats: TierStats) -> Iterator[Metric]:
@@ -141,6 +142,21 @@ def tier_metrics(stats: TierStats) -> Iterator[Metric]:
         for stream, counts in sorted(stats.streams.items()):
             family.add_metric([stream], getattr(counts, attribute))
         yield family
+
+
+def backlog_metrics(stats: PolicyStats) -> Iterator[Metric]:
+    """Each subscription's backlog over its stream's nearest limit (1.0 = at it; 0.8 is the warning
+    level) at the stream's last policy run (`dlog.core.backlog`), for streams with backlog limits."""
+    family = GaugeMetricFamily("dlog_subscription_backlog_fraction",
+                               "A subscription's backlog (unconsumed bytes or oldest record's age) over its stream's "
+                               "nearest backlog limit, at the last policy run: >= 0.8 warns, >= 1 is over",
+                               labels=["stream", "subscription"])
+    for (stream, subscription), fraction in sorted(stats.backlogs.items()):
+        family.add_metric([stream, subscription], fraction)
+    yield family
+    yield GaugeMetricFamily("dlog_subscription_backlogs_labelled_max",
+                            "Subscriptions whose backlog fraction is exported (the rest are left out)",
+                            value=BACKLOGS_LABELLED_MAX)
 
 
 def check_admin_host(host: str) -> None:

@@ -15,9 +15,11 @@ from click.testing import CliRunner
 from dlog import Namespace
 from dlog.core.errors import BacklogExceededError, SubscriptionEvictedError
 from dlog.offsets import Offset
+from dlog.policies import PolicyRunner
+from dlog.server.metrics import backlog_metrics
 from dlog_tools.cli.app import main
 from dlog_tools.cluster import LocalCluster
-from tests.helpers import eventually
+from tests.helpers import dlog_runner, eventually
 
 ONE_COPY = {"ensemble": 1, "write_quorum": 1, "ack_quorum": 1}
 
@@ -58,11 +60,16 @@ async def values(ns, name: str, **options) -> list[bytes]:
         return [record.value async for record in reader]
 
 
-async def test_hold_refuses_writers_and_keeps_the_backlog_until_the_subscription_commits_past(ns):
+async def test_hold_refuses_writers_and_keeps_the_backlog_until_the_subscription_commits_past(ns, cluster):
     await ns.create_stream("held", **ONE_COPY, retention_bytes=1, backlog_bytes=1, backlog_policy="hold")
     await ns.alter_stream("held", retention_keeps_unconsumed=False)  # hold keeps the backlog by itself
     first = await write_segment(ns, "held", "a")
     await ns.commit_subscription("held", "abandoned", first[0])
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, ns.name)  # a process: `dlog write` reads fd 0
+    refused_cli = await asyncio.to_thread(run, "write", "held", stdin="refused by the command too\n", ok=False)
+    assert refused_cli.returncode != 0 and "Traceback" not in refused_cli.stderr, refused_cli.stderr
+    assert refused_cli.stderr.startswith("dlog: stream 'held' is over its backlog limit: subscription 'abandoned'")
+    assert len(refused_cli.stderr.strip().splitlines()) == 1, refused_cli.stderr
     async with ns.open_writer("held") as writer:
         with pytest.raises(BacklogExceededError, match="subscription 'abandoned'") as refused:
             await writer.write(b"refused")
@@ -115,6 +122,13 @@ async def test_none_policy_neither_refuses_nor_evicts(ns):
     assert await ns.apply_retention("loose") == []  # retention keeps what it has not read, as ever
     assert await ns.subscription_start("loose", "abandoned") == first[0]  # not evicted
     assert [b.level for b in await ns.backlogs("loose")] == ["over"]
+    runner = PolicyRunner(ns, offload=False)  # as a serving-tier server or `dlog standalone` runs it
+    await runner.run_round()
+    fraction = runner.stats.backlogs[("loose", "abandoned")]
+    assert fraction > 1.0
+    exported = {sample.labels["subscription"]: sample.value for family in backlog_metrics(runner.stats)
+                for sample in family.samples if family.name == "dlog_subscription_backlog_fraction"}
+    assert exported == {"abandoned": fraction}
 
 
 async def test_expiry_removes_a_subscription_inactive_longer_than_the_setting(ns):
@@ -142,3 +156,39 @@ def test_bad_backlog_options_get_one_clear_line_and_change_nothing(cluster, argu
     assert code != 0 and words in stderr and "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
     assert json.loads(dlog(cluster, "badopts", "stream", "info", "kept", "--json")[1])["config"] == before
     assert "s" not in json.loads(dlog(cluster, "badopts", "stream", "list", "--json")[1])["streams"]
+
+
+async def test_the_status_page_warns_at_80_percent_and_names_a_subscription_over_its_limit(cluster):
+    from dlog_tools.ui import Collector, UiOptions, health_summary, render_page
+
+    root = f"{cluster.zk_root}-dlog"  # a namespace root of its own: the page reads every namespace under it
+    async with Namespace(cluster.zk_address, "watched", bookkeeper_root=cluster.zk_root, root=root) as ns:
+        await ns.create_stream("near", **ONE_COPY, backlog_policy="none")
+        first = await write_segment(ns, "near", "a")
+        second = await write_segment(ns, "near", "b")
+        for name in ("near-limit", "over-limit"):
+            await ns.commit_subscription("near", name, first[0])
+        await ns.commit_subscription("near", "caught-up", Offset(second[-1].ledger_id, second[-1].entry_id + 1))
+        unconsumed = {b.subscription: b.bytes for b in await ns.backlogs("near")}["near-limit"]
+        await ns.alter_stream("near", backlog_bytes=round(unconsumed / 0.9))  # 90%: a warning, not over
+        collector = Collector(UiOptions(cluster.zk_address, cluster.zk_root, root))
+        try:
+            warned = await collector.snapshot()
+            await ns.alter_stream("near", backlog_bytes=unconsumed // 2)
+            collector._last = None  # the next snapshot reads again
+            over = await collector.snapshot()
+        finally:
+            await collector.close()
+
+    def subscriptions(result):
+        return {sub["name"]: sub["backlog"] for sub in result["namespaces"][0]["streams"][0]["subscriptions"]}
+
+    near = subscriptions(warned)
+    assert near["near-limit"]["level"] == "warning" and near["near-limit"]["note"].startswith("is at 90% of its")
+    assert (near["caught-up"]["level"], near["caught-up"]["bytes"], near["caught-up"]["label"]) == ("ok", 0, "")
+    assert "backlog 90%" in render_page(warned)
+    assert not [p for p in health_summary(warned)["problems"] if "backlog" in p]  # a warning, not a problem
+    assert subscriptions(over)["over-limit"]["level"] == "over"
+    problems = health_summary(over)["problems"]
+    assert any("subscription over-limit is over its backlog limit" in p for p in problems), problems
+    assert "over backlog limit" in render_page(over)
