@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -20,7 +21,24 @@ from dlog_tools.cli.common import (
 )
 from dlog_tools.units import DURATION, SIZE, format_duration_ms, format_size, format_time_ms, plural
 
+F = TypeVar("F", bound=Callable[..., Any])
 ENSEMBLE_DEFAULT, WRITE_QUORUM_DEFAULT, ACK_QUORUM_DEFAULT = 3, 2, 2  # on a cluster of 3 bookies or more
+
+
+def backlog_options(command: F) -> F:
+    """The backlog limit options of `stream create` and `stream alter` (dlog.core.backlog)."""
+    for option in reversed((
+            click.option("--backlog-size", type=SIZE, default=None,
+                         help="a subscription's backlog limit in unconsumed bytes (0: none)"),
+            click.option("--backlog-age", type=DURATION, default=None,
+                         help="a subscription's backlog limit by the age of its oldest unconsumed record (0: none)"),
+            click.option("--backlog-policy", type=click.Choice(["hold", "evict", "none"]), default=None,
+                         help="over a backlog limit: hold (refuse writers, keep the data), evict (retention goes "
+                              "on, the subscription is marked evicted), none (default hold)"),
+            click.option("--subscription-expiry", type=DURATION, default=None,
+                         help="remove a subscription inactive (no commit) for this long (0: never)"))):
+        command = option(command)
+    return command
 
 
 @click.group()
@@ -43,15 +61,7 @@ def stream() -> None:
 @click.option("--retention-age", type=DURATION, default=None, help="remove segments older than this")
 @click.option("--retention-size", type=SIZE, default=None, help="keep at most this many bytes")
 @click.option("--if-not-exists", is_flag=True, help="succeed, changing nothing, if the stream exists")
-@click.option("--backlog-size", type=SIZE, default=None,
-              help="a subscription's backlog limit in unconsumed bytes (0: none)")
-@click.option("--backlog-age", type=DURATION, default=None,
-              help="a subscription's backlog limit by the age of its oldest unconsumed record (0: none)")
-@click.option("--backlog-policy", type=click.Choice(["hold", "evict", "none"]), default=None,
-              help="over a backlog limit: hold (refuse writers, keep the data), evict (retention goes on, the "
-                   "subscription is marked evicted), none (default hold)")
-@click.option("--subscription-expiry", type=DURATION, default=None,
-              help="remove a subscription inactive (no commit) for this long (0: never)")
+@backlog_options
 @tier_policy_options
 @cluster_options
 @json_option
@@ -222,15 +232,7 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 @click.option("--ensemble", type=click.IntRange(1, 64), help="bookies per new segment")
 @click.option("--write-quorum", type=click.IntRange(1, 64), help="copies of each entry of new segments")
 @click.option("--ack-quorum", type=click.IntRange(1, 64), help="copies fsynced before a write is acknowledged")
-@click.option("--backlog-size", type=SIZE, default=None,
-              help="a subscription's backlog limit in unconsumed bytes (0: none)")
-@click.option("--backlog-age", type=DURATION, default=None,
-              help="a subscription's backlog limit by the age of its oldest unconsumed record (0: none)")
-@click.option("--backlog-policy", type=click.Choice(["hold", "evict", "none"]), default=None,
-              help="over a backlog limit: hold (refuse writers, keep the data), evict (retention goes on, the "
-                   "subscription is marked evicted), none (default hold)")
-@click.option("--subscription-expiry", type=DURATION, default=None,
-              help="remove a subscription inactive (no commit) for this long (0: never)")
+@backlog_options
 @tier_policy_options
 @cluster_options
 @json_option
