@@ -6,7 +6,7 @@
     /dlog/<namespace>/streams/<node>/segments/<18-digit seq> one segment (JSON)
     /dlog/<namespace>/streams/<node>/lock/writer-<uuid>-<seq> ephemeral-sequential writer lock; its data
                                                              is its holder: {"host", "pid", "started_ms"}
-    /dlog/<namespace>/streams/<node>/subscribers/<name>      committed offset (JSON)
+    /dlog/<namespace>/streams/<node>/subscribers/<name>      committed offset (JSON), its time, eviction mark
     /dlog/<namespace>/streams/<node>/sink/<sink id>          last committed Spark batch (JSON)
     /dlog/<namespace>/streams/<node>/offloader               ephemeral: the offloader at work on it
     /dlog/<namespace>/streams/<node>/tier-status             the last offload run's outcome (JSON)
