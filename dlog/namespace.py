@@ -530,36 +530,39 @@ class Namespace:
 
     async def retention_plan(self, name: str, now_ms: int | None = None) -> list[Segment]:
         """Completed segments the policy removes now (see `dlog.core.changes.retention_plan`)."""
-        plan, _ = await self._retention_plan(name, now_ms)
+        plan, _, _ = await self._retention_plan(name, now_ms)
         return plan
 
-    async def _retention_plan(self, name: str, now_ms: int | None) -> tuple[list[Segment], SegmentList]:
+    async def _retention_plan(self, name: str, now_ms: int | None) -> tuple[list[Segment], SegmentList, StreamConfig]:
         config = await self.store.config(name)
         policy = await self.tier_policy(name, config)
         listing = await self.store.segments(name)
         stored = await self.store.subscriptions(name) if backlog.keeps_unconsumed(config) else {}
         now_ms = self.clock.wall_ms() if now_ms is None else now_ms
-        evicting = backlog.to_evict(config, backlog.backlogs(listing, config, stored, now_ms))
-        subscriptions = backlog.retention_holders(config, stored, evicting)  # never the evicted
-        return tiering.tiered_retention_plan(listing, config, policy, subscriptions, now_ms), listing
+        leaving = backlog.leaving(listing, config, stored, now_ms)  # evicted or expired by this run
+        subscriptions = backlog.retention_holders(config, stored, leaving)  # never the evicted
+        return tiering.tiered_retention_plan(listing, config, policy, subscriptions, now_ms), listing, config
 
     async def apply_retention(self, name: str, *, dry_run: bool = False,
                               now_ms: int | None = None) -> list[Segment]:
-        """Remove what the retention policy says (L5); safe beside a live writer (L7)."""
+        """Remove what the retention policy says (L5); safe beside a live writer (L7). Then evict and
+        expire subscriptions as the stream's backlog limits and expiry say (the plan already kept
+        nothing for them): `enforce_subscription_limits`."""
         if not dry_run:
             self.security.require_role(self.name, "admin", f"applying the retention of stream {name!r}")
-            await self.enforce_subscription_limits(name, now_ms)
 
-        async def attempt() -> list[Segment]:
-            plan, listing = await self._retention_plan(name, now_ms)
+        async def attempt() -> tuple[list[Segment], StreamConfig]:
+            plan, listing, config = await self._retention_plan(name, now_ms)
             if dry_run or not plan:
-                return plan
+                return plan, config
             await self._commit_planned(name, listing, changes.retention_change(plan))
-            return plan
+            return plan, config
 
-        plan = await self.replanned(name, "retention", attempt)
+        plan, config = await self.replanned(name, "retention", attempt)
         if plan and not dry_run:
             await self._remove_truncated(name, plan)
+        if not dry_run and (backlog.has_limits(config) or config.subscription_expiry_ms):
+            await self.enforce_subscription_limits(name, now_ms, config)
         return plan
 
     # ------------------------------------------------------------------ subscriptions
@@ -601,12 +604,13 @@ class Namespace:
         stored = await self.store.subscriptions(name)
         return backlog.backlogs(listing, config, stored, self.clock.wall_ms() if now_ms is None else now_ms)
 
-    async def enforce_subscription_limits(self, name: str, now_ms: int | None = None) -> dict[str, list[str]]:
-        """What a retention run does to subscriptions before it plans: mark evicted those over a
-        backlog limit (evict policy), remove those inactive past the expiry. Each change is a
-        compare-and-set on what was read: a subscription that commits meanwhile wins, and the next
-        run looks again. Returns the names evicted and expired."""
-        config = await self.store.config(name)
+    async def enforce_subscription_limits(self, name: str, now_ms: int | None = None,
+                                          config: StreamConfig | None = None) -> dict[str, list[str]]:
+        """What a retention run does to subscriptions (after it planned without them): mark evicted
+        those over a backlog limit (evict policy), remove those inactive past the expiry. Each change
+        is a compare-and-set on what was read: a subscription that commits meanwhile wins, and the
+        next run looks again. Returns the names evicted and expired."""
+        config = await self.store.config(name) if config is None else config
         done: dict[str, list[str]] = {"evicted": [], "expired": []}
         if not (backlog.has_limits(config) or config.subscription_expiry_ms):
             return done

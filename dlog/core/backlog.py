@@ -163,6 +163,15 @@ def to_evict(config: StreamConfig, found: list[Backlog]) -> list[str]:
     return [b.subscription for b in found if b.over and not b.evicted]
 
 
+def leaving(listing: SegmentList, config: StreamConfig, subscriptions: Mapping[str, Mapping[str, int]],
+            now_ms: int) -> list[str]:
+    """Subscriptions a retention run evicts or expires now: its plan keeps nothing for them."""
+    gone = expired(config, subscriptions, now_ms)
+    if has_limits(config):
+        gone += to_evict(config, backlogs(listing, config, subscriptions, now_ms))
+    return gone
+
+
 def retention_holders(config: StreamConfig, subscriptions: Mapping[str, Mapping[str, int]],
                       evicting: Collection[str] = ()) -> dict[str, dict[str, int]]:
     """The subscriptions whose unconsumed records retention keeps: none when it keeps nothing for

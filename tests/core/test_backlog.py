@@ -80,6 +80,8 @@ def test_expiry_removes_only_subscriptions_inactive_longer_than_the_setting():
     subscriptions = {"idle": at(10, committed_ms=100), "active": at(10, committed_ms=900), "old-client": at(10)}
     assert backlog.expired(config, subscriptions, now_ms=1500) == ["idle"]
     assert backlog.expired(StreamConfig("s"), subscriptions, now_ms=10**9) == []  # no expiry set
+    assert backlog.leaving(LISTING, config, subscriptions, now_ms=1500) == ["idle"]  # retention keeps nothing for it
+    assert "idle" not in backlog.retention_holders(config, subscriptions, ["idle"])
 
 
 @pytest.mark.parametrize("fields", [{"backlog_policy": "drop"}, {"backlog_bytes": -1},
