@@ -40,6 +40,7 @@ FORMAT_VERSION = 1
 POSITION_MAX = 2**63 - 1  # positions are signed 64-bit, as Kafka's offsets
 ROLL_BYTES_DEFAULT = 256 * 2**20
 ROLL_AGE_MS_DEFAULT = 2 * 3600 * 1000
+SCHEMA_COMPATIBILITY_MODES = ("BACKWARD", "FORWARD", "FULL", "NONE")  # dlog.segments.schemas has the rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,7 @@ class Segment:
     first_position: int | None = None  # stream position of its first record; None: not assigned yet
     tier: TierCopy | None = None  # its committed copy on the tier (completed segments only)
     offload_attempt: str = ""  # the URI of the file an offloader is writing now ("" none)
+    schema_version: int = 0  # the stream's schema version its records were written with (0: before versions: 1)
 
     @property
     def on_bookies(self) -> bool:
@@ -144,6 +146,7 @@ class Segment:
         document = _load(data, "segment")
         document.setdefault("first_position", None)  # a node written before positions existed
         document.setdefault("offload_attempt", "")  # nodes written before tiered storage
+        document.setdefault("schema_version", 0)  # nodes written before schema versions
         tier = document.get("tier")
         document["tier"] = None if tier is None else TierCopy.from_json(tier)
         try:
@@ -247,9 +250,17 @@ class StreamConfig:
     # the Iceberg table its tier files are registered in ("" none): a SQL catalog URL, a warehouse
     iceberg_catalog: str = ""
     iceberg_warehouse: str = ""
+    # the schema's earlier versions (schema_to_text each, version 1 first; `schema` is the latest)
+    schema_history: tuple[str, ...] = ()
+    schema_compatibility: str = "BACKWARD"  # what a new schema version must keep (SCHEMA_COMPATIBILITY_MODES)
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble, self.write_quorum, self.ack_quorum)
+        if not isinstance(self.schema_history, tuple):
+            object.__setattr__(self, "schema_history", tuple(self.schema_history))
+        if self.schema_compatibility not in SCHEMA_COMPATIBILITY_MODES:
+            raise ConfigError(f"bad schema compatibility {self.schema_compatibility!r}: use one of "
+                              f"{', '.join(SCHEMA_COMPATIBILITY_MODES)}")
         for name in ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', ' ')} must be >= 0, got {getattr(self, name)}")
