@@ -162,7 +162,7 @@ def test_refused_with_the_rule_naming_the_field(mode, v1, v2, says):
 def test_checks_are_transitive_against_every_earlier_version():
     config = evolve(typed("id:int32, note:string?"), "id:int32")  # v2 drops the nullable `note`
     # v3 re-adds id 2 as an int: v2 never had it, v1 had it as a string
-    with pytest.raises(ConfigError, match="records of version 1.*field 'note' \\(id 2\\): string -> int64 changes the type"):
+    with pytest.raises(ConfigError, match="version 1.*field 'note' \\(id 2\\): string -> int64 changes the type"):
         evolve(config, "id:int32, note#2:int64?")
 
 
