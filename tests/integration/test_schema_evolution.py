@@ -166,3 +166,21 @@ async def test_each_refused_change_is_refused_with_its_rule_and_nothing_changes(
         with pytest.raises(ConfigError, match="untyped"):
             await ns.create_stream("plain", **REPLICATION)
             await ns.alter_stream("plain", schema=V1)
+
+
+async def test_a_writer_keeps_its_version_and_a_following_reader_learns_new_ones(cluster):
+    async with namespace(cluster) as ns:
+        await ns.create_stream("live", schema=V1, **REPLICATION)
+        async with ns.open_reader("live") as reader:  # follows; knows only version 1
+            async with ns.open_writer("live") as old_writer:
+                await ns.alter_stream("live", schema=V2)
+                # opened before the change: still writes version 1 (its segment says so)
+                await old_writer.write_batch(pa.record_batch({"id": pa.array([1], pa.int32()), "name": ["a"],
+                                                              "note": ["n"]}))
+            await write(ns, "live", {"id": pa.array([2], pa.int32()), "full_name": ["b"],
+                                     "note": pa.array([None], pa.string()), "score": [0.5]})
+            entries = [await reader.next_entry(timeout_s=30) for _ in range(2)]
+        assert [segment.schema_version for segment in (await ns.store.segments("live")).segments] == [1, 2]
+        # the reader opened in version 1: version 2's record comes in it (`full_name` as `name`, no `score`)
+        assert [entry.batch.to_pylist() for entry in entries] == [
+            [{"id": 1, "name": "a", "note": "n"}], [{"id": 2, "name": "b", "note": None}]]
