@@ -50,6 +50,9 @@ FIELD_ID_KEY = b"PARQUET:field_id"
 DEFAULT_KEY = b"dlog.default"  # JSON text of a field's default value
 COMPATIBILITY_MODES = SCHEMA_COMPATIBILITY_MODES
 FIELDS_MAX = 1000  # fields in one schema
+# versions one stream keeps (all in its config node, which ZooKeeper holds to 1 MB): a change past
+# this many is refused
+SCHEMA_VERSIONS_MAX = 100
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FIELD = re.compile(r"\s*([^\s#:]+)\s*(?:#\s*(\d+)\s*)?:\s*(.+?)\s*\Z", re.S)
 _SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
@@ -322,6 +325,9 @@ def evolve(config: StreamConfig, schema: pa.Schema | str, compatibility: str | N
     updated = replace(config, schema_compatibility=mode)
     if _same(new, versions[-1]):
         return updated
+    if len(versions) >= SCHEMA_VERSIONS_MAX:
+        raise ConfigError(f"stream {config.name!r} has {len(versions)} schema versions, the most one stream keeps "
+                          f"(SCHEMA_VERSIONS_MAX); nothing was changed")
     check_compatible(new, versions, mode)
     return replace(updated, schema=schema_to_text(new), schema_history=(*config.schema_history, config.schema))
 

@@ -171,6 +171,16 @@ def test_an_untyped_stream_cannot_evolve():
         evolve(StreamConfig("u"), "id:int32")
 
 
+def test_versions_are_bounded():
+    config = typed("id:int32")
+    for number in range(2, 101):
+        config = evolve(config, f"id:int32, f{number}:int32?")
+    assert schema_version(config) == 100
+    with pytest.raises(ConfigError, match="has 100 schema versions, the most one stream keeps"):
+        evolve(config, "id:int32, last:int8?")
+    assert len(config.to_bytes()) < 200_000  # far below ZooKeeper's 1 MB node
+
+
 def test_bad_mode_and_bad_version():
     with pytest.raises(ConfigError, match="bad schema compatibility"):
         evolve(typed("id:int32"), "id:int64", compatibility="SIDEWAYS")
