@@ -583,12 +583,26 @@ class Namespace:
             raise ConfigError(f"cannot alter {', '.join(unknown)}: the settings that can change are "
                               f"{', '.join(ALTERABLE_SETTINGS)}")
         self.security.require_role(self.name, "admin", f"altering stream {name!r}")
-        config = await self.store.config(name)
         schema = changes.pop("schema", None)
+        if schema is not None:
+            return await self.replanned(name, "schema change", partial(self._change_schema, name, schema, changes))
+        config = await self.store.config(name)
         updated = StreamConfig(**{**_fields(config), **changes})
-        if schema is not None:  # its next version, checked under the (new) compatibility mode
-            updated = evolve(updated, schema)
         await self.store.update_config(updated)
+        return updated
+
+    async def _change_schema(self, name: str, schema: pa.Schema | str, changes: dict[str, Any]) -> StreamConfig:
+        """The next schema version (checked under the new compatibility mode, if one is given) with
+        the other changes, by compare-and-set on the config: two changes at once never lose a
+        version (a version number names one schema forever: segments record it)."""
+        config = await self.store.config(name)
+        updated = evolve(StreamConfig(**{**_fields(config), **changes}), schema)
+        try:
+            await self.store.update_config(updated, based_on=config)
+        except MetadataVersionError as exc:
+            if await self.store.config(name) == updated:
+                return updated  # it landed; only the answer was lost
+            raise MetadataContentionError(f"the config of stream {name!r} changed meanwhile") from exc
         return updated
 
 

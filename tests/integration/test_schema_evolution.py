@@ -4,6 +4,7 @@ reader, `dlog read`, Parquet export and the tier's files; refused changes change
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
@@ -15,7 +16,7 @@ from bookkeeper.errors import ConfigError
 from dlog import Namespace
 from dlog.offload import Offloader
 from dlog.segments.metadata import TierPolicy
-from dlog.segments.schemas import field_id_of
+from dlog.segments.schemas import field_id_of, versions_of
 from dlog_tools.cluster import LocalCluster
 from tests.helpers import dlog_runner, one_error_line
 
@@ -184,3 +185,14 @@ async def test_a_writer_keeps_its_version_and_a_following_reader_learns_new_ones
         # the reader opened in version 1: version 2's record comes in it (`full_name` as `name`, no `score`)
         assert [entry.batch.to_pylist() for entry in entries] == [
             [{"id": 1, "name": "a", "note": "n"}], [{"id": 2, "name": "b", "note": None}]]
+
+
+async def test_two_schema_changes_at_once_are_two_versions(cluster):
+    async with namespace(cluster) as ns:
+        await ns.create_stream("racing", schema="id:int32", **REPLICATION)
+        await asyncio.gather(ns.alter_stream("racing", schema="id:int32, a:string?"),
+                             ns.alter_stream("racing", schema="id:int32, b:string?"))
+        versions = versions_of(await ns.config("racing"))
+    # both read version 1; the compare-and-set made the second re-plan on top of the first
+    assert sorted(version.names for version in versions) == [["id"], ["id", "a"], ["id", "b"]]
+    assert sorted(field_id_of(version.field(1)) for version in versions[1:]) == [2, 3]  # no id given twice
