@@ -369,7 +369,10 @@ class StreamReader:
         """The codec of a segment's records, and their projection onto the reader's version."""
         if not self._versions:
             return self.codec, None
-        version = self._segment_versions.get(ledger_id, 1)
+        version = self._segment_versions.get(ledger_id)
+        if version is None:  # every read learns its segment's version first (_learn_version)
+            raise ConfigError(f"stream {self.name!r}: the schema version of ledger {ledger_id}'s records is "
+                              "not known to this reader")
         found = self._decoders.get(version)
         if found is None:
             if version > len(self._versions):
