@@ -15,8 +15,11 @@ import pytest
 from bookkeeper.errors import ConfigError
 from dlog import Namespace
 from dlog.offload import Offloader
+from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import TierPolicy
-from dlog.segments.schemas import field_id_of, versions_of
+from dlog.segments.schemas import field_id_of, schema_version, versions_of
+from dlog_spark.segments import commit_batch
+from dlog_spark.sink import DlogCommitMessage
 from dlog_tools.cluster import LocalCluster
 from tests.helpers import dlog_runner, one_error_line
 
@@ -196,3 +199,23 @@ async def test_two_schema_changes_at_once_are_two_versions(cluster):
     # both read version 1; the compare-and-set made the second re-plan on top of the first
     assert sorted(version.names for version in versions) == [["id"], ["id", "a"], ["id", "b"]]
     assert sorted(field_id_of(version.field(1)) for version in versions[1:]) == [2, 3]  # no id given twice
+
+
+async def test_a_spark_sink_commit_records_the_version_its_task_wrote(cluster):
+    async with namespace(cluster) as ns:
+        await ns.create_stream("sunk", schema=V1, **REPLICATION)
+        config = await ns.config("sunk")
+        # a write task that started before the change: its ledger holds version 1 records
+        handle = await ns.client.create_ledger(1, 1, 1, password=ns.password_of(config), custom={"stream": "sunk"})
+        batch = pa.record_batch({"id": pa.array([7], pa.int32()), "name": ["g"], "note": pa.array([None], pa.string())},
+                                schema=versions_of(config)[0])
+        payload = RecordSetCodec(versions_of(config)[0]).encode(batch, 0)
+        await handle.append_async(payload)
+        await handle.close()
+        message = DlogCommitMessage("sunk", handle.ledger_id, last_entry=handle.last_add_confirmed, records=1,
+                                    bytes=len(payload), schema_version=schema_version(config))
+        await ns.alter_stream("sunk", schema=V2)
+        assert await commit_batch(ns, "sunk", [message], 0, "schema-test")
+        assert [s.schema_version for s in (await ns.store.segments("sunk")).segments] == [1]
+        _, rows = await read_rows(ns, "sunk")
+    assert rows == [{"id": 7, "full_name": "g", "note": None, "score": None}]
