@@ -146,6 +146,11 @@ async def test_dlog_read_and_export_project_earlier_records(cluster, tmp_path):
     table = pq.read_table(out)
     assert table.select(["id", "full_name", "score"]).to_pylist() == LATEST
     assert table.schema.field("id").type == pa.int64()
+    assert [field_id_of(field) for field in table.schema][-3:] == [1, 2, 4]
+    # version 1 cannot hold 2**40 in its int32 `id`: one line naming the field, and no file
+    refused = one_error_line(run("export", "read-me", "--out", str(tmp_path / "v1.parquet"), "--schema-version", "1",
+                                 ok=False))
+    assert "field 'id' (int64 -> int32)" in refused and not list(tmp_path.glob("v1.parquet*"))
 
 
 REFUSED = [
