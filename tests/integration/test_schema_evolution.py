@@ -131,6 +131,8 @@ def test_the_command_line_creates_alters_reads_and_exports_in_one_schema(cluster
     assert "FORWARD" in refused and "field 'id' (id 1): int32 -> int64 narrows" in refused
     changed = run("stream", "alter", "cli-typed", "--schema", f"@{spec}").stdout
     assert "schema version 1 -> 2: id#1:int32, full_name#2:string, note#3:string?" in changed
+    assert "schema        version 2 (FULL): id#1:int32, full_name#2:string, note#3:string?" in run(
+        "stream", "info", "cli-typed").stdout
 
 
 async def test_dlog_read_and_export_project_earlier_records(cluster, tmp_path):
