@@ -58,6 +58,7 @@ from dlog.reader import StreamReader
 from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig, TierPolicy
 from dlog.segments.port import RetryingSegmentStore, SegmentStore, StreamExistsError
+from dlog.segments.schemas import check_mode, evolve, first_schema
 from dlog.segments.tier import TierOptions, TierStore, check_tier_uri, file_schema, stream_table_uri
 from dlog.snapshot import READ_HANDLES_MAX, SegmentReads
 from dlog.writer import StreamWriter
@@ -67,7 +68,7 @@ T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
                       "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum", "tier",
                       "iceberg_catalog", "iceberg_warehouse", "backlog_bytes", "backlog_age_ms", "backlog_policy",
-                      "subscription_expiry_ms")
+                      "subscription_expiry_ms", "schema", "schema_compatibility")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -191,14 +192,18 @@ class Namespace:
                             ack_quorum: int = 2, roll_bytes: int | None = None,
                             roll_age_ms: int | None = None, roll_records: int = 0,
                             retention_age_ms: int = 0, retention_bytes: int = 0,
-                            schema: pa.Schema | None = None, exist_ok: bool = False,
+                            schema: pa.Schema | str | None = None, exist_ok: bool = False,
                             tier: TierPolicy | None = None, backlog_bytes: int = 0, backlog_age_ms: int = 0,
-                            backlog_policy: str = "hold", subscription_expiry_ms: int = 0) -> StreamConfig:
+                            backlog_policy: str = "hold", subscription_expiry_ms: int = 0,
+                            schema_compatibility: str = "BACKWARD") -> StreamConfig:
         """Create a stream; with `exist_ok` an existing one is left as it is and its config returned.
         `tier`: its own tier settings (what it leaves None, the namespace's default gives). The
-        backlog limits and subscription expiry: `dlog.core.backlog`."""
+        backlog limits and subscription expiry: `dlog.core.backlog`.
+        `schema`: a typed stream's schema (a pyarrow.Schema or the spec text, `dlog.segments.schemas`),
+        its version 1, its fields numbered with ids; `schema_compatibility`: what its later
+        versions must keep (BACKWARD, FORWARD, FULL or NONE)."""
         check_stream_name(name)
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"schema_compatibility": check_mode(schema_compatibility)}
         if tier is not None:
             options["tier"] = checked_tier(tier)
         if roll_bytes is not None:
@@ -208,7 +213,7 @@ class Namespace:
         await self._check_stream_quota(name)
         config = StreamConfig(name, ensemble, write_quorum, ack_quorum, roll_records=roll_records,
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
-                              schema=schema_to_text(schema) if schema is not None else "",
+                              schema=schema_to_text(first_schema(schema)) if schema is not None else "",
                               password=seal_new_password(self.security.seal_key(self.name))[0],
                               created_ms=self.clock.wall_ms(), **options, backlog_bytes=backlog_bytes,
                               backlog_age_ms=backlog_age_ms, backlog_policy=backlog_policy,
@@ -643,17 +648,39 @@ class Namespace:
         """Change roll, retention and replication settings (ALTERABLE_SETTINGS). A writer takes new
         roll and replication settings when it next opens the stream (replication: for the segments
         it creates; existing ledgers keep theirs); retention applies its settings at its next run.
+        `schema` (a pyarrow.Schema or spec text) adds the typed stream's next schema version when
+        its compatibility mode allows it (ConfigError naming the field and the rule otherwise); a
+        writer writes the new version from when it next opens the stream.
         The quorums are checked together: ensemble >= write quorum >= ack quorum >= 1."""
         if "tier" in changes:
             changes["tier"] = checked_tier(changes["tier"])
+        if "schema_compatibility" in changes:
+            changes["schema_compatibility"] = check_mode(changes["schema_compatibility"])
         unknown = sorted(set(changes) - set(ALTERABLE_SETTINGS))
         if unknown:
             raise ConfigError(f"cannot alter {', '.join(unknown)}: the settings that can change are "
                               f"{', '.join(ALTERABLE_SETTINGS)}")
         self.security.require_role(self.name, "admin", f"altering stream {name!r}")
+        schema = changes.pop("schema", None)
+        if schema is not None:
+            return await self.replanned(name, "schema change", partial(self._change_schema, name, schema, changes))
         config = await self.store.config(name)
         updated = StreamConfig(**{**_fields(config), **changes})
         await self.store.update_config(updated)
+        return updated
+
+    async def _change_schema(self, name: str, schema: pa.Schema | str, changes: dict[str, Any]) -> StreamConfig:
+        """The next schema version (checked under the new compatibility mode, if one is given) with
+        the other changes, by compare-and-set on the config: two changes at once never lose a
+        version (a version number names one schema forever: segments record it)."""
+        config = await self.store.config(name)
+        updated = evolve(StreamConfig(**{**_fields(config), **changes}), schema)
+        try:
+            await self.store.update_config(updated, based_on=config)
+        except MetadataVersionError as exc:
+            if await self.store.config(name) == updated:
+                return updated  # it landed; only the answer was lost
+            raise MetadataContentionError(f"the config of stream {name!r} changed meanwhile") from exc
         return updated
 
 

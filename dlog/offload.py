@@ -32,6 +32,7 @@ from bookkeeper.errors import DlogError, MetadataContentionError, MetadataVersio
 from dlog.core import backlog, tiering
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import Segment, SegmentList, StreamConfig, TierCopy, TierPolicy
+from dlog.segments.schemas import schema_at
 from dlog.segments.tier import SegmentFileWriter, TierDamagedError, TierError, segment_file_uri
 
 if TYPE_CHECKING:
@@ -219,7 +220,8 @@ class Offloader:
     async def _build(self, name: str, config: StreamConfig, segment: Segment) -> Any:
         """The segment's Parquet file, built locally from its entries on the bookies."""
         ns = self.namespace
-        schema = ns.schema_of(config)
+        # a typed stream's segment: the schema version its records were written with
+        schema = schema_at(config, segment.schema_version) if config.schema else ns.schema_of(config)
         codec = RecordSetCodec(schema, headers=not config.schema)
         handle = await ns.reads.handle(segment.ledger_id, ns.password_of(config), segment.last_entry)
         writer = SegmentFileWriter(ns.name, name, segment, schema, self.temp_dir)

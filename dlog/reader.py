@@ -54,6 +54,7 @@ from dlog.core.snapshot import Cursor, Located, PositionAt, StreamView
 from dlog.offsets import Offset, check_position, record_offset
 from dlog.segments.codec import FLAG_PRODUCERS, ProducerRun, RecordSetCodec
 from dlog.segments.metadata import Segment
+from dlog.segments.schemas import Projection, projection, schema_at, versions_of
 from dlog.snapshot import PREFER
 
 __all__ = ["EntryBatch", "OffsetOutOfRangeError", "PositionsUnknownError", "Record", "StreamReader",
@@ -61,6 +62,7 @@ __all__ = ["EntryBatch", "OffsetOutOfRangeError", "PositionsUnknownError", "Reco
 
 log = logging.getLogger(__name__)
 READ_AHEAD_BYTES = 64 * 2**20  # decoded Arrow bytes a reader holds ahead of its consumer
+SEGMENT_VERSIONS_KEPT = 64  # segments whose schema version a reader remembers (it reads one or two at a time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,7 @@ class Record:
     value: bytes | None  # None only in a typed stream without a `value` column
     timestamp_ms: int
     headers: list[tuple[str, bytes | None]] | None = None  # only from a reader opened with headers=True
+    fields: dict[str, Any] | None = None  # a typed stream's record: its columns (the reader's schema version)
 
     @property
     def position(self) -> int | None:
@@ -96,7 +99,8 @@ class StreamReader:
     def __init__(self, context: StreamContext, start: str | Offset | int | datetime.datetime = "earliest",
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, poll_timeout_ms: int = 1000,
-                 follow: bool = True, headers: bool = False, prefer: str = "bookies") -> None:
+                 follow: bool = True, headers: bool = False, prefer: str = "bookies",
+                 schema_version: int | None = None) -> None:
         if prefer not in PREFER:
             raise ConfigError(f"bad prefer {prefer!r}: use one of {', '.join(PREFER)} (where to read segments "
                               "that are both on bookies and on the tier)")
@@ -109,8 +113,16 @@ class StreamReader:
         config = context.config
         self.name = config.name
         self.clock = context.clock
+        # a typed stream's records all come in one schema version: the latest, or `schema_version`
+        # (each segment's records are decoded with the version they were written with, then projected)
+        self._versions = versions_of(config)
+        self.schema_version = len(self._versions) if schema_version is None else schema_version
+        schema = schema_at(config, self.schema_version) if self._versions or schema_version else context.schema
+        self.schema_version = max(self.schema_version, 1) if self._versions else 0
         # headers=True: record headers too (untyped streams): every batch gets the `headers` column
-        self.codec = RecordSetCodec(context.schema, headers=headers)
+        self.codec = RecordSetCodec(schema, headers=headers)
+        self._decoders: dict[int, tuple[RecordSetCodec, Projection | None]] = {self.schema_version: (self.codec, None)}
+        self._segment_versions: dict[int, int] = {}  # ledger -> the schema version its records have
         self.start = _parse_start(start)
         self.machine = ReaderMachine(
             ReaderSettings(config.name, follow=follow, skip_truncated=skip_truncated,
@@ -277,6 +289,7 @@ class StreamReader:
             handle = await self._handle(segment)
             if handle is None:
                 return
+        await self._learn_version(segment)
         if not segment.is_in_progress:
             handle.advance_lac(segment.last_entry)  # the list vouches for it before the close lands
         try:
@@ -300,6 +313,7 @@ class StreamReader:
         """The long poll, which CancelWait ends early: through a future it races, not by cancelling
         this task (a task cancelled before it first ran would never answer the machine)."""
         segment = effect.segment
+        await self._learn_version(segment)
         handle = self._handles.get(segment.ledger_id)
         entry = None
         if handle is not None:
@@ -339,15 +353,48 @@ class StreamReader:
             self._opened.set_exception(exc)
         self._queued.set()
 
+    async def _learn_version(self, segment: Segment) -> None:
+        """Note the schema version of a segment's records (a version newer than the reader knows:
+        the stream's config read again, for the schemas)."""
+        if not self._versions:
+            return
+        version = max(segment.schema_version, 1)
+        if version > len(self._versions):
+            self._versions = versions_of(await self.context.store.config(self.name))
+        self._segment_versions[segment.ledger_id] = version
+        while len(self._segment_versions) > SEGMENT_VERSIONS_KEPT:
+            del self._segment_versions[next(iter(self._segment_versions))]
+
+    def _decoder(self, ledger_id: int) -> tuple[RecordSetCodec, Projection | None]:
+        """The codec of a segment's records, and their projection onto the reader's version."""
+        if not self._versions:
+            return self.codec, None
+        version = self._segment_versions.get(ledger_id)
+        if version is None:  # every read learns its segment's version first (_learn_version)
+            raise ConfigError(f"stream {self.name!r}: the schema version of ledger {ledger_id}'s records is "
+                              "not known to this reader")
+        found = self._decoders.get(version)
+        if found is None:
+            if version > len(self._versions):
+                raise ConfigError(f"stream {self.name!r}: ledger {ledger_id} holds records of schema version "
+                                  f"{version}, which the stream's config does not list")
+            written = self._versions[version - 1]
+            found = self._decoders[version] = (RecordSetCodec(written), projection(
+                written, self.codec.schema, version, self.schema_version))
+        return found
+
     def _decode(self, ledger_id: int, entry_id: int, first_slot: int, payload: bytes,
                 segment_first_position: int | None) -> tuple[Any, int, int]:
-        header, batch = self.codec.decode(payload)
+        codec, projected = self._decoder(ledger_id)
+        header, batch = codec.decode(payload)
+        if projected is not None:
+            batch = projected.apply(batch)
         if first_slot:
             batch = batch.slice(first_slot)
         first_position = None
         if segment_first_position is not None:  # V4: the segment's first, plus the records before this one
             first_position = segment_first_position + header.first_record_index + first_slot
-        producers = self.codec.producer_runs(payload) if header.flags & FLAG_PRODUCERS else ()
+        producers = codec.producer_runs(payload) if header.flags & FLAG_PRODUCERS else ()
         return (EntryBatch(ledger_id, entry_id, first_slot, batch, first_position, producers), batch.nbytes,
                 batch.num_rows)
 
@@ -423,7 +470,8 @@ class StreamReader:
         return Record(offset, keys[index] if keys is not None else None,
                       values[index] if values is not None else None,
                       _to_ms(timestamps[index]) if timestamps is not None else 0,
-                      None if pairs is None else [(pair["key"], pair["value"]) for pair in pairs])
+                      None if pairs is None else [(pair["key"], pair["value"]) for pair in pairs],
+                      {name: column[index] for name, column in rows.items()} if self._versions else None)
 
     async def read_batch(self, max_records: int = 65536, timeout_ms: int = 1000) -> pa.RecordBatch | None:
         """Up to `max_records` records as one Arrow batch: what arrived within `timeout_ms` (maybe

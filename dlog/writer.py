@@ -77,6 +77,7 @@ from dlog.segments.codec import (
     split_batch,
 )
 from dlog.segments.metadata import Segment
+from dlog.segments.schemas import schema_version
 
 __all__ = ["LedgerDeletedError", "StreamWriter", "WriterAbortedError", "WriterClosedError", "WriterFencedError",
            "WriterLockedError", "WrittenBatch"]
@@ -218,7 +219,7 @@ class StreamWriter:
             roll_records=config.roll_records, flush_bytes=flush_bytes, flush_records=flush_records,
             linger_ms=linger_ms, partial_entries_in_flight_max=partial_entries_in_flight_max,
             buffer_bytes_max=buffer_bytes_max, entry_bytes_max=entry_bytes_max, lock_timeout_s=lock_timeout_s,
-            takeover=takeover, retention_on_roll=retention_on_roll)
+            takeover=takeover, retention_on_roll=retention_on_roll, schema_version=schema_version(config))
         self.machine = WriterMachine(self.settings, self._encode)
         self._record_bytes_max = self.machine.batcher.budget_bytes
         self.loop = asyncio.get_running_loop()

@@ -22,6 +22,7 @@ from dlog.core import snapshot
 from dlog.core.snapshot import Cursor, SegmentView, StreamView
 from dlog.segments.codec import RecordSetCodec
 from dlog.segments.metadata import StreamConfig
+from dlog.segments.schemas import schema_at
 from dlog.segments.store import StreamNotFoundError
 from dlog.snapshot import EntryInfo
 from dlog_spark.connection import Connection
@@ -135,7 +136,9 @@ class Catalog:
         segment = view.segments[view.index_at(cursor)]
         entry = self.conn.call(self.reads.entry(segment.ledger_id, cursor.entry_id, self._password(name),
                                                 segment.end_entry - 1))
-        batch = RecordSetCodec(self.schema(name)).decode(entry.payload)[1]
+        config = self.config(name)
+        written = schema_at(config, segment.schema_version) if config.schema else self.schema(name)
+        batch = RecordSetCodec(written).decode(entry.payload)[1]
         slot = first_slot_at_or_after(batch, timestamp_ms, cursor.slot)
         if slot is None:  # the header's max rounds sub-millisecond stamps up; none is really that late
             return snapshot.after_entry(view, cursor)

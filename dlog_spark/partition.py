@@ -23,13 +23,14 @@ from pyspark.sql.types import StructType
 
 from bookkeeper.errors import NoSuchEntryError, NoSuchLedgerError
 from dlog.segments.codec import HEADERS_SCHEMA, RecordSetCodec
-from dlog.segments.metadata import TierCopy
+from dlog.segments.metadata import StreamConfig, TierCopy
+from dlog.segments.schemas import projection, schema_at, versions_of
 from dlog.segments.store import StreamNotFoundError
 from dlog.snapshot import TierHandle
 from dlog_spark.connection import connection
 from dlog_spark.options import SourceOptions
 from dlog_spark.plan import DataLossError, Range
-from dlog_spark.schema import BatchShaper, arrow_read_schema
+from dlog_spark.schema import BatchShaper, arrow_read_schema, read_schema
 
 log = logging.getLogger(__name__)
 READ_CHUNK_ENTRIES = 16
@@ -49,6 +50,7 @@ class DlogPartition(InputPartition):
         self.end_slot = span.end_slot
         self.tier = span.tier
         self.fail_on_data_loss = fail_on_data_loss
+        self.schema_version = span.schema_version
 
     def __repr__(self) -> str:
         end = "" if self.end_slot is None else f", end_slot={self.end_slot}"
@@ -96,6 +98,11 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
     output = arrow_read_schema(schema)
     headers = "headers" in output.names  # includeHeaders: decode every entry with its headers column
     codec = RecordSetCodec(stream_schema, headers=headers)
+    projected = None
+    if config.schema:  # a typed stream: decoded in its segment's version, projected onto the query's
+        stream_schema = query_version(config, output)
+        written = schema_at(config, partition.schema_version)
+        codec, projected = RecordSetCodec(written), projection(written, stream_schema, partition.schema_version)
     shaper = BatchShaper(partition.stream, HEADERS_SCHEMA if headers else stream_schema, output)
     first, last = partition.first_entry, partition.last_entry
 
@@ -122,10 +129,22 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         for entry in entries:
             slot = partition.first_slot if entry.entry_id == first else 0
             batch = codec.records_from(entry.payload, slot)
+            if projected is not None:
+                batch = projected.apply(batch)
             if entry.entry_id == last and partition.end_slot is not None:
                 batch = batch.slice(0, max(0, partition.end_slot - slot))
             if batch.num_rows:
                 yield shaper.shape(batch, partition.ledger_id, entry.entry_id, slot)
+
+
+def query_version(config: StreamConfig, output: pa.Schema) -> pa.Schema:
+    """The schema version of a typed stream that a query reads in: the latest whose read schema is
+    the query's (the latest when the query was planned; a version added since is not its)."""
+    versions = versions_of(config)
+    for version in reversed(versions):
+        if arrow_read_schema(read_schema(version)).equals(output):
+            return version
+    return versions[-1]
 
 
 def _listed_tier_copy(conn: Any, partition: DlogPartition) -> TierCopy | None:

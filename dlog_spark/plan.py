@@ -43,6 +43,7 @@ class Range:
     first_slot: int = 0
     end_slot: int | None = None
     tier: TierCopy | None = None
+    schema_version: int = 0  # its segment's (a typed stream's records are projected from it)
 
     @property
     def entries(self) -> int:
@@ -68,7 +69,7 @@ def spans(view: StreamView, start: Cursor, end: Cursor) -> list[Range]:
         first = max(first, 0)
         if stop > first and not (end_slot is not None and stop - 1 == first and end_slot <= slot):
             ranges.append(Range(view.name, segment.sequence, segment.ledger_id, first, stop - 1, slot, end_slot,
-                                segment.tier))
+                                segment.tier, segment.schema_version))
     return ranges
 
 

@@ -181,4 +181,5 @@ def _segment(sequence: int, message: DlogCommitMessage, now_ms: int) -> Segment:
     return Segment(sequence, message.ledger, state=SegmentState.COMPLETED, first_entry=0,
                    last_entry=message.last_entry, records=message.records, bytes=message.bytes,
                    first_timestamp_ms=message.first_timestamp_ms, last_timestamp_ms=message.last_timestamp_ms,
-                   created_ms=message.created_ms, completed_ms=now_ms)
+                   created_ms=message.created_ms, completed_ms=now_ms,
+                   schema_version=getattr(message, "schema_version", 0))  # (the simulator's messages have none)

@@ -40,6 +40,7 @@ from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError, known
 from dlog.names import check_stream_name
 from dlog.segments.codec import RecordSetCodec, split_batch
+from dlog.segments.schemas import schema_version
 from dlog.segments.store import StreamNotFoundError
 from dlog_spark.connection import Connection, connection
 from dlog_spark.options import ROUTE_COLUMN, SinkOptions, StreamCreation
@@ -65,6 +66,7 @@ class DlogCommitMessage(WriterCommitMessage):
     first_timestamp_ms: int = 0
     last_timestamp_ms: int = 0
     created_ms: int = 0
+    schema_version: int = 0  # the stream's schema version the task wrote (typed streams)
 
     @property
     def ledger(self) -> int:
@@ -181,7 +183,7 @@ class _LedgerTask:
         self.schema = namespace.schema_of(self.config)
         self.codec = RecordSetCodec(self.schema)
         self.ledger: LedgerHandle | None = None
-        self.message = DlogCommitMessage(stream, None, created_ms=wall_ms())
+        self.message = DlogCommitMessage(stream, None, created_ms=wall_ms(), schema_version=schema_version(self.config))
         self._buffer: list[pa.RecordBatch] = []
         self._buffered_bytes = 0
         self._in_flight: deque[Any] = deque()

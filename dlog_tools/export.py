@@ -43,7 +43,7 @@ def check_out_path(out_path: Path, force: bool) -> None:
 
 async def export_stream(ns: Any, name: str, out_path: Path, output_format: str, start: str,
                         end: str | None, *, progress: bool = True, force: bool = False,
-                        prefer: str = "bookies") -> dict[str, Any]:
+                        prefer: str = "bookies", schema_version: int | None = None) -> dict[str, Any]:
     """Write every record from `start` through `end` (inclusive) with its offset columns.
     The file appears only when complete (written to a temporary name, then renamed). Offloaded
     segments are read from the tier as the stream reader reads them (`prefer`: where to read a
@@ -54,7 +54,7 @@ async def export_stream(ns: Any, name: str, out_path: Path, output_format: str, 
     check_out_path(out_path, force)
     info = await ns.stream_info(name)
     total = sum(s["records"] for s in info["segments"] if s["state"] != "truncated") or None
-    reader = await ns.open_reader(name, start, follow=False, prefer=prefer)
+    reader = await ns.open_reader(name, start, follow=False, prefer=prefer, schema_version=schema_version)
     schema = file_schema(name, reader.codec.schema)
     temporary = out_path.with_name(out_path.name + ".partial")
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ class WriterSettings:
     takeover: bool = False
     retention_on_roll: bool = False
     commit_conflicts_max: int = 50
+    schema_version: int = 0  # the stream's schema version its records are written with (recorded per segment)
 
     @property
     def entry_bytes_limit(self) -> int:

@@ -136,6 +136,7 @@ class SegmentView:
     last_timestamp_ms: int | None = None  # the latest record timestamp, known for completed segments
     first_position: int | None = None  # the stream position of its first record (None: not assigned)
     tier: TierCopy | None = None  # its copy on the tier, if offloaded (a reader elsewhere reads it by this)
+    schema_version: int = 0  # the schema version its records were written with (typed streams)
 
     @classmethod
     def of(cls, segment: Segment, lac: int | None) -> SegmentView:
@@ -145,7 +146,7 @@ class SegmentView:
                    min_active_entry=segment.min_active_entry, min_active_slot=segment.min_active_slot,
                    records=segment.records if completed else None,
                    last_timestamp_ms=segment.last_timestamp_ms if completed else None,
-                   first_position=segment.first_position, tier=segment.tier)
+                   first_position=segment.first_position, tier=segment.tier, schema_version=segment.schema_version)
 
     @property
     def is_truncated(self) -> bool:

@@ -196,7 +196,8 @@ class WriterMachine:
         if self.new_ledger_id is None:
             self.step = Step.CREATING
             return [CreateLedger()]
-        created = Segment(listing.max_sequence + 1, self.new_ledger_id, created_ms=now_ms)
+        created = Segment(listing.max_sequence + 1, self.new_ledger_id, created_ms=now_ms,
+                          schema_version=self.settings.schema_version)
         # positioned after the last segment; a stream from before positions gets them here (V4)
         return self._start_commit(Step.COMMITTING_OPEN, changes.append_change(listing, (created,)))
 
@@ -512,7 +513,8 @@ class WriterMachine:
         if self.step is not Step.ROLL_DRAINING or self.batcher.in_flight or self._gone is not None:
             return NO_EFFECTS
         assert self.new_ledger_id is not None
-        created = Segment(self._listing().max_sequence + 1, self.new_ledger_id, created_ms=now_ms)
+        created = Segment(self._listing().max_sequence + 1, self.new_ledger_id, created_ms=now_ms,
+                          schema_version=self.settings.schema_version)
         return self._start_commit(Step.COMMITTING_ROLL, changes.roll_change(self._completed(now_ms), created))
 
     # ------------------------------------------------------------------ closing

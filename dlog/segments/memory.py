@@ -143,9 +143,12 @@ class MemorySegmentStore:
     async def config(self, name: str) -> StreamConfig:
         return await self._operation("config", name, lambda: self.metadata.stream(name).config)
 
-    async def update_config(self, config: StreamConfig) -> None:
+    async def update_config(self, config: StreamConfig, based_on: StreamConfig | None = None) -> None:
         def apply() -> None:
-            self.metadata.stream(config.name).config = config
+            stream = self.metadata.stream(config.name)
+            if based_on is not None and stream.config != based_on:
+                raise MetadataVersionError(f"the config of stream {config.name!r} changed meanwhile")
+            stream.config = config
 
         await self._operation("update_config", config.name, apply)
 

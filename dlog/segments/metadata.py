@@ -41,6 +41,7 @@ POSITION_MAX = 2**63 - 1  # positions are signed 64-bit, as Kafka's offsets
 ROLL_BYTES_DEFAULT = 256 * 2**20
 ROLL_AGE_MS_DEFAULT = 2 * 3600 * 1000
 BACKLOG_POLICIES = ("hold", "evict", "none")  # dlog.core.backlog.BacklogPolicy
+SCHEMA_COMPATIBILITY_MODES = ("BACKWARD", "FORWARD", "FULL", "NONE")  # dlog.segments.schemas has the rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class Segment:
     first_position: int | None = None  # stream position of its first record; None: not assigned yet
     tier: TierCopy | None = None  # its committed copy on the tier (completed segments only)
     offload_attempt: str = ""  # the URI of the file an offloader is writing now ("" none)
+    schema_version: int = 0  # the stream's schema version its records were written with (0: before versions: 1)
 
     @property
     def on_bookies(self) -> bool:
@@ -145,6 +147,7 @@ class Segment:
         document = _load(data, "segment")
         document.setdefault("first_position", None)  # a node written before positions existed
         document.setdefault("offload_attempt", "")  # nodes written before tiered storage
+        document.setdefault("schema_version", 0)  # nodes written before schema versions
         tier = document.get("tier")
         document["tier"] = None if tier is None else TierCopy.from_json(tier)
         try:
@@ -254,9 +257,17 @@ class StreamConfig:
     backlog_age_ms: int = 0
     backlog_policy: str = "hold"  # hold | evict | none
     subscription_expiry_ms: int = 0
+    # the schema's earlier versions (schema_to_text each, version 1 first; `schema` is the latest)
+    schema_history: tuple[str, ...] = ()
+    schema_compatibility: str = "BACKWARD"  # what a new schema version must keep (SCHEMA_COMPATIBILITY_MODES)
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble, self.write_quorum, self.ack_quorum)
+        if not isinstance(self.schema_history, tuple):
+            object.__setattr__(self, "schema_history", tuple(self.schema_history))
+        if self.schema_compatibility not in SCHEMA_COMPATIBILITY_MODES:
+            raise ConfigError(f"bad schema compatibility {self.schema_compatibility!r}: use one of "
+                              f"{', '.join(SCHEMA_COMPATIBILITY_MODES)}")
         for name in ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', ' ')} must be >= 0, got {getattr(self, name)}")

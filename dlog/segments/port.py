@@ -52,7 +52,9 @@ class SegmentStore(Protocol):
     async def config(self, stream: str) -> StreamConfig:
         """StreamNotFoundError if there is no such stream."""
 
-    async def update_config(self, config: StreamConfig) -> None: ...
+    async def update_config(self, config: StreamConfig, based_on: StreamConfig | None = None) -> None:
+        """Store `config`; with `based_on`, only if the stored config still equals it (a
+        compare-and-set: MetadataVersionError otherwise)."""
 
     async def list_streams(self) -> list[str]: ...
 
@@ -160,8 +162,9 @@ class RetryingSegmentStore:
     async def config(self, stream: str) -> StreamConfig:
         return await self._retry(f"config of stream {stream!r}", lambda: self.inner.config(stream))
 
-    async def update_config(self, config: StreamConfig) -> None:
-        await self._retry(f"config update of stream {config.name!r}", lambda: self.inner.update_config(config))
+    async def update_config(self, config: StreamConfig, based_on: StreamConfig | None = None) -> None:
+        await self._retry(f"config update of stream {config.name!r}",
+                          lambda: self.inner.update_config(config, based_on))
 
     async def list_streams(self) -> list[str]:
         return await self._retry("stream list", self.inner.list_streams)

@@ -140,9 +140,16 @@ class ZooKeeperSegmentStore:
             raise self.not_found(name)
         return StreamConfig.from_bytes(found[0])
 
-    async def update_config(self, config: StreamConfig) -> None:
+    async def update_config(self, config: StreamConfig, based_on: StreamConfig | None = None) -> None:
+        path = self.stream_path(config.name)
         try:
-            await self.zk.set(self.stream_path(config.name), config.to_bytes())
+            if based_on is None:
+                await self.zk.set(path, config.to_bytes())
+                return
+            data, version = await self.zk.get(path)
+            if StreamConfig.from_bytes(data) != based_on:
+                raise MetadataVersionError(f"the config of stream {config.name!r} changed meanwhile")
+            await self.zk.set(path, config.to_bytes(), version)
         except MetadataNotFoundError as exc:
             raise self.not_found(config.name) from exc
 

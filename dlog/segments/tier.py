@@ -8,11 +8,13 @@ stream's directory reads as a table partitioned by segment (`spark.read.parquet`
 Columns. The position columns `ledger` (int64), `entry` (int64), `slot` (int32) and, when the
 segment has a stream position (V4), `position` (int64); then the stream's own columns: for an
 untyped stream `timestamp`, `key`, `value` and always `headers` (null where a record has none, so
-every file of a stream has one schema), for a typed stream its schema's columns. zstd-compressed,
+every file of a stream has one schema), for a typed stream the columns of the schema version its
+segment was written with (without field ids: Iceberg maps them by name; readers project a file's
+records onto the version they read, as a ledger's). zstd-compressed,
 page checksums written. Row groups hold whole entries (an entry is never cut between two), so the
 footer's statistics of `entry` are the entry index: reading entries first..last decodes only the
 row groups that hold them. The file's key-value metadata `dlog.segment` names the namespace,
-stream, segment sequence, ledger and entry range (JSON).
+stream, segment sequence, ledger, entry range and schema version (JSON).
 
 Integrity. The offloader records the file's size and crc32c in the segment's `TierCopy`; a read
 fetches the whole file once (one sequential GET on S3), checks both, then parses it from memory:
@@ -259,7 +261,7 @@ def file_schema(stream_schema: pa.Schema, positions: bool) -> pa.Schema:
               pa.field("slot", pa.int32(), nullable=False)]
     if positions:
         fields.append(pa.field("position", pa.int64(), nullable=False))
-    columns = list(stream_schema)
+    columns = [field.remove_metadata() for field in stream_schema]  # no field ids: Iceberg maps by name
     if stream_schema.names == ["key", "value", "timestamp"]:  # untyped: the order of the table
         columns = [stream_schema.field("timestamp"), stream_schema.field("key"), stream_schema.field("value"),
                    HEADERS_FIELD]
@@ -286,7 +288,7 @@ class SegmentFileWriter:
         self.schema = file_schema(stream_schema, self.positions).with_metadata({METADATA_KEY: json.dumps({
             "format": FILE_FORMAT, "namespace": namespace, "stream": stream, "sequence": segment.sequence,
             "ledger": segment.ledger_id, "first_entry": segment.first_entry, "last_entry": segment.last_entry,
-            "records": segment.records}, sort_keys=True).encode()})
+            "records": segment.records, "schema_version": segment.schema_version}, sort_keys=True).encode()})
         handle, self.local_path = tempfile.mkstemp(prefix=f"dlog-offload-{segment.ledger_id}-", suffix=".parquet",
                                                    dir=directory)
         os.close(handle)

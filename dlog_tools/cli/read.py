@@ -29,6 +29,10 @@ def record_json(record: Any, with_headers: bool = False) -> dict[str, Any]:
     # position: the record's stream position, null in a stream written before positions existed
     # until a writer opens it again
     item: dict[str, Any] = {"offset": str(record.offset), "position": record.position}
+    if record.fields is not None:  # a typed stream's record: its columns
+        for name, value in record.fields.items():
+            _put_value(item, name, value)
+        return item
     _put_bytes(item, "key", record.key)
     _put_bytes(item, "value", record.value)
     item["timestamp"] = record.timestamp_ms
@@ -50,6 +54,19 @@ def _put_bytes(item: dict[str, Any], field: str, data: bytes | None) -> None:
         item[field] = data.decode()
     else:
         item[f"{field}_b64"] = base64.b64encode(data).decode()
+
+
+def _put_value(item: dict[str, Any], field: str, value: Any) -> None:
+    """A typed column's value as JSON: bytes as `_put_bytes` puts them, decimals and times as text."""
+    if isinstance(value, bytes):
+        _put_bytes(item, field, value)
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        item[field] = value
+    elif isinstance(value, list):
+        item[field] = [entry if isinstance(entry, (bool, int, float, str, type(None))) else str(entry)
+                       for entry in value]
+    else:
+        item[field] = value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -74,7 +91,13 @@ class TextOutput:
             fields.append(format_time_ms(record.timestamp_ms))
         if self.print_key:
             fields.append("null" if record.key is None else self._text(record.key, record, "key"))
-        fields.append(self._text(record.value, record, "value"))
+        if record.fields is not None:  # a typed stream's record: its columns, as one JSON object
+            columns: dict[str, Any] = {}
+            for name, value in record.fields.items():
+                _put_value(columns, name, value)
+            fields.append(json.dumps(columns))
+        else:
+            fields.append(self._text(record.value, record, "value"))
         return "\t".join(fields)
 
     def _text(self, data: bytes, record: Any, what: str) -> str:
@@ -209,16 +232,19 @@ class Committer:
 @click.option("--skip-evicted", is_flag=True,
               help="with --subscription: if it was evicted (backlog policy evict), start at the earliest record "
                    "kept instead of failing")
+@click.option("--schema-version", type=click.IntRange(1), default=None,
+              help="a typed stream: read every record in this schema version (default: the latest)")
 @cluster_options
 @json_option
 @fails_cleanly
 def read_command(name: str, start: str | None, end: str | None, max_records: int | None, follow: bool,
                  skip_truncated: bool, print_key: bool, print_timestamp: bool, with_headers: bool,
                  output_format: str, prefer: str, subscription: str | None, commit_every: int,
-                 commit_interval: float, cluster: tuple[str, str, str], as_json: bool,
-                 skip_evicted: bool = False) -> None:
+                 commit_interval: float, schema_version: int | None, cluster: tuple[str, str, str],
+                 as_json: bool, skip_evicted: bool = False) -> None:
     """Print records: one value per line, or with --json one object per line (what
-    `dlog write --format jsonl` takes back).
+    `dlog write --format jsonl` takes back). A typed stream's record is its columns as one JSON
+    object, every record in one schema version (the latest, or --schema-version).
 
     Ctrl-C ends a --follow read quietly (exit status 0); with --subscription the position reached
     is committed first."""
@@ -242,7 +268,7 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
         await stop.check(ns, name, first)
         committer = Committer(ns, name, subscription, commit_every, commit_interval)
         async with ns.open_reader(name, first, follow=follow, skip_truncated=skip_truncated,
-                                  headers=with_headers, prefer=prefer) as reader:
+                                  headers=with_headers, prefer=prefer, schema_version=schema_version) as reader:
             try:
                 await _print_records(reader, stop, max_records, committer, as_json, print_key, print_timestamp,
                                      with_headers, output_format == "raw")

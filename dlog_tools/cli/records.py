@@ -155,21 +155,25 @@ def truncate_command(name: str, before: str, cluster: tuple[str, str, str], as_j
 @click.option("--force", is_flag=True, help="overwrite an existing file, create missing folders")
 @click.option("--prefer", type=click.Choice(["bookies", "tier"]), default="bookies", show_default=True,
               help="where to read segments offloaded to the tier whose bookie copy still exists")
+@click.option("--schema-version", type=click.IntRange(1), default=None,
+              help="a typed stream: export every record in this schema version (default: the latest)")
 @cluster_options
 @json_option
 @fails_cleanly
 def export_command(name: str, out_path: Path, output_format: str, start: str, end: str | None, force: bool,
-                   prefer: str, cluster: tuple[str, str, str], as_json: bool) -> None:
+                   prefer: str, schema_version: int | None, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Export a stream's records to a Parquet or Arrow IPC file, with a progress bar.
 
     Refuses to overwrite an existing file or to create missing folders unless --force. The
     columns are ledger, entry, slot, then the stream's; timestamps are UTC (timestamp[ms,
     tz=UTC]), and the file's metadata holds the stream's name and schema (dlog.stream,
-    dlog.schema)."""
+    dlog.schema). A typed stream's records are all in one schema version (the latest, or
+    --schema-version), with its field ids (PARQUET:field_id)."""
     from dlog_tools.export import check_out_path, export_stream
 
     check_out_path(out_path, force)
     result = run_namespace(cluster, lambda ns: export_stream(ns, name, out_path, output_format, start, end,
-                                                             progress=not as_json, force=force, prefer=prefer))
+                                                             progress=not as_json, force=force, prefer=prefer,
+                                                             schema_version=schema_version))
     click.echo(json.dumps(result) if as_json else
                f"exported {plural(result['records'], 'record')} to {out_path} ({format_size(result['bytes'])})")

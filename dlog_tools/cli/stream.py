@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from bookkeeper.errors import ConfigError
+from dlog.segments.metadata import SCHEMA_COMPATIBILITY_MODES as SCHEMA_MODES
 from dlog_tools.cli.common import (
     TIER_FLAGS,
     cluster_options,
@@ -61,6 +62,10 @@ def stream() -> None:
 @click.option("--retention-age", type=DURATION, default=None, help="remove segments older than this")
 @click.option("--retention-size", type=SIZE, default=None, help="keep at most this many bytes")
 @click.option("--if-not-exists", is_flag=True, help="succeed, changing nothing, if the stream exists")
+@click.option("--schema", "schema_spec", default=None,
+              help="a typed stream's schema: 'id:int32, name:string, score:float64?' or @FILE (JSON); docs/concepts.md")
+@click.option("--schema-compatibility", type=click.Choice(SCHEMA_MODES, case_sensitive=False), default="BACKWARD",
+              help="what the schema's later versions must keep (default BACKWARD; checked against every version)")
 @backlog_options
 @tier_policy_options
 @cluster_options
@@ -69,9 +74,10 @@ def stream() -> None:
 def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack_quorum: int | None,
                   roll_size: int | None,
                   roll_age: int | None, roll_records: int, retention_age: int | None,
-                  retention_size: int | None, if_not_exists: bool, tier: Any, cluster: tuple[str, str, str],
-                  as_json: bool, backlog_size: int | None = None, backlog_age: int | None = None,
-                  backlog_policy: str | None = None, subscription_expiry: int | None = None) -> None:
+                  retention_size: int | None, if_not_exists: bool, schema_spec: str | None, schema_compatibility: str,
+                  tier: Any, cluster: tuple[str, str, str], as_json: bool, backlog_size: int | None = None,
+                  backlog_age: int | None = None, backlog_policy: str | None = None,
+                  subscription_expiry: int | None = None) -> None:
     """Create a stream (default schema: key, value, timestamp).
 
     Replication not given is fitted to the cluster: on fewer bookies than the default ensemble of
@@ -83,8 +89,10 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
     default gives: `dlog tier set --namespace-default`; docs/operations.md, "Tiered storage")."""
     from bookkeeper.protocol.metadata import check_quorum
     from dlog.names import check_stream_name
+    from dlog.segments.schemas import first_schema
 
     check_stream_name(name)
+    schema = first_schema(read_spec(schema_spec)) if schema_spec is not None else None
     asked = (ensemble, write_quorum, ack_quorum)
     check_quorum(*fitted_quorums(asked, max(asked[0] or 0, ENSEMBLE_DEFAULT)))
 
@@ -95,8 +103,9 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
             name, ensemble=quorums[0], write_quorum=quorums[1], ack_quorum=quorums[2],
             roll_bytes=roll_size, roll_age_ms=roll_age, roll_records=roll_records,
             retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0, exist_ok=if_not_exists,
-            tier=tier, backlog_bytes=backlog_size or 0, backlog_age_ms=backlog_age or 0,
-            backlog_policy=backlog_policy or "hold", subscription_expiry_ms=subscription_expiry or 0)
+            tier=tier, schema=schema, schema_compatibility=schema_compatibility, backlog_bytes=backlog_size or 0,
+            backlog_age_ms=backlog_age or 0, backlog_policy=backlog_policy or "hold",
+            subscription_expiry_ms=subscription_expiry or 0)
         note = replication_note(name, asked, quorums, bookies, cluster[1])
         if note and created.ensemble == quorums[0]:
             click.echo(f"dlog: {note}", err=True)
@@ -189,6 +198,14 @@ def _print_settings(name: str, config: dict[str, Any]) -> None:
     if config.get("subscription_expiry_ms"):
         click.echo(f"  expiry        subscriptions inactive for {format_duration_ms(config['subscription_expiry_ms'])}")
     click.echo(f"  created       {format_time_ms(config['created_ms'])}")
+    if config.get("schema"):
+        from dlog.segments.metadata import StreamConfig
+        from dlog.segments.schemas import spec_text, versions_of
+
+        versions = versions_of(StreamConfig(name, schema=config["schema"],
+                                            schema_history=tuple(config.get("schema_history", ()))))
+        click.echo(f"  schema        version {len(versions)} ({config.get('schema_compatibility', 'BACKWARD')}): "
+                   f"{spec_text(versions[-1])}")
 
 
 def _print_contents(info: dict[str, Any]) -> None:
@@ -232,6 +249,11 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 @click.option("--ensemble", type=click.IntRange(1, 64), help="bookies per new segment")
 @click.option("--write-quorum", type=click.IntRange(1, 64), help="copies of each entry of new segments")
 @click.option("--ack-quorum", type=click.IntRange(1, 64), help="copies fsynced before a write is acknowledged")
+@click.option("--schema", "schema_spec", default=None,
+              help="the typed stream's next schema version: a spec or @FILE (JSON); refused, naming the field and "
+                   "the rule, unless the compatibility mode allows it")
+@click.option("--schema-compatibility", type=click.Choice(SCHEMA_MODES, case_sensitive=False), default=None,
+              help="what later schema versions must keep (with --schema: applies to that change too)")
 @backlog_options
 @tier_policy_options
 @cluster_options
@@ -239,28 +261,36 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 @fails_cleanly
 def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_records: int | None,
                  retention_age: int | None, retention_size: int | None, keep_unconsumed: bool | None,
-                 ensemble: int | None, write_quorum: int | None, ack_quorum: int | None, tier: Any,
-                 cluster: tuple[str, str, str], as_json: bool, backlog_size: int | None = None,
-                 backlog_age: int | None = None, backlog_policy: str | None = None,
-                 subscription_expiry: int | None = None) -> None:
-    """Change a stream's roll, retention, replication, tier and backlog settings.
+                 ensemble: int | None, write_quorum: int | None, ack_quorum: int | None, schema_spec: str | None,
+                 schema_compatibility: str | None, tier: Any, cluster: tuple[str, str, str], as_json: bool,
+                 backlog_size: int | None = None, backlog_age: int | None = None,
+                 backlog_policy: str | None = None, subscription_expiry: int | None = None) -> None:
+    """Change a stream's roll, retention, replication, tier, schema and backlog settings.
 
     A writer takes new roll and replication settings when it next opens the stream (`dlog write`
     does at each run): replication applies to the segments it creates, existing ones keep theirs.
     The quorums must satisfy ensemble >= write quorum >= ack quorum, checked with the stream's
     current values for those not given. Retention applies its settings at its next run; the tier
-    options given replace the stream's own (the others it keeps or inherits)."""
+    options given replace the stream's own (the others it keeps or inherits).
+
+    `--schema` adds a typed stream's next schema version (a field keeps its id by name, or takes the
+    one written `name#ID`: a rename); writers write it from when they next open the stream, readers
+    read every record with one schema (docs/concepts.md, "Schemas")."""
+    from dlog.segments.schemas import schema_version, spec_text, versions_of
+
     changes = {key: value for key, value in (
         ("roll_bytes", roll_size), ("roll_age_ms", roll_age), ("roll_records", roll_records),
         ("retention_age_ms", retention_age), ("retention_bytes", retention_size),
         ("retention_keeps_unconsumed", keep_unconsumed), ("ensemble", ensemble), ("write_quorum", write_quorum),
-        ("ack_quorum", ack_quorum), ("backlog_bytes", backlog_size), ("backlog_age_ms", backlog_age),
-        ("backlog_policy", backlog_policy), ("subscription_expiry_ms", subscription_expiry)) if value is not None}
+        ("ack_quorum", ack_quorum), ("schema", read_spec(schema_spec) if schema_spec is not None else None),
+        ("schema_compatibility", schema_compatibility), ("backlog_bytes", backlog_size),
+        ("backlog_age_ms", backlog_age), ("backlog_policy", backlog_policy),
+        ("subscription_expiry_ms", subscription_expiry)) if value is not None}
     if not changes and tier is None:
         raise ConfigError("nothing to change: give --roll-size, --roll-age, --roll-records, --retention-age, "
                           "--retention-size, --keep-unconsumed/--ignore-subscribers, --ensemble, --write-quorum, "
-                          f"--ack-quorum, {TIER_FLAGS}, --backlog-size, --backlog-age, --backlog-policy, "
-                          "--subscription-expiry")
+                          f"--ack-quorum, {TIER_FLAGS}, --schema, --schema-compatibility, --backlog-size, "
+                          "--backlog-age, --backlog-policy, --subscription-expiry")
 
     async def action(ns: Any) -> tuple[Any, Any]:
         before = await ns.config(name)
@@ -274,6 +304,10 @@ def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_re
         return
     for key in changes:
         if key == "tier":
+            continue
+        if key == "schema":
+            click.echo(f"{name}: schema version {schema_version(before)} -> {schema_version(after)}: "
+                       f"{spec_text(versions_of(after)[-1])}")
             continue
         click.echo(f"{name}: {key.removesuffix('_ms')} {_setting_text(key, getattr(before, key))} -> "
                    f"{_setting_text(key, getattr(after, key))}")
@@ -309,3 +343,14 @@ def stream_delete(name: str, cluster: tuple[str, str, str], as_json: bool) -> No
     click.echo(json.dumps({"deleted": name, "ledgers": ledgers}) if as_json
                else f"deleted stream {name} ({plural(len(ledgers), 'ledger')})")
 
+
+
+def read_spec(value: str) -> str:
+    """A schema spec as given, or the contents of the file `@path` names (one clear line if unreadable)."""
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as file:
+            return file.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read schema file {value[1:]!r}: {exc.strerror or exc}") from None

@@ -267,3 +267,25 @@ def test_max_bytes_per_trigger_takes_whole_entries_and_combines_with_max_records
     assert input_rows(run("bytes", maxBytesPerTrigger=str(int(entry_bytes * 3.5)))) == [300, 300, 300, 100]
     combined = run("both", maxBytesPerTrigger=str(int(entry_bytes * 3.5)), maxRecordsPerTrigger="250")
     assert input_rows(combined) == [200] * 5  # the record budget binds first (below one entry: test_plan)
+
+
+def test_a_typed_stream_reads_in_its_latest_schema_across_three_versions(spark, dlog_ns):
+    import pyarrow as pa
+
+    ns = dlog_ns.ns
+    ns.create_stream("evolving", schema="id:int32, name:string, note:string?")
+    for columns, spec in (
+            ({"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"], "note": ["n1", None]},
+             "id:int32, full_name#2:string, note:string?, score:float64?"),  # adds `score`, renames `name`
+            ({"id": pa.array([3], pa.int32()), "full_name": ["c"], "note": pa.array([None], pa.string()),
+              "score": [0.5]},
+             "id:int64, full_name:string, score:float64?"),  # widens `id`, drops `note`
+            ({"id": pa.array([2**40], pa.int64()), "full_name": ["d"], "score": [1.5]}, None)):
+        with ns.open_writer("evolving") as writer:
+            writer.write_batch(pa.record_batch(columns))
+        if spec:
+            ns.alter_stream("evolving", schema=spec)
+    frame = spark.read.format("dlog").options(**dlog_ns.options).option("stream", "evolving").load()
+    assert frame.columns[-3:] == ["id", "full_name", "score"] and dict(frame.dtypes)["id"] == "bigint"
+    assert sorted((row.id, row.full_name, row.score) for row in frame.collect()) == [
+        (1, "a", None), (2, "b", None), (3, "c", 0.5), (2**40, "d", 1.5)]
