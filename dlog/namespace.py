@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
                       "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum", "tier",
-                      "iceberg_catalog", "iceberg_warehouse")
+                      "iceberg_catalog", "iceberg_warehouse", "compaction", "min_compaction_lag_ms",
+                      "delete_retention_ms")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -191,9 +192,11 @@ class Namespace:
                             roll_age_ms: int | None = None, roll_records: int = 0,
                             retention_age_ms: int = 0, retention_bytes: int = 0,
                             schema: pa.Schema | None = None, exist_ok: bool = False,
-                            tier: TierPolicy | None = None) -> StreamConfig:
+                            tier: TierPolicy | None = None, **compaction: Any) -> StreamConfig:
         """Create a stream; with `exist_ok` an existing one is left as it is and its config returned.
-        `tier`: its own tier settings (what it leaves None, the namespace's default gives)."""
+        `tier`: its own tier settings (what it leaves None, the namespace's default gives).
+        `compaction`: key compaction's settings (`compaction`, `min_compaction_lag_ms`,
+        `delete_retention_ms`: `StreamConfig`'s)."""
         check_stream_name(name)
         options: dict[str, Any] = {}
         if tier is not None:
@@ -202,6 +205,10 @@ class Namespace:
             options["roll_bytes"] = roll_bytes
         if roll_age_ms is not None:
             options["roll_age_ms"] = roll_age_ms
+        unknown = sorted(set(compaction) - {"compaction", "min_compaction_lag_ms", "delete_retention_ms"})
+        if unknown:
+            raise ConfigError(f"create_stream() got unknown settings {', '.join(unknown)}")
+        options.update({key: value for key, value in compaction.items() if value is not None})
         await self._check_stream_quota(name)
         config = StreamConfig(name, ensemble, write_quorum, ack_quorum, roll_records=roll_records,
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
@@ -484,6 +491,12 @@ class Namespace:
         for segment in segments:
             if segment.on_bookies:
                 await self.delete_ledger_quietly(segment.ledger_id)
+        compaction_ledgers = {s.compacted.ledger_id for s in segments if s.compacted is not None}
+        if compaction_ledgers:  # a compaction ledger goes with the last live segment it holds records of
+            listing = await self.store.segments(name)
+            for ledger_id in sorted(compaction_ledgers - {s.compacted.ledger_id for s in listing.live
+                                                          if s.compacted is not None}):
+                await self.delete_ledger_quietly(ledger_id)
         if any(segment.tier is not None for segment in segments):
             try:  # the table first: it must never list a file that is gone
                 await self.sync_iceberg(name)

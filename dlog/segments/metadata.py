@@ -40,6 +40,7 @@ FORMAT_VERSION = 1
 POSITION_MAX = 2**63 - 1  # positions are signed 64-bit, as Kafka's offsets
 ROLL_BYTES_DEFAULT = 256 * 2**20
 ROLL_AGE_MS_DEFAULT = 2 * 3600 * 1000
+DELETE_RETENTION_MS_DEFAULT = 24 * 3600 * 1000  # Kafka's delete.retention.ms default
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,40 @@ class TierCopy:
         return copy
 
 
+@dataclass(frozen=True, slots=True)
+class CompactedCopy:
+    """A completed segment's compacted records (key compaction, `dlog.core.compaction`): the
+    entries `first_entry`..`last_entry` of ledger `ledger_id` (none when `last_entry` <
+    `first_entry`) hold the `records` records of the segment compaction kept, each with its
+    original entry, slot and index in the segment, `tombstones` of them deletion markers (null
+    values); `compacted_ms` is when the segment was FIRST compacted (a later compaction keeps it:
+    delete retention counts from it). One compaction writes one ledger for all the segments it
+    covers."""
+
+    ledger_id: int
+    first_entry: int
+    last_entry: int
+    records: int
+    compacted_ms: int
+    tombstones: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, document: Any) -> CompactedCopy:
+        if not isinstance(document, dict):
+            raise CorruptMetadataError(f"segment compacted copy is {document!r}, not an object")
+        try:
+            copy = cls(**{name: document[name] for name in cls.__dataclass_fields__ if name in document})
+        except TypeError as exc:
+            raise CorruptMetadataError(f"segment compacted copy is malformed: {exc}") from exc
+        if any(type(getattr(copy, name)) is not int or getattr(copy, name) < 0
+               for name in cls.__dataclass_fields__ if name != "last_entry") or type(copy.last_entry) is not int:
+            raise CorruptMetadataError(f"segment compacted copy is malformed: {document!r}")
+        return copy
+
+
 class SegmentState(enum.Enum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
@@ -100,6 +135,7 @@ class Segment:
     first_position: int | None = None  # stream position of its first record; None: not assigned yet
     tier: TierCopy | None = None  # its committed copy on the tier (completed segments only)
     offload_attempt: str = ""  # the URI of the file an offloader is writing now ("" none)
+    compacted: CompactedCopy | None = None  # its records after key compaction (its ledger then deleted)
 
     @property
     def on_bookies(self) -> bool:
@@ -134,6 +170,8 @@ class Segment:
         document["format"] = FORMAT_VERSION
         if self.tier is not None:
             document["tier"] = self.tier.to_json()
+        if self.compacted is not None:
+            document["compacted"] = self.compacted.to_json()
         return document
 
     def to_bytes(self) -> builtins.bytes:  # builtins: `bytes` is also a field of Segment
@@ -146,6 +184,8 @@ class Segment:
         document.setdefault("offload_attempt", "")  # nodes written before tiered storage
         tier = document.get("tier")
         document["tier"] = None if tier is None else TierCopy.from_json(tier)
+        compacted = document.get("compacted")  # absent: never compacted (and nodes written before it)
+        document["compacted"] = None if compacted is None else CompactedCopy.from_json(compacted)
         try:
             document["state"] = SegmentState(document["state"])
             fields = {name: document[name] for name in cls.__dataclass_fields__}
@@ -247,12 +287,23 @@ class StreamConfig:
     # the Iceberg table its tier files are registered in ("" none): a SQL catalog URL, a warehouse
     iceberg_catalog: str = ""
     iceberg_warehouse: str = ""
+    # key compaction (dlog.core.compaction): run by the policy runner when on; a segment is
+    # compacted once its newest record is `min_compaction_lag_ms` old; a deletion marker (a record
+    # with a null value) is dropped once its segment was first compacted `delete_retention_ms` ago
+    compaction: bool = False
+    min_compaction_lag_ms: int = 0
+    delete_retention_ms: int = DELETE_RETENTION_MS_DEFAULT
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble, self.write_quorum, self.ack_quorum)
         for name in ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', ' ')} must be >= 0, got {getattr(self, name)}")
+        for name in ("min_compaction_lag_ms", "delete_retention_ms"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', ' ')} must be an integer >= 0, got {getattr(self, name)!r}")
+        if type(self.compaction) is not bool:
+            raise ConfigError(f"compaction must be true or false, got {self.compaction!r}")
 
     def to_bytes(self) -> bytes:
         document = asdict(self)

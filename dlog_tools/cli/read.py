@@ -206,13 +206,15 @@ class Committer:
               help="with --subscription: commit after this many records")
 @click.option("--commit-interval", default=COMMIT_INTERVAL_S_DEFAULT, show_default=True,
               type=click.FloatRange(0.1, 3600), help="with --subscription: commit at least this often (seconds)")
+@click.option("--compacted", is_flag=True,
+              help="read the compacted view (the latest record per key) of compacted segments, then the rest")
 @cluster_options
 @json_option
 @fails_cleanly
 def read_command(name: str, start: str | None, end: str | None, max_records: int | None, follow: bool,
                  skip_truncated: bool, print_key: bool, print_timestamp: bool, with_headers: bool,
                  output_format: str, prefer: str, subscription: str | None, commit_every: int,
-                 commit_interval: float, cluster: tuple[str, str, str], as_json: bool) -> None:
+                 commit_interval: float, compacted: bool, cluster: tuple[str, str, str], as_json: bool) -> None:
     """Print records: one value per line, or with --json one object per line (what
     `dlog write --format jsonl` takes back).
 
@@ -238,7 +240,7 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
         await stop.check(ns, name, first)
         committer = Committer(ns, name, subscription, commit_every, commit_interval)
         async with ns.open_reader(name, first, follow=follow, skip_truncated=skip_truncated,
-                                  headers=with_headers, prefer=prefer) as reader:
+                                  headers=with_headers, prefer=prefer, compacted=compacted) as reader:
             try:
                 await _print_records(reader, stop, max_records, committer, as_json, print_key, print_timestamp,
                                      with_headers, output_format == "raw")

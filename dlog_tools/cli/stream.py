@@ -11,6 +11,7 @@ from bookkeeper.errors import ConfigError
 from dlog_tools.cli.common import (
     TIER_FLAGS,
     cluster_options,
+    compaction_options,
     fails_cleanly,
     json_option,
     print_table,
@@ -47,11 +48,12 @@ def stream() -> None:
 @cluster_options
 @json_option
 @fails_cleanly
+@compaction_options
 def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack_quorum: int | None,
                   roll_size: int | None,
                   roll_age: int | None, roll_records: int, retention_age: int | None,
                   retention_size: int | None, if_not_exists: bool, tier: Any, cluster: tuple[str, str, str],
-                  as_json: bool) -> None:
+                  as_json: bool, compaction: dict[str, Any]) -> None:
     """Create a stream (default schema: key, value, timestamp).
 
     Replication not given is fitted to the cluster: on fewer bookies than the default ensemble of
@@ -75,7 +77,7 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
             name, ensemble=quorums[0], write_quorum=quorums[1], ack_quorum=quorums[2],
             roll_bytes=roll_size, roll_age_ms=roll_age, roll_records=roll_records,
             retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0, exist_ok=if_not_exists,
-            tier=tier)
+            tier=tier, **compaction)
         note = replication_note(name, asked, quorums, bookies, cluster[1])
         if note and created.ensemble == quorums[0]:
             click.echo(f"dlog: {note}", err=True)
@@ -209,10 +211,11 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 @cluster_options
 @json_option
 @fails_cleanly
+@compaction_options
 def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_records: int | None,
                  retention_age: int | None, retention_size: int | None, keep_unconsumed: bool | None,
                  ensemble: int | None, write_quorum: int | None, ack_quorum: int | None, tier: Any,
-                 cluster: tuple[str, str, str], as_json: bool) -> None:
+                 cluster: tuple[str, str, str], as_json: bool, compaction: dict[str, Any]) -> None:
     """Change a stream's roll, retention, replication and tier settings.
 
     A writer takes new roll and replication settings when it next opens the stream (`dlog write`
@@ -225,10 +228,11 @@ def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_re
         ("retention_age_ms", retention_age), ("retention_bytes", retention_size),
         ("retention_keeps_unconsumed", keep_unconsumed), ("ensemble", ensemble), ("write_quorum", write_quorum),
         ("ack_quorum", ack_quorum)) if value is not None}
+    changes.update(compaction)
     if not changes and tier is None:
         raise ConfigError("nothing to change: give --roll-size, --roll-age, --roll-records, --retention-age, "
                           "--retention-size, --keep-unconsumed/--ignore-subscribers, --ensemble, --write-quorum, "
-                          f"--ack-quorum, {TIER_FLAGS}")
+                          f"--ack-quorum, {TIER_FLAGS}, --compaction, --min-compaction-lag, --delete-retention")
 
     async def action(ns: Any) -> tuple[Any, Any]:
         before = await ns.config(name)
