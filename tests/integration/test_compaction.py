@@ -188,6 +188,25 @@ async def test_compaction_keeps_the_dedup_snapshot_and_refuses_bad_input(cluster
             await ns.alter_stream("aged", min_compaction_lag_ms=-1)
 
 
+async def test_the_policy_runner_compacts_a_stream_with_compaction_on(cluster):
+    from dlog.policies import PolicyRunner
+
+    rng = random.Random(11)
+    async with connect(cluster) as ns:
+        await ns.create_stream("on", compaction=True)
+        await ns.create_stream("off")
+        for name in ("on", "off"):
+            await write_segments(ns, name, 2, 100, rng, keys=5)
+        runner = PolicyRunner(ns, offload=False)
+        await runner.run_round()
+        assert runner.stats.compactions == 1
+        assert all(s.compacted is not None for s in (await ns.store.segments("on")).segments)
+        assert all(s.compacted is None for s in (await ns.store.segments("off")).segments)
+        info = await ns.stream_info("on")
+        assert [s["stored_on"] for s in info["segments"]] == ["compacted"] * 2
+        assert not any(s["damaged"] for s in info["segments"]) and info["records"] <= 10
+
+
 def test_the_commands(cluster, zk_server):
     namespace = f"ns{uuid.uuid4().hex[:6]}"
 
