@@ -114,7 +114,7 @@ def test_the_latest_record_per_key_stays_and_matches_a_replay():
                 kept[keys[row]] = dead[row]
         replay: dict[str, bool] = {}
         for _, _, keys, dead in entries:
-            for key, tombstone in zip(keys, dead):
+            for key, tombstone in zip(keys, dead, strict=True):
                 if key is not None:
                     replay[key] = tombstone
         expected = {key: tombstone for key, tombstone in replay.items() if not (drop and tombstone)}
