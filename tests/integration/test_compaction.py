@@ -237,3 +237,15 @@ def test_the_commands(cluster, zk_server):
         failed = run(*arguments, ok=False)
         assert failed.returncode != 0 and said in failed.stderr and len(failed.stderr.strip().splitlines()) == 1, \
             failed.stderr
+
+
+def test_bench_compaction_reports_the_rate_and_the_compacted_table_vs_the_replay():
+    result = subprocess.run([sys.executable, "-m", "dlog_tools.cli", "bench", "compaction", "--records", "3000",
+                             "--keys", "300", "--segments", "2", "--batch-records", "500", "--json"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    runs = {run["run"]: run for run in json.loads(result.stdout)["runs"]}
+    assert runs["compact"]["records"] == 3000 and runs["compact"]["kept"] == 300 and runs["compact"]["segments"] == 2
+    assert runs["table by replaying the stream"]["records"] == 3000
+    compacted = runs["table from the compacted view"]
+    assert compacted["records"] == 300 and compacted["keys"] == 300 and compacted["vs_replay"] > 0
