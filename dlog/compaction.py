@@ -20,8 +20,9 @@ segment's compacted copy at the same place (`dlog.reader`), so it never fails an
 offset out twice: it goes from original records to the kept ones of the same segment. The
 producer dedup snapshot is another node of the stream and is not touched.
 
-Memory: the latest-per-key map (one item per distinct key of the covered records) and one
-segment's kept records at a time; reads go `READ_CHUNK_ENTRIES` entries at a time.
+Bounds: the latest-per-key map (one item per distinct key of the covered records), kept records
+buffered up to one entry (`ENTRY_RECORDS_MAX`), `APPENDS_IN_FLIGHT_MAX` appends in flight, reads
+`READ_CHUNK_ENTRIES` entries at a time.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 READ_CHUNK_ENTRIES = 64  # entries read per request while compacting
+APPENDS_IN_FLIGHT_MAX = 16  # compaction-ledger entries written and not yet acknowledged
 
 
 @dataclass(slots=True)
@@ -185,7 +187,7 @@ class Compactor:
             records = batch.drop_columns(list(compaction_format.PLACE_COLUMNS))
             pending.append(handle.append_async(compaction_format.encode(records, *places)))
             next_entry += 1
-            if len(pending) >= 16:  # bounded in flight
+            if len(pending) >= APPENDS_IN_FLIGHT_MAX:
                 await pending.pop(0)
 
         current: Segment | None = None
