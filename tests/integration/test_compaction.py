@@ -1,10 +1,13 @@
 """Key compaction on a real cluster (issue 25, item 2): the compacted read is the latest value per
 key of a full read with deletions applied, from any offset; offsets never change; the in-progress
 segment and the producer dedup snapshot are left alone; a reader that started before a compaction
-reads on unharmed, also once the replaced ledgers are garbage-collected; bad input is one line."""
+reads on unharmed, also once the replaced ledgers are garbage-collected, and a writer rolling
+meanwhile fails nothing; the policy runner compacts a stream with compaction on; bad input is one
+line; the benchmark reports."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
@@ -14,29 +17,17 @@ import uuid
 import pytest
 
 from bookkeeper.errors import ConfigError, NoSuchLedgerError
-from dlog import Namespace, Offset
+from dlog import Offset
 from dlog.compaction import Compactor
 from dlog.core.errors import OffsetOutOfRangeError
 from dlog.segments.port import StreamNotFoundError
-from dlog_tools.cluster import LocalCluster
-from tests.tier.conftest import collect_garbage
+from tests.tier import conftest as tier
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def cluster(zk_server, tmp_path_factory):
-    # --gc-grace 0: a bookie's garbage collection drops a deleted ledger at once (what its
-    # checkpoints flushed), so a reader's fallback from a collected ledger is really exercised
-    cluster = LocalCluster(tmp_path_factory.mktemp("compaction"), bookies=3, zk_root=f"/t-{uuid.uuid4().hex[:8]}",
-                           zk_server=zk_server, bookie_args=["--gc-grace", "0", "--checkpoint-interval", "0.2"])
-    cluster.start()
-    yield cluster
-    cluster.stop()
-
-
-def connect(cluster: LocalCluster) -> Namespace:
-    return Namespace(cluster.zk_address, f"ns{uuid.uuid4().hex[:6]}", bookkeeper_root=cluster.zk_root)
+# the tier tests' module-scoped cluster: 3 bookies whose garbage collection drops a deleted
+# ledger at once (--gc-grace 0), so a reader's fallback from a collected ledger is really exercised
+cluster = tier.cluster
+connect, collect_garbage = tier.connect, tier.collect_garbage
 
 
 async def write_segments(ns, name: str, segments: int, per_segment: int, rng: random.Random,
@@ -162,6 +153,36 @@ async def test_a_reader_that_started_before_a_compaction_reads_on_unharmed(clust
         assert table(got) == table(full)  # and the latest value of every key reached
         # it went over from the first segment's original records to its compacted ones mid-way
         assert 120 < sum(1 for r in got if r.offset.ledger_id == first.ledger_id) < 500
+
+
+async def test_compactions_beside_a_live_writer_that_rolls_fail_nothing(cluster):
+    async with connect(cluster) as ns:
+        await ns.create_stream("live", roll_records=40)
+        written = []  # (offset, key, value) as acknowledged
+
+        async def write() -> None:
+            async with ns.open_writer("live") as writer:
+                for index in range(600):
+                    key, value = f"k{index % 25}".encode(), f"v{index}".encode()
+                    written.append((writer.write_nowait(value, key=key), key, value))
+                    if index % 10 == 9:
+                        await writer.flush()  # entries of 10 records: a roll every 4 entries
+
+        writing = asyncio.ensure_future(write())
+        reports = []
+        while not writing.done():  # compactions while the writer rolls (their swaps race its CAS)
+            reports.append(await Compactor(ns).run("live"))
+            await asyncio.sleep(0.05)
+        await writing  # the writer never failed
+        reports.append(await Compactor(ns).run("live"))
+        assert sum(1 for report in reports if report.ledger_id is not None) >= 2
+        acknowledged = {future.result(): (key, value) for future, key, value in written}
+        got = await read_from(ns, "live", compacted=True)
+        assert all(acknowledged[r.offset] == (r.key, r.value) for r in got)  # offsets unchanged
+        expected = {}
+        for _, key, value in written:
+            expected[key] = value
+        assert table(got) == expected
 
 
 async def test_compaction_keeps_the_dedup_snapshot_and_refuses_bad_input(cluster):
