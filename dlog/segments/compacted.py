@@ -25,6 +25,9 @@ ENTRY_COLUMN, SLOT_COLUMN, INDEX_COLUMN = "_entry", "_slot", "_index"
 PLACE_COLUMNS = (ENTRY_COLUMN, SLOT_COLUMN, INDEX_COLUMN)
 ENTRY_RECORDS_MAX = 4096  # kept records per compaction-ledger entry
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+# no Arrow thread pool when decoding: Spark's Python workers are forked, and a pool inherited
+# through fork deadlocks
+_READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
 
 
 def encode(batch: pa.RecordBatch, entries: pa.Array, slots: pa.Array, indexes: pa.Array) -> bytes:
@@ -46,7 +49,7 @@ def decode(payload: bytes | bytearray | memoryview) -> pa.RecordBatch:
     if bytes(view[: len(MAGIC)]) != MAGIC:
         raise CorruptRecordSetError(f"compaction entry starts with {bytes(view[:len(MAGIC)])!r}, not {MAGIC!r}")
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(view[len(MAGIC):])).read_all()
+        table = pa.ipc.open_stream(pa.py_buffer(view[len(MAGIC):]), options=_READ_OPTIONS).read_all()
     except pa.ArrowInvalid as exc:
         raise CorruptRecordSetError(f"compaction entry is not a valid Arrow stream: {exc}") from exc
     if any(name not in table.column_names for name in PLACE_COLUMNS):
