@@ -40,6 +40,7 @@ mistaken for another ledger's.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from bookkeeper.errors import ConfigError, NoSuchLedgerError
+from dlog.core.compaction import located_kept
 from dlog.core.snapshot import (
     Located,
     PositionAt,
@@ -140,6 +142,17 @@ class CompactedSegment:
             for row, entry_id in enumerate(self.batch.column(compaction_format.ENTRY_COLUMN).to_pylist()):
                 first, count = self.spans.get(entry_id, (row, 0))
                 self.spans[entry_id] = (first, count + 1)
+        self.indexes: list[int] = [] if self.batch is None else \
+            self.batch.column(compaction_format.INDEX_COLUMN).to_pylist()
+
+    def kept_at_or_after(self, record_index: int) -> tuple[int, int, int] | None:
+        """(entry, slot, index) of the first kept record whose index in the segment is at least
+        `record_index` (None: none)."""
+        row = bisect.bisect_left(self.indexes, record_index)
+        if row == len(self.indexes) or self.batch is None:
+            return None
+        return (self.batch.column(compaction_format.ENTRY_COLUMN)[row].as_py(),
+                self.batch.column(compaction_format.SLOT_COLUMN)[row].as_py(), self.indexes[row])
 
     def entry(self, entry_id: int) -> DecodedEntry | None:
         span = self.spans.get(entry_id)
@@ -214,6 +227,7 @@ class SegmentReads:
         self.tier_reads = 0  # tier handles handed out (files fetched or reused)
         # (compaction ledger, segment sequence) -> the segment's kept records, read
         self._compacted: OrderedDict[tuple[int, int], CompactedSegment] = OrderedDict()
+        self._compacted_of: OrderedDict[int, Segment] = OrderedDict()  # ledger -> its compacted segment
         self.tier_fallbacks = 0  # damaged tier files read from bookies instead
 
     # ------------------------------------------------------------------ handles
@@ -222,6 +236,8 @@ class SegmentReads:
         """Remember where a segment's tier copy is, for callers that later name only its ledger."""
         if segment.tier is not None:
             _remember(self._tier_copies, segment.ledger_id, segment.tier, self.handles_max)
+        if segment.compacted is not None:  # its ledger is gone: positions are found in its kept records
+            _remember(self._compacted_of, segment.ledger_id, segment, self.handles_max)
 
     async def handle(self, ledger_id: int, password: bytes, confirmed_through: int | None = None, *,
                      tier: TierCopy | None = None, prefer: str = "bookies") -> Any:
@@ -413,6 +429,10 @@ class SegmentReads:
         if lookup.at is not PositionAt.RECORD:
             return Located(lookup.at, end_position=lookup.end_position)
         segment = view.segments[lookup.index]
+        compacted = self._compacted_of.get(segment.ledger_id)
+        if compacted is not None:
+            held = await self.compacted_handle(compacted, password)
+            return located_kept(view, lookup, held.segment.kept_at_or_after(lookup.record_index))
         last_entry = segment.end_entry - 1
         search = RecordSearch(segment.first_entry, segment.end_entry, lookup.record_index)
         while (probe := search.probe) is not None:

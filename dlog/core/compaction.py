@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 
 from bookkeeper.errors import ConfigError, invariant
 from dlog.core.errors import OffsetOutOfRangeError
+from dlog.core.snapshot import Cursor, Located, PositionAt, PositionLookup, StreamView, below_truncation
 from dlog.offsets import Offset
 from dlog.segments.metadata import CompactedCopy, Segment, SegmentChange, SegmentList, SegmentState, StreamConfig
 
@@ -179,3 +180,17 @@ def replaced_ledgers(plan: CompactionPlan) -> list[int]:
     previous = sorted({s.compacted.ledger_id for s in plan.segments if s.compacted is not None})
     return [*originals, *previous]
 
+
+def located_kept(view: StreamView, lookup: PositionLookup, kept: tuple[int, int, int] | None) -> Located:
+    """Where a read of stream position `lookup` starts in a compacted segment: at `kept`, the
+    first record compaction kept at or after it (entry, slot, index in the segment), as Kafka
+    fetches a compacted-away offset from the next record there is; past the segment when none is."""
+    segment = view.segments[lookup.index]
+    if kept is None:
+        return Located(PositionAt.RECORD, Cursor(segment.sequence + 1, 0, 0), None, lookup.end_position)
+    entry_id, slot, index = kept
+    if below_truncation(segment, entry_id, slot):
+        return Located(PositionAt.REMOVED, end_position=lookup.end_position)
+    position = index + (segment.first_position or 0)
+    return Located(PositionAt.RECORD, Cursor(segment.sequence, entry_id, slot),
+                   Offset(segment.ledger_id, entry_id, slot, position), lookup.end_position)

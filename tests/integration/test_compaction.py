@@ -107,6 +107,9 @@ async def test_compacted_reads_equal_the_latest_value_per_key_from_every_sampled
             got = await read_from(ns, "table", start, compacted=True)
             assert table(got) == table(full[index:]), f"compacted read from {start} (record {index})"
             assert all(r.offset in by_offset for r in got)
+            # from its stream position: the same records (a position compacted away reads from the next kept)
+            by_position = await read_from(ns, "table", full[index].position, compacted=True)
+            assert [place(r) for r in by_position] == [place(r) for r in got], f"position {full[index].position}"
 
         # more segments, compacted again: one compaction ledger replaces the previous one
         await writer.close()
