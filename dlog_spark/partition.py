@@ -87,6 +87,7 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         # the process's cached handle when an earlier task opened the ledger; the planner saw
         # these entries confirmed, so no LAC read
         compacted = _listed_compacted(conn, partition) if options.read_compacted else None
+        handle: Any
         try:
             if compacted is not None:
                 handle = conn.call(namespace.reads.compacted_handle(compacted, password))
@@ -96,10 +97,12 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         except NoSuchLedgerError:
             copy = _listed_tier_copy(conn, partition)
             compacted = _listed_compacted(conn, partition) if copy is None else None
-            if copy is None and compacted is None:
+            if copy is not None:
+                handle = conn.call(namespace.reads.tier_handle(copy, partition.last_entry))
+            elif compacted is not None:
+                handle = conn.call(namespace.reads.compacted_handle(compacted, password))
+            else:
                 raise
-            handle = conn.call(namespace.reads.tier_handle(copy, partition.last_entry) if copy is not None
-                               else namespace.reads.compacted_handle(compacted, password))
     except (StreamNotFoundError, NoSuchLedgerError) as error:
         on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))
         return
@@ -122,12 +125,14 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
             namespace.reads.forget(partition.ledger_id)
             copy = None if isinstance(handle, TierHandle) else _listed_tier_copy(conn, partition)
             compacted = _listed_compacted(conn, partition) if copy is None else None
-            if copy is None and compacted is None:
+            # the bookie copy went after an offload (compaction): read on from the tier file (compacted copy)
+            if copy is not None:
+                handle = conn.call(namespace.reads.tier_handle(copy, last))
+            elif compacted is not None:
+                handle = conn.call(namespace.reads.compacted_handle(compacted, password))
+            else:
                 on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
                 return
-            # the bookie copy went after an offload (compaction): read on from the tier file (compacted copy)
-            handle = conn.call(namespace.reads.tier_handle(copy, last) if copy is not None
-                               else namespace.reads.compacted_handle(compacted, password))
             pending = fetch(next_start)
             continue
         next_start += len(entries)
