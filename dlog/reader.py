@@ -453,7 +453,11 @@ class StreamReader:
             self._current_rows = entry.batch.to_pydict()
         rows = self._current_rows
         self._current_index += 1
-        slot, position = entry.slot_of(index), entry.position_of(index)
+        if entry.slots is None:  # the common case inline: this runs once per record
+            first_position, slot = entry.first_position, entry.first_slot + index
+            position = None if first_position is None else first_position + index
+        else:  # a compacted segment's kept records: each at its original slot
+            slot, position = entry.slots[index], entry.position_of(index)
         offset = record_offset(entry.ledger_id, entry.entry_id, slot, position)
         self.position = record_offset(entry.ledger_id, entry.entry_id, slot + 1,
                                       None if position is None else position + 1)
