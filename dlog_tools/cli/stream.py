@@ -164,6 +164,9 @@ def _print_settings(name: str, config: dict[str, Any]) -> None:
                f"size {format_size(size) if size else 'off'}, "
                f"{'keeps' if config['retention_keeps_unconsumed'] else 'ignores'} what subscribers have not read")
     click.echo(f"  created       {format_time_ms(config['created_ms'])}")
+    if config.get("compaction"):
+        click.echo(f"  compaction    on, min lag {format_duration_ms(config['min_compaction_lag_ms'])}, "
+                   f"deletion markers kept {format_duration_ms(config['delete_retention_ms'])}")
 
 
 def _print_contents(info: dict[str, Any]) -> None:

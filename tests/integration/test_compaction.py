@@ -264,6 +264,7 @@ def test_the_commands(cluster, zk_server):
     assert done["records_read"] == 10 and done["records_kept"] == 3  # k0, k1, k2: v9, v7, v8
     values = [json.loads(line)["value"] for line in run("read", "kv", "--compacted", "--json").stdout.splitlines()]
     assert values == ["v7", "v8", "v9"]  # in offset order
+    assert "compaction    on, min lag 0ms, deletion markers kept 1h" in run("stream", "info", "kv").stdout
     altered = run("stream", "alter", "kv", "--compaction", "off", "--delete-retention", "0s")
     assert "compaction yes -> no" in altered.stdout and "delete_retention 1h -> " in altered.stdout
     for arguments, said in ((("compact", "nowhere"), "nowhere"),
