@@ -14,7 +14,9 @@ entry the point is in (`records_truncated` says how many), and its bytes are pro
 Damage. A live segment whose ledger metadata is gone (someone ran `dlog ledger delete --force`)
 has lost its records: it is reported with `damaged` saying so, never as healthy. A segment whose
 bookie copy was deleted after an offload is not damaged: `stored_on` says where each segment's
-records are ("bookies", "bookies+tier", "tier") and `tier` names its file.
+records are ("bookies", "bookies+tier", "tier") and `tier` names its file. Nor is a compacted
+segment (key compaction deleted its ledger): `stored_on` is "compacted", `records` the records
+compaction kept, and `compacted` says where they are and how many there were.
 
 Lag. A subscription's committed offset is the next record it reads. Its lag is the records (and
 bytes) from there to the end: the rest of its own segment plus every later live segment. The
@@ -55,7 +57,9 @@ async def segment_summaries(context: StreamContext, segments: list[Segment]) -> 
     for segment in segments:
         context.reads.know(segment)  # an offloaded segment's entries read from its tier file
     # a segment whose bookie copy was deleted after its offload is read from the tier: not missing
-    missing = await _missing_ledgers(context, [s.ledger_id for s in segments if not s.is_truncated and s.on_bookies])
+    # and a compacted one from its compaction ledger (its own ledger was deleted after the swap)
+    missing = await _missing_ledgers(context, [s.ledger_id for s in segments
+                                               if not s.is_truncated and s.on_bookies and s.compacted is None])
     return [await _summary(context, segment, segment.ledger_id in missing) for segment in segments]
 
 
@@ -87,6 +91,12 @@ async def _summary(context: StreamContext, segment: Segment, ledger_missing: boo
         "tier": None if segment.tier is None else {"uri": segment.tier.uri, "file_bytes": segment.tier.size_bytes,
                                                    "offloaded_ms": segment.tier.offloaded_ms,
                                                    "bookie_deleted_ms": segment.tier.bookie_deleted_ms}}
+    if segment.compacted is not None:  # key compaction kept these of its records (offsets unchanged)
+        copy = segment.compacted
+        item["compacted"] = {"ledger": copy.ledger_id, "records": copy.records, "tombstones": copy.tombstones,
+                             "records_before": segment.records, "compacted_ms": copy.compacted_ms}
+        item["records"] = copy.records
+        return item
     if ledger_missing:
         item["damaged"] = f"ledger {segment.ledger_id} is missing: the segment's records are lost"
         return item
@@ -98,9 +108,12 @@ async def _summary(context: StreamContext, segment: Segment, ledger_missing: boo
 
 
 def _stored_on(segment: Segment) -> str:
-    """Where a segment's records are: "bookies", "bookies+tier" or "tier" (nowhere: truncated)."""
+    """Where a segment's records are: "bookies", "bookies+tier", "tier" or "compacted" (its
+    compaction ledger; nowhere: truncated)."""
     if segment.is_truncated:
         return "none"
+    if segment.compacted is not None:
+        return "compacted"
     if segment.tier is None:
         return "bookies"
     return "bookies+tier" if segment.tier.on_bookies else "tier"

@@ -68,7 +68,8 @@ T = TypeVar("T")
 ALTERABLE_SETTINGS = ("roll_bytes", "roll_age_ms", "roll_records", "retention_age_ms", "retention_bytes",
                       "retention_keeps_unconsumed", "ensemble", "write_quorum", "ack_quorum", "tier",
                       "iceberg_catalog", "iceberg_warehouse", "backlog_bytes", "backlog_age_ms", "backlog_policy",
-                      "subscription_expiry_ms", "schema", "schema_compatibility")
+                      "subscription_expiry_ms", "schema", "schema_compatibility", "compaction",
+                      "min_compaction_lag_ms", "delete_retention_ms")
 # a truncation or retention run re-plans from a fresh list when a concurrent change won the
 # compare-and-set (a writer rolling, a sink committing); this many tries, quickly
 CHANGE_RETRY = Backoff(attempts_max=20, delay_s_first=0.005, delay_s_max=0.2, jitter_fraction=1.0)
@@ -195,13 +196,15 @@ class Namespace:
                             schema: pa.Schema | str | None = None, exist_ok: bool = False,
                             tier: TierPolicy | None = None, backlog_bytes: int = 0, backlog_age_ms: int = 0,
                             backlog_policy: str = "hold", subscription_expiry_ms: int = 0,
-                            schema_compatibility: str = "BACKWARD") -> StreamConfig:
+                            schema_compatibility: str = "BACKWARD", **compaction: Any) -> StreamConfig:
         """Create a stream; with `exist_ok` an existing one is left as it is and its config returned.
         `tier`: its own tier settings (what it leaves None, the namespace's default gives). The
         backlog limits and subscription expiry: `dlog.core.backlog`.
         `schema`: a typed stream's schema (a pyarrow.Schema or the spec text, `dlog.segments.schemas`),
         its version 1, its fields numbered with ids; `schema_compatibility`: what its later
-        versions must keep (BACKWARD, FORWARD, FULL or NONE)."""
+        versions must keep (BACKWARD, FORWARD, FULL or NONE).
+        `compaction`: key compaction's settings (`compaction`, `min_compaction_lag_ms`,
+        `delete_retention_ms`: `StreamConfig`'s)."""
         check_stream_name(name)
         options: dict[str, Any] = {"schema_compatibility": check_mode(schema_compatibility)}
         if tier is not None:
@@ -210,6 +213,10 @@ class Namespace:
             options["roll_bytes"] = roll_bytes
         if roll_age_ms is not None:
             options["roll_age_ms"] = roll_age_ms
+        unknown = sorted(set(compaction) - {"compaction", "min_compaction_lag_ms", "delete_retention_ms"})
+        if unknown:
+            raise ConfigError(f"create_stream() got unknown settings {', '.join(unknown)}")
+        options.update({key: value for key, value in compaction.items() if value is not None})
         await self._check_stream_quota(name)
         config = StreamConfig(name, ensemble, write_quorum, ack_quorum, roll_records=roll_records,
                               retention_age_ms=retention_age_ms, retention_bytes=retention_bytes,
@@ -503,6 +510,12 @@ class Namespace:
         for segment in segments:
             if segment.on_bookies:
                 await self.delete_ledger_quietly(segment.ledger_id)
+        compaction_ledgers = {s.compacted.ledger_id for s in segments if s.compacted is not None}
+        if compaction_ledgers:  # a compaction ledger goes with the last live segment it holds records of
+            listing = await self.store.segments(name)
+            for ledger_id in sorted(compaction_ledgers - {s.compacted.ledger_id for s in listing.live
+                                                          if s.compacted is not None}):
+                await self.delete_ledger_quietly(ledger_id)
         if any(segment.tier is not None for segment in segments):
             try:  # the table first: it must never list a file that is gone
                 await self.sync_iceberg(name)

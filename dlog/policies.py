@@ -5,7 +5,8 @@ a serving-tier server runs one for the streams it owns, passing `streams=`). Eac
 refreshes the stream list, asks the schedule which streams are due, and for each: reads the
 stream's settings, claims the running of its policies (`SegmentStore.claim_runner`: one runner per
 stream, for as long as its ZooKeeper session lives; a stream another runner holds is left to it),
-and applies retention through `Namespace.apply_retention`, the very path `dlog retention apply`
+and applies retention through `Namespace.apply_retention` (then key compaction on a stream with
+`--compaction on`: `dlog.compaction`, as `dlog compact` would), the very path `dlog retention apply`
 takes, which is safe beside live writers and readers (L7); on a stream with a tier it then runs
 the offloader (`dlog.offload`: offloads the due segments, deletes the due bookie copies), as
 `dlog offload` would, unless the runner was made with `offload=False`. A failure (a tier error
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bookkeeper.errors import DlogError
+from dlog.compaction import Compactor
 from dlog.core import backlog
 from dlog.core.policies import PolicyLimits, PolicySchedule, has_policy, runs_offloader
 from dlog.offload import Offloader, OffloadReport, offload_quietly
@@ -74,6 +76,7 @@ class PolicyStats:
     failures: int = 0
     last_removed: dict[str, int] = field(default_factory=dict)  # stream -> segments removed at its last run
     tier: TierStats = field(default_factory=TierStats)
+    compactions: int = 0  # compactions swapped in (`--compaction on` streams)
     # (stream, subscription) -> its backlog over the nearest limit at the stream's last run (streams
     # with backlog limits only; at most BACKLOGS_LABELLED_MAX pairs: a metric label's values stay bounded)
     backlogs: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -138,6 +141,8 @@ class PolicyRunner:
                         await self._retention(stream)
                         if backlog.has_limits(config):
                             self.stats.set_backlogs(stream, await namespace.backlogs(stream))
+                    if self.retention and config.compaction:
+                        await self._compact(stream)
                     self.stats.runs += 1
                     if offloader is not None and (error := await self._offload(offloader, stream)):
                         self._failed(stream, error)
@@ -165,6 +170,13 @@ class PolicyRunner:
         if removed:
             log.info("retention of stream %r removed %d segment(s) up to sequence %d",
                      stream, len(removed), removed[-1].sequence)
+
+    async def _compact(self, stream: str) -> None:
+        report = await Compactor(self.namespace).run(stream)
+        if report.ledger_id is not None:
+            self.stats.compactions += 1
+            log.info("stream %r: compacted segments %s: %d of %d records kept", stream, report.segments,
+                     report.records_kept, report.records_read)
 
     async def _offload(self, offloader: Offloader, stream: str) -> str:
         """Offload what is due and delete the due bookie copies; a tier error is a failure of the

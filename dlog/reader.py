@@ -53,6 +53,7 @@ from dlog.core.reader import END, AtTimestamp, ReaderMachine, ReaderSettings, St
 from dlog.core.snapshot import Cursor, Located, PositionAt, StreamView
 from dlog.offsets import Offset, check_position, record_offset
 from dlog.segments.codec import FLAG_PRODUCERS, ProducerRun, RecordSetCodec
+from dlog.segments.compacted import CompactedEntry
 from dlog.segments.metadata import Segment
 from dlog.segments.schemas import Projection, projection, schema_at, versions_of
 from dlog.snapshot import PREFER
@@ -93,6 +94,18 @@ class EntryBatch:
     # the idempotent producers' batches the whole entry holds (slots count from the entry's first
     # record, not from `first_slot`): what a serving-tier owner rebuilds its dedup table from
     producers: tuple[ProducerRun, ...] = ()
+    # a compacted segment's entry holds only the records compaction kept: row i is at slot
+    # slots[i] and stream position positions[i] (None: dense, first_slot + i and first_position + i)
+    slots: tuple[int, ...] | None = None
+    positions: tuple[int, ...] | None = None
+
+    def slot_of(self, row: int) -> int:
+        return self.first_slot + row if self.slots is None else self.slots[row]
+
+    def position_of(self, row: int) -> int | None:
+        if self.positions is not None:
+            return self.positions[row]
+        return None if self.first_position is None else self.first_position + row
 
 
 class StreamReader:
@@ -100,11 +113,12 @@ class StreamReader:
                  *, skip_truncated: bool = False, read_ahead_entries: int = 256,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, poll_timeout_ms: int = 1000,
                  follow: bool = True, headers: bool = False, prefer: str = "bookies",
-                 schema_version: int | None = None) -> None:
+                 schema_version: int | None = None, compacted: bool = False) -> None:
         if prefer not in PREFER:
             raise ConfigError(f"bad prefer {prefer!r}: use one of {', '.join(PREFER)} (where to read segments "
                               "that are both on bookies and on the tier)")
         self.prefer = prefer
+        self.compacted = compacted  # read compacted segments' compacted copies (key compaction)
         for option, value in (("read_ahead_entries", read_ahead_entries),
                               ("read_ahead_bytes", read_ahead_bytes), ("poll_timeout_ms", poll_timeout_ms)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -268,7 +282,8 @@ class StreamReader:
 
     async def _handle(self, segment: Segment) -> Any:
         try:
-            handle = await self.context.reads.segment_handle(segment, self.context.password, self.prefer)
+            handle = await self.context.reads.segment_handle(segment, self.context.password, self.prefer,
+                                                             self.compacted)
         except NoSuchLedgerError:
             self.context.reads.forget(segment.ledger_id)
             self._handles.pop(segment.ledger_id, None)
@@ -295,6 +310,12 @@ class StreamReader:
         try:
             entries = await handle.read(effect.first_entry, effect.last_entry)
         except (NoSuchLedgerError, NoSuchEntryError) as exc:
+            if segment.compacted is not None:  # compaction replaced it meanwhile: its copy has the records
+                handle = await self.context.reads.compacted_handle(segment, self.context.password)
+                self._handles = {segment.ledger_id: handle}
+                entries = await handle.read(effect.first_entry, effect.last_entry)
+                self._feed(self.machine.on_entries, segment.ledger_id, [(e.entry_id, e.payload) for e in entries])
+                return
             if segment.tier is not None:  # its bookie copy went after the offload: the file has it
                 handle = await self.context.reads.tier_handle(segment.tier, segment.last_entry)
                 self._handles = {segment.ledger_id: handle}
@@ -389,6 +410,8 @@ class StreamReader:
         header, batch = codec.decode(payload)
         if projected is not None:
             batch = projected.apply(batch)
+        if isinstance(payload, CompactedEntry):  # kept records only, each at its original slot
+            return self._decode_compacted(ledger_id, entry_id, first_slot, payload, batch, segment_first_position)
         if first_slot:
             batch = batch.slice(first_slot)
         first_position = None
@@ -397,6 +420,19 @@ class StreamReader:
         producers = codec.producer_runs(payload) if header.flags & FLAG_PRODUCERS else ()
         return (EntryBatch(ledger_id, entry_id, first_slot, batch, first_position, producers), batch.nbytes,
                 batch.num_rows)
+
+    @staticmethod
+    def _decode_compacted(ledger_id: int, entry_id: int, first_slot: int, payload: CompactedEntry,
+                          batch: pa.RecordBatch, segment_first_position: int | None) -> tuple[Any, int, int]:
+        slots = payload.record_slots
+        skip = next((row for row, slot in enumerate(slots) if slot >= first_slot), len(slots))
+        batch, slots = batch.slice(skip), slots[skip:]
+        positions = None
+        if segment_first_position is not None:
+            positions = tuple(segment_first_position + index for index in payload.record_indexes[skip:])
+        first = slots[0] if slots else first_slot
+        return (EntryBatch(ledger_id, entry_id, first, batch, positions[0] if positions else None, (), slots,
+                           positions), batch.nbytes, batch.num_rows)
 
     # ------------------------------------------------------------------ consumer
 
@@ -441,6 +477,10 @@ class StreamReader:
                               item.first_position, item.producers)
         first = indices[0].as_py()
         self._skip_before_ms = None
+        if item.slots is not None:
+            positions = None if item.positions is None else item.positions[first:]
+            return EntryBatch(item.ledger_id, item.entry_id, item.slots[first], item.batch.slice(first),
+                              item.position_of(first), item.producers, item.slots[first:], positions)
         position = None if item.first_position is None else item.first_position + first
         return EntryBatch(item.ledger_id, item.entry_id, item.first_slot + first, item.batch.slice(first), position,
                           item.producers)
@@ -459,8 +499,11 @@ class StreamReader:
             self._current_rows = entry.batch.to_pydict()
         rows = self._current_rows
         self._current_index += 1
-        first_position, slot = entry.first_position, entry.first_slot + index
-        position = None if first_position is None else first_position + index
+        if entry.slots is None:  # the common case inline: this runs once per record
+            first_position, slot = entry.first_position, entry.first_slot + index
+            position = None if first_position is None else first_position + index
+        else:  # a compacted segment's kept records: each at its original slot
+            slot, position = entry.slots[index], entry.position_of(index)
         offset = record_offset(entry.ledger_id, entry.entry_id, slot, position)
         self.position = record_offset(entry.ledger_id, entry.entry_id, slot + 1,
                                       None if position is None else position + 1)
@@ -499,7 +542,12 @@ class StreamReader:
         if pieces:
             last = pieces[-1]
             tail = self._current
-            if tail is not None:
+            if tail is not None and tail.slots is not None:  # after its last record handed out
+                row = self._current_index - 1
+                position = tail.position_of(row)
+                self.position = Offset(tail.ledger_id, tail.entry_id, tail.slot_of(row) + 1,
+                                       None if position is None else position + 1)
+            elif tail is not None:
                 position = None if tail.first_position is None else tail.first_position + self._current_index
                 self.position = Offset(tail.ledger_id, tail.entry_id, tail.first_slot + self._current_index, position)
             return last if len(pieces) == 1 else pa.concat_batches(pieces)

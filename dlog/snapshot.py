@@ -40,6 +40,7 @@ mistaken for another ledger's.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from bookkeeper.errors import ConfigError, NoSuchLedgerError
+from dlog.core.compaction import located_kept
 from dlog.core.snapshot import (
     Located,
     PositionAt,
@@ -61,6 +63,7 @@ from dlog.core.snapshot import (
     readable_position,
     tail_count,
 )
+from dlog.segments import compacted as compaction_format
 from dlog.segments.codec import DecodedEntry, RecordSetCodec, RecordSetHeader, default_schema
 from dlog.segments.metadata import Segment, TierCopy
 from dlog.segments.tier import SegmentFile, TierDamagedError, TierStore
@@ -72,6 +75,7 @@ READ_HANDLES_MAX = 1024
 ENTRY_HEADERS_MAX = 100_000
 TIER_BYTES_MAX = 512 * 2**20  # tier files kept parsed in memory, in all
 TIER_FILES_DECODED = 4  # files whose decoded row groups are kept (DECODED_GROUPS_KEPT each)
+COMPACTED_SEGMENTS_MAX = 8  # compacted segments kept read in memory (the most recently opened)
 PREFER = ("bookies", "tier")
 Blocking = Callable[..., Awaitable[Any]]
 
@@ -123,6 +127,66 @@ class TierHandle:
         return None  # a completed segment gets no new entries
 
 
+class CompactedSegment:
+    """A compacted segment's kept records, read whole from its compaction ledger, found by their
+    original entry (key compaction: `dlog.core.compaction`)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        import pyarrow as pa
+
+        self.batch = pa.concat_batches(batches) if len(batches) > 1 else batches[0] if batches else None
+        self.spans: dict[int, tuple[int, int]] = {}  # original entry -> (first row, rows)
+        self.size_bytes = 0
+        if self.batch is not None:
+            self.size_bytes = self.batch.nbytes
+            for row, entry_id in enumerate(self.batch.column(compaction_format.ENTRY_COLUMN).to_pylist()):
+                first, count = self.spans.get(entry_id, (row, 0))
+                self.spans[entry_id] = (first, count + 1)
+        self.indexes: list[int] = [] if self.batch is None else \
+            self.batch.column(compaction_format.INDEX_COLUMN).to_pylist()
+
+    def kept_at_or_after(self, record_index: int) -> tuple[int, int, int] | None:
+        """(entry, slot, index) of the first kept record whose index in the segment is at least
+        `record_index` (None: none)."""
+        row = bisect.bisect_left(self.indexes, record_index)
+        if row == len(self.indexes) or self.batch is None:
+            return None
+        return (self.batch.column(compaction_format.ENTRY_COLUMN)[row].as_py(),
+                self.batch.column(compaction_format.SLOT_COLUMN)[row].as_py(), self.indexes[row])
+
+    def entry(self, entry_id: int) -> DecodedEntry | None:
+        span = self.spans.get(entry_id)
+        if span is None or self.batch is None:
+            return None
+        return compaction_format.compacted_entry(self.batch.slice(*span))
+
+
+class CompactedHandle:
+    """A compacted segment read as a closed ledger's handle over its ORIGINAL entry ids: each
+    entry's kept records (an entry compaction emptied comes back with none), with their original
+    slots (`dlog.segments.compacted.CompactedEntry`)."""
+
+    is_closed = True
+
+    def __init__(self, segment: CompactedSegment, last_entry: int, empty: DecodedEntry) -> None:
+        self.segment = segment
+        self.last_add_confirmed = last_entry
+        self.empty = empty
+
+    def advance_lac(self, entry_id: int) -> None:
+        """Nothing to advance: the segment is completed."""
+
+    async def read_lac(self) -> int:
+        return self.last_add_confirmed
+
+    async def read(self, first: int, last: int) -> list[Any]:
+        return [TierEntry(entry_id, self.segment.entry(entry_id) or self.empty, 0)
+                for entry_id in range(first, min(last, self.last_add_confirmed) + 1)]
+
+    async def wait_for_entry(self, entry_id: int, timeout_ms: int) -> None:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class EntryInfo:
     """What an entry's header and position say (its records are not decoded)."""
@@ -161,6 +225,9 @@ class SegmentReads:
         self._tier_files: OrderedDict[str, SegmentFile] = OrderedDict()  # uri -> the file, parsed
         self._tier_bytes = 0
         self.tier_reads = 0  # tier handles handed out (files fetched or reused)
+        # (compaction ledger, segment sequence) -> the segment's kept records, read
+        self._compacted: OrderedDict[tuple[int, int], CompactedSegment] = OrderedDict()
+        self._compacted_of: OrderedDict[int, Segment] = OrderedDict()  # ledger -> its compacted segment
         self.tier_fallbacks = 0  # damaged tier files read from bookies instead
 
     # ------------------------------------------------------------------ handles
@@ -169,6 +236,8 @@ class SegmentReads:
         """Remember where a segment's tier copy is, for callers that later name only its ledger."""
         if segment.tier is not None:
             _remember(self._tier_copies, segment.ledger_id, segment.tier, self.handles_max)
+        if segment.compacted is not None:  # its ledger is gone: positions are found in its kept records
+            _remember(self._compacted_of, segment.ledger_id, segment, self.handles_max)
 
     async def handle(self, ledger_id: int, password: bytes, confirmed_through: int | None = None, *,
                      tier: TierCopy | None = None, prefer: str = "bookies") -> Any:
@@ -240,10 +309,19 @@ class SegmentReads:
             handle.advance_lac(confirmed_through)
         return handle
 
-    async def segment_handle(self, segment: Segment, password: bytes, prefer: str = "bookies") -> Any:
+    async def segment_handle(self, segment: Segment, password: bytes, prefer: str = "bookies",
+                             compacted: bool = False) -> Any:
         """The handle of a segment's ledger with its end up to date: an in-progress segment's LAC
         read now (opening reads it), a completed segment's last entry readable (from its tier file
-        when `handle` says so)."""
+        when `handle` says so). A compacted segment is read from its compacted copy when the
+        caller asks for the compacted view (`compacted`) or its ledger is gone."""
+        if segment.compacted is not None:
+            if not compacted:
+                try:
+                    return await self.handle(segment.ledger_id, password, segment.last_entry)
+                except NoSuchLedgerError:
+                    self.forget(segment.ledger_id)
+            return await self.compacted_handle(segment, password)
         self.know(segment)
         cached = segment.ledger_id in self._handles
         handle = await self.handle(segment.ledger_id, password,
@@ -252,6 +330,30 @@ class SegmentReads:
         if cached and segment.is_in_progress:
             await self._step(handle.read_lac())
         return handle
+
+    async def compacted_handle(self, segment: Segment, password: bytes) -> CompactedHandle:
+        """A handle over a compacted segment's kept records (read from its compaction ledger once,
+        then kept while among the COMPACTED_SEGMENTS_MAX opened last)."""
+        copy = segment.compacted
+        assert copy is not None
+        key = (copy.ledger_id, segment.sequence)
+        found = self._compacted.get(key)
+        if found is None:
+            batches = []
+            if copy.last_entry >= copy.first_entry:
+                handle = await self._bookie_handle(copy.ledger_id, password, copy.last_entry)
+                first = copy.first_entry
+                while first <= copy.last_entry:
+                    last = min(copy.last_entry, first + 63)
+                    entries = await self._step(handle.read(first, last))
+                    batches += [compaction_format.decode(entry.payload) for entry in entries]
+                    first = last + 1
+            found = CompactedSegment(batches)
+            _remember(self._compacted, key, found, COMPACTED_SEGMENTS_MAX)
+        else:
+            self._compacted.move_to_end(key)
+        empty = compaction_format.empty_entry(found.batch)
+        return CompactedHandle(found, segment.last_entry, empty)
 
     def forget(self, ledger_id: int) -> None:
         """Drop a ledger's handle (the ledger is gone, or its handle failed)."""
@@ -327,6 +429,10 @@ class SegmentReads:
         if lookup.at is not PositionAt.RECORD:
             return Located(lookup.at, end_position=lookup.end_position)
         segment = view.segments[lookup.index]
+        compacted = self._compacted_of.get(segment.ledger_id)
+        if compacted is not None:
+            held = await self.compacted_handle(compacted, password)
+            return located_kept(view, lookup, held.segment.kept_at_or_after(lookup.record_index))
         last_entry = segment.end_entry - 1
         search = RecordSearch(segment.first_entry, segment.end_entry, lookup.record_index)
         while (probe := search.probe) is not None:

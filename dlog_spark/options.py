@@ -25,7 +25,7 @@ SOURCE_OPTIONS = CONNECTION_OPTIONS + (
     "stream", "streams", "streamPattern", "path", "startingOffsets", "startingTimestamp",
     "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "maxRecordsPerTrigger",
     "maxBytesPerTrigger", "minRecordsPerTrigger", "maxTriggerDelay", "failOnDataLoss", "minPartitions",
-    "subscription", "includeHeaders", "prefer",
+    "subscription", "includeHeaders", "prefer", "readCompacted",
 )
 BATCH_SOURCE_OPTIONS = SOURCE_OPTIONS + ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 TIMESTAMP_STRATEGIES = ("error", "latest")
@@ -89,6 +89,7 @@ class SourceOptions:
     ending_by_timestamp: tuple[tuple[str, int], ...] = ()
     include_headers: bool = False
     prefer: str = "bookies"  # an offloaded segment still on bookies: read it from them, or from the tier
+    read_compacted: bool = False  # a compacted segment: its compacted copy at once (key compaction)
 
     def matches(self, stream: str) -> bool:
         if self.pattern is not None:
@@ -168,7 +169,8 @@ def parse_source_options(options: Mapping[str, str], *, batch: bool) -> SourceOp
                          min_records, delay_ms, _boolean(values, "failOnDataLoss", True), min_partitions,
                          subscription, _timestamp(values, "startingTimestamp"), starting_by, strategy,
                          _timestamp(values, "endingTimestamp"), ending_by,
-                         _boolean(values, "includeHeaders", False), prefer)
+                         _boolean(values, "includeHeaders", False), prefer,
+                         _boolean(values, "readCompacted", False))
 
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:

@@ -9,7 +9,11 @@ bookie copy is gone or the query prefers the tier (`prefer`), through the same r
 reads ledgers: the same entries, slots and headers come out. A ledger that turns out to be gone
 (deleted after an offload the plan did not see yet, or while it was read) is looked up once in
 the segment list: a tier copy there is read on from the entry reached; only a segment without
-one is data loss."""
+one is data loss.
+
+Compacted segments (key compaction). A segment whose ledger compaction replaced is read from its
+compacted copy (looked up in the segment list when its ledger is missing, or at once with option
+`readCompacted`): the kept records of each entry, each with its original slot."""
 
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ from pyspark.sql.types import StructType
 
 from bookkeeper.errors import NoSuchEntryError, NoSuchLedgerError
 from dlog.segments.codec import HEADERS_SCHEMA, RecordSetCodec
-from dlog.segments.metadata import StreamConfig, TierCopy
+from dlog.segments.compacted import CompactedEntry
+from dlog.segments.metadata import Segment, StreamConfig, TierCopy
 from dlog.segments.schemas import projection, schema_at, versions_of
 from dlog.segments.store import StreamNotFoundError
 from dlog.snapshot import TierHandle
@@ -83,14 +88,23 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         password = namespace.password_of(config)
         # the process's cached handle when an earlier task opened the ledger; the planner saw
         # these entries confirmed, so no LAC read
+        compacted = _listed_compacted(conn, partition) if options.read_compacted else None
+        handle: Any
         try:
-            handle = conn.call(namespace.reads.handle(partition.ledger_id, password, partition.last_entry,
-                                                      tier=partition.tier, prefer=options.prefer))
+            if compacted is not None:
+                handle = conn.call(namespace.reads.compacted_handle(compacted, password))
+            else:
+                handle = conn.call(namespace.reads.handle(partition.ledger_id, password, partition.last_entry,
+                                                          tier=partition.tier, prefer=options.prefer))
         except NoSuchLedgerError:
             copy = _listed_tier_copy(conn, partition)
-            if copy is None:
+            compacted = _listed_compacted(conn, partition) if copy is None else None
+            if copy is not None:
+                handle = conn.call(namespace.reads.tier_handle(copy, partition.last_entry))
+            elif compacted is not None:
+                handle = conn.call(namespace.reads.compacted_handle(compacted, password))
+            else:
                 raise
-            handle = conn.call(namespace.reads.tier_handle(copy, partition.last_entry))
     except (StreamNotFoundError, NoSuchLedgerError) as error:
         on_loss(partition.fail_on_data_loss, (f"{partition!r} can no longer be read: {error}",))
         return
@@ -117,17 +131,27 @@ def read_partition(options: SourceOptions, schema: StructType, partition: InputP
         except (NoSuchLedgerError, NoSuchEntryError) as error:
             namespace.reads.forget(partition.ledger_id)
             copy = None if isinstance(handle, TierHandle) else _listed_tier_copy(conn, partition)
-            if copy is None:
+            compacted = _listed_compacted(conn, partition) if copy is None else None
+            # the bookie copy went after an offload (compaction): read on from the tier file (compacted copy)
+            if copy is not None:
+                handle = conn.call(namespace.reads.tier_handle(copy, last))
+            elif compacted is not None:
+                handle = conn.call(namespace.reads.compacted_handle(compacted, password))
+            else:
                 on_loss(partition.fail_on_data_loss, (f"{partition!r} was removed while it was read: {error}",))
                 return
-            # the bookie copy went after an offload: read on from the tier file
-            handle = conn.call(namespace.reads.tier_handle(copy, last))
             pending = fetch(next_start)
             continue
         next_start += len(entries)
         pending = fetch(next_start) if next_start <= last else None  # decode while the next arrives
         for entry in entries:
             slot = partition.first_slot if entry.entry_id == first else 0
+            if isinstance(entry.payload, CompactedEntry):
+                kept = _compacted_rows(codec, entry.payload, slot, partition.end_slot if entry.entry_id == last
+                                       else None)
+                if kept is not None:
+                    yield shaper.shape(kept[0], partition.ledger_id, entry.entry_id, slot, kept[1])
+                continue
             batch = codec.records_from(entry.payload, slot)
             if projected is not None:
                 batch = projected.apply(batch)
@@ -145,6 +169,28 @@ def query_version(config: StreamConfig, output: pa.Schema) -> pa.Schema:
         if arrow_read_schema(read_schema(version)).equals(output):
             return version
     return versions[-1]
+
+
+def _compacted_rows(codec: RecordSetCodec, payload: CompactedEntry, first_slot: int,
+                    end_slot: int | None) -> tuple[pa.RecordBatch, pa.Array] | None:
+    """The kept records of a compacted entry from `first_slot` up to `end_slot`, with their slots."""
+    _, batch = codec.decode(payload)
+    rows = [row for row, slot in enumerate(payload.record_slots)
+            if slot >= first_slot and (end_slot is None or slot < end_slot)]
+    if not rows:
+        return None
+    taken = pa.array(rows, pa.int64())
+    return batch.take(taken), pa.array([payload.record_slots[row] for row in rows], pa.int32())
+
+
+def _listed_compacted(conn: Any, partition: DlogPartition) -> Segment | None:
+    """The partition's segment as the segment list holds it now, if it is compacted (None else)."""
+    try:
+        listing = conn.call(conn.namespace.store.segments(partition.stream))
+    except StreamNotFoundError:
+        return None
+    segment = listing.by_ledger(partition.ledger_id)
+    return segment if segment is not None and segment.compacted is not None else None
 
 
 def _listed_tier_copy(conn: Any, partition: DlogPartition) -> TierCopy | None:

@@ -91,13 +91,16 @@ class BatchShaper:
             raise ConfigError(f"stream {stream!r} has no column {missing[0]!r} of the read schema; its "
                               f"schema is ({describe_schema(stream_schema)})")
 
-    def shape(self, batch: pa.RecordBatch, ledger_id: int, entry_id: int, first_slot: int) -> pa.RecordBatch:
+    def shape(self, batch: pa.RecordBatch, ledger_id: int, entry_id: int, first_slot: int,
+              row_slots: pa.Array | None = None) -> pa.RecordBatch:
+        """`row_slots`: each row's slot, when they are not dense from `first_slot` (the kept
+        records of a compacted segment's entry)."""
         count = batch.num_rows
         columns = [
             pa.repeat(self._stream_scalar, count),
             pa.repeat(pa.scalar(ledger_id, pa.int64()), count),
             pa.repeat(pa.scalar(entry_id, pa.int64()), count),
-            slots(first_slot, count),
+            slots(first_slot, count) if row_slots is None else row_slots,
             self._timestamps(batch),
         ]
         for position, data_type in self._own:

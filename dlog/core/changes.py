@@ -151,7 +151,7 @@ def rebase_progress(ours: Segment, stored: Segment) -> Segment:
     invariant(ours.sequence == stored.sequence and ours.ledger_id == stored.ledger_id,
               f"segment {ours.sequence}/{ours.ledger_id} rebased on {stored.sequence}/{stored.ledger_id}")
     return replace(ours, min_active_entry=stored.min_active_entry, min_active_slot=stored.min_active_slot,
-                   tier=stored.tier, offload_attempt=stored.offload_attempt)
+                   tier=stored.tier, offload_attempt=stored.offload_attempt, compacted=stored.compacted)
 
 
 def still_owned(segment: Segment, current: SegmentList) -> Segment | None:

@@ -1,6 +1,6 @@
 """When each stream's policies run: the schedule of a policy runner (pure).
 
-Retention (and later offload and compaction) is a stream's policy; applying it is a routine
+Retention, offload and key compaction are a stream's policies; applying it is a routine
 operation that must happen without anybody typing `dlog retention apply`. A process that already
 runs (`dlog standalone`, a serving-tier server for the streams it owns) keeps one `PolicySchedule`
 per namespace and asks it, each round, which streams are due. The schedule decides by the stream's
@@ -9,7 +9,8 @@ settings and the time it is handed (no clock is read here):
 - a stream with an age limit is looked at every quarter of that age, but not more often than
   `interval_min_ms` nor less often than `interval_max_ms` (so `--age 1s` is enforced within about
   a second, and a 7-day policy once a minute); a stream with a tier counts its offload age,
-  bookie-copy delete lag and tier retention age as age limits too (0: every `interval_min_ms`);
+  bookie-copy delete lag and tier retention age as age limits too (0: every `interval_min_ms`), and
+  a stream with compaction on its min compaction lag;
 - subscription expiry and a backlog age limit count as age limits too (a retention run evicts
   and expires subscriptions: `dlog.core.backlog`);
 - a stream with only a size limit, or none (its settings may change), every `interval_max_ms`;
@@ -77,7 +78,7 @@ def has_policy(config: StreamConfig, tier: TierPolicy | None = None) -> bool:
     tiered = tier is not None and tier.enabled and bool(tier.retention_age_ms or tier.retention_bytes)
     subscriptions = bool(config.subscription_expiry_ms) or backlog.has_limits(config)  # evict, expire, measure
     return (bool(config.retention_age_ms or config.retention_bytes) or tiered or runs_offloader(config, tier)
-            or subscriptions)
+            or subscriptions or config.compaction)
 
 
 def interval_ms(config: StreamConfig | None, limits: PolicyLimits, tier: TierPolicy | None = None) -> int:
@@ -92,6 +93,8 @@ def interval_ms(config: StreamConfig | None, limits: PolicyLimits, tier: TierPol
         ages.append(tier.retention_age_ms)
     if config is not None and tier is not None and runs_offloader(config, tier):
         ages += [age for age in (tier.offload_after_ms, tier.delete_lag_ms) if age is not None and age >= 0]
+    if config is not None and config.compaction:  # compacted as soon as a segment is past the lag
+        ages.append(config.min_compaction_lag_ms)
     if not ages:
         return limits.interval_max_ms
     return min(max(min(ages) // 4, limits.interval_min_ms), limits.interval_max_ms)

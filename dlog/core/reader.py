@@ -424,6 +424,8 @@ class ReaderMachine:
             return []
         if listed.tier is not None:  # its bookie copy went after an offload: read on from the tier
             return []
+        if listed.compacted is not None:  # compaction replaced it: read on from the compacted copy
+            return []
         if not self.settings.skip_truncated:
             return self.end(TruncatedError(
                 f"stream {self.settings.stream!r}: the ledger {gone} of segment {listed.sequence} was deleted, "

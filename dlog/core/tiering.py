@@ -57,7 +57,8 @@ def offload_candidates(listing: SegmentList, policy: TierPolicy) -> list[Segment
             break
         kept_bytes += segment.bytes
         kept.add(segment.sequence)
-    return [s for s in completed if s.tier is None and s.sequence not in kept]
+    # a compacted segment's ledger is gone (key compaction; tiers and compaction do not combine yet)
+    return [s for s in completed if s.tier is None and s.compacted is None and s.sequence not in kept]
 
 
 def offload_plan(listing: SegmentList, policy: TierPolicy, now_ms: int, *, now: bool = False) -> list[Segment]:

@@ -42,6 +42,7 @@ ROLL_BYTES_DEFAULT = 256 * 2**20
 ROLL_AGE_MS_DEFAULT = 2 * 3600 * 1000
 BACKLOG_POLICIES = ("hold", "evict", "none")  # dlog.core.backlog.BacklogPolicy
 SCHEMA_COMPATIBILITY_MODES = ("BACKWARD", "FORWARD", "FULL", "NONE")  # dlog.segments.schemas has the rules
+DELETE_RETENTION_MS_DEFAULT = 24 * 3600 * 1000  # Kafka's delete.retention.ms default
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,40 @@ class TierCopy:
         return copy
 
 
+@dataclass(frozen=True, slots=True)
+class CompactedCopy:
+    """A completed segment's compacted records (key compaction, `dlog.core.compaction`): the
+    entries `first_entry`..`last_entry` of ledger `ledger_id` (none when `last_entry` <
+    `first_entry`) hold the `records` records of the segment compaction kept, each with its
+    original entry, slot and index in the segment, `tombstones` of them deletion markers (null
+    values); `compacted_ms` is when the segment was FIRST compacted (a later compaction keeps it:
+    delete retention counts from it). One compaction writes one ledger for all the segments it
+    covers."""
+
+    ledger_id: int
+    first_entry: int
+    last_entry: int
+    records: int
+    compacted_ms: int
+    tombstones: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, document: Any) -> CompactedCopy:
+        if not isinstance(document, dict):
+            raise CorruptMetadataError(f"segment compacted copy is {document!r}, not an object")
+        try:
+            copy = cls(**{name: document[name] for name in cls.__dataclass_fields__ if name in document})
+        except TypeError as exc:
+            raise CorruptMetadataError(f"segment compacted copy is malformed: {exc}") from exc
+        if any(type(getattr(copy, name)) is not int or getattr(copy, name) < 0
+               for name in cls.__dataclass_fields__ if name != "last_entry") or type(copy.last_entry) is not int:
+            raise CorruptMetadataError(f"segment compacted copy is malformed: {document!r}")
+        return copy
+
+
 class SegmentState(enum.Enum):
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
@@ -103,6 +138,7 @@ class Segment:
     tier: TierCopy | None = None  # its committed copy on the tier (completed segments only)
     offload_attempt: str = ""  # the URI of the file an offloader is writing now ("" none)
     schema_version: int = 0  # the stream's schema version its records were written with (0: before versions: 1)
+    compacted: CompactedCopy | None = None  # its records after key compaction (its ledger then deleted)
 
     @property
     def on_bookies(self) -> bool:
@@ -137,6 +173,8 @@ class Segment:
         document["format"] = FORMAT_VERSION
         if self.tier is not None:
             document["tier"] = self.tier.to_json()
+        if self.compacted is not None:
+            document["compacted"] = self.compacted.to_json()
         return document
 
     def to_bytes(self) -> builtins.bytes:  # builtins: `bytes` is also a field of Segment
@@ -150,6 +188,8 @@ class Segment:
         document.setdefault("schema_version", 0)  # nodes written before schema versions
         tier = document.get("tier")
         document["tier"] = None if tier is None else TierCopy.from_json(tier)
+        compacted = document.get("compacted")  # absent: never compacted (and nodes written before it)
+        document["compacted"] = None if compacted is None else CompactedCopy.from_json(compacted)
         try:
             document["state"] = SegmentState(document["state"])
             fields = {name: document[name] for name in cls.__dataclass_fields__}
@@ -260,6 +300,12 @@ class StreamConfig:
     # the schema's earlier versions (schema_to_text each, version 1 first; `schema` is the latest)
     schema_history: tuple[str, ...] = ()
     schema_compatibility: str = "BACKWARD"  # what a new schema version must keep (SCHEMA_COMPATIBILITY_MODES)
+    # key compaction (dlog.core.compaction): run by the policy runner when on; a segment is
+    # compacted once its newest record is `min_compaction_lag_ms` old; a deletion marker (a record
+    # with a null value) is dropped once its segment was first compacted `delete_retention_ms` ago
+    compaction: bool = False
+    min_compaction_lag_ms: int = 0
+    delete_retention_ms: int = DELETE_RETENTION_MS_DEFAULT
 
     def __post_init__(self) -> None:
         check_quorum(self.ensemble, self.write_quorum, self.ack_quorum)
@@ -277,6 +323,11 @@ class StreamConfig:
         if self.backlog_policy not in BACKLOG_POLICIES:
             raise ConfigError(f"backlog policy must be one of {', '.join(BACKLOG_POLICIES)}, "
                               f"got {self.backlog_policy!r}")
+        for name in ("min_compaction_lag_ms", "delete_retention_ms"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', ' ')} must be an integer >= 0, got {getattr(self, name)!r}")
+        if type(self.compaction) is not bool:
+            raise ConfigError(f"compaction must be true or false, got {self.compaction!r}")
 
     def to_bytes(self) -> bytes:
         document = asdict(self)

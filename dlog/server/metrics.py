@@ -68,6 +68,8 @@ class _Collector(Collector):
             "dlog_server_authentications_failed": ("SASL authentications refused", server.api.authentications_failed),
             "dlog_server_policy_runs": ("Policy runs (retention) of owned streams", server.policies.stats.runs),
             "dlog_server_policy_failures": ("Policy runs that failed", server.policies.stats.failures),
+            "dlog_server_compactions": ("Key compactions swapped in on owned streams (--compaction on)",
+                                        server.policies.stats.compactions),
         }
         for name, (documentation, value) in counters.items():
             yield CounterMetricFamily(name, documentation, value=value)

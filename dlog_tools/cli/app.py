@@ -12,6 +12,7 @@ import click
 from dlog_tools.cli.autorecovery import autorecovery, decommission_command
 from dlog_tools.cli.bench import bench
 from dlog_tools.cli.bookie import bookie
+from dlog_tools.cli.compact import compact_command
 from dlog_tools.cli.health import cluster, ping_command
 from dlog_tools.cli.ledger import ledger
 from dlog_tools.cli.quota import quota
@@ -72,6 +73,6 @@ def main() -> None:
 
 for command in (bookie, ledger, stream, subscription, write_command, read_command, truncate_command,
                 retention, export_command, cluster, ping_command, standalone, ui_command, bench, token,
-                quota, autorecovery, serve, tier, offload_command):
+                quota, autorecovery, serve, tier, offload_command, compact_command):
     main.add_command(command)
 bookie.add_command(decommission_command)

@@ -411,3 +411,23 @@ def bench_tier_command(records: int, segments: int, batch_records: int, tier: st
 
     print_bench(bench_tier(records, segments, batch_records, tier=tier, s3_endpoint=s3_endpoint, spark=spark,
                            fsync=not no_fsync), as_json)
+
+
+@bench.command("compaction")
+@click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
+@click.option("--keys", default=100_000, show_default=True, type=click.IntRange(1),
+              help="distinct keys: each record's key is one of them (every one used)")
+@click.option("--segments", default=4, show_default=True, type=click.IntRange(1, 1000),
+              help="the records are written across this many segments, all compacted")
+@click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1),
+              help="records per written batch")
+@no_fsync_option
+@json_option
+@fails_cleanly
+def bench_compaction_command(records: int, keys: int, segments: int, batch_records: int, no_fsync: bool,
+                             as_json: bool) -> None:
+    """Key compaction: its rate (records read per second), and rebuilding a table (latest value
+    per key) from the compacted view vs by replaying the whole stream."""
+    from dlog_tools.bench.compaction import bench_compaction
+
+    print_bench(bench_compaction(records, keys, segments, batch_records, fsync=not no_fsync), as_json)

@@ -315,3 +315,31 @@ def tier_setting_text(field: str, value: Any) -> str:
     if field.endswith("_ms"):
         return format_duration_ms(value) if value else "0 (at once)"
     return format_size(value)
+
+
+def compaction_options(command: Any) -> Any:
+    """`--compaction on|off`, `--min-compaction-lag`, `--delete-retention` of `dlog stream
+    create|alter` (they arrive as one `compaction` dict of the StreamConfig fields given)."""
+    from dlog_tools.units import DURATION
+
+    def gather(**kwargs: Any) -> Any:
+        on = kwargs.pop("compaction_switch")
+        lag = kwargs.pop("min_compaction_lag")
+        keep = kwargs.pop("delete_retention")
+        settings = {key: value for key, value in (
+            ("compaction", None if on is None else on == "on"), ("min_compaction_lag_ms", lag),
+            ("delete_retention_ms", keep)) if value is not None}
+        return command(compaction=settings, **kwargs)
+
+    gather.__name__, gather.__doc__ = command.__name__, command.__doc__
+    gather.__click_params__ = list(getattr(command, "__click_params__", []))  # type: ignore[attr-defined]
+    for option in reversed([
+        click.option("--compaction", "compaction_switch", type=click.Choice(["on", "off"]), default=None,
+                     help="key compaction by the policy runner: keep the latest record per key (default off)"),
+        click.option("--min-compaction-lag", type=DURATION, default=None,
+                     help="compact a segment only once its newest record is this old (default 0)"),
+        click.option("--delete-retention", type=DURATION, default=None,
+                     help="keep deletion markers this long after their segment's first compaction (default 1d)"),
+    ]):
+        gather = option(gather)
+    return gather

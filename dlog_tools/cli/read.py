@@ -234,14 +234,16 @@ class Committer:
                    "kept instead of failing")
 @click.option("--schema-version", type=click.IntRange(1), default=None,
               help="a typed stream: read every record in this schema version (default: the latest)")
+@click.option("--compacted", is_flag=True,
+              help="read the compacted view (the latest record per key) of compacted segments, then the rest")
 @cluster_options
 @json_option
 @fails_cleanly
 def read_command(name: str, start: str | None, end: str | None, max_records: int | None, follow: bool,
                  skip_truncated: bool, print_key: bool, print_timestamp: bool, with_headers: bool,
                  output_format: str, prefer: str, subscription: str | None, commit_every: int,
-                 commit_interval: float, schema_version: int | None, cluster: tuple[str, str, str],
-                 as_json: bool, skip_evicted: bool = False) -> None:
+                 commit_interval: float, schema_version: int | None, compacted: bool,
+                 cluster: tuple[str, str, str], as_json: bool, skip_evicted: bool = False) -> None:
     """Print records: one value per line, or with --json one object per line (what
     `dlog write --format jsonl` takes back). A typed stream's record is its columns as one JSON
     object, every record in one schema version (the latest, or --schema-version).
@@ -268,7 +270,8 @@ def read_command(name: str, start: str | None, end: str | None, max_records: int
         await stop.check(ns, name, first)
         committer = Committer(ns, name, subscription, commit_every, commit_interval)
         async with ns.open_reader(name, first, follow=follow, skip_truncated=skip_truncated,
-                                  headers=with_headers, prefer=prefer, schema_version=schema_version) as reader:
+                                  headers=with_headers, prefer=prefer, schema_version=schema_version,
+                                  compacted=compacted) as reader:
             try:
                 await _print_records(reader, stop, max_records, committer, as_json, print_key, print_timestamp,
                                      with_headers, output_format == "raw")

@@ -13,6 +13,7 @@ from dlog.segments.metadata import SCHEMA_COMPATIBILITY_MODES as SCHEMA_MODES
 from dlog_tools.cli.common import (
     TIER_FLAGS,
     cluster_options,
+    compaction_options,
     fails_cleanly,
     json_option,
     print_table,
@@ -71,13 +72,14 @@ def stream() -> None:
 @cluster_options
 @json_option
 @fails_cleanly
+@compaction_options
 def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack_quorum: int | None,
                   roll_size: int | None,
                   roll_age: int | None, roll_records: int, retention_age: int | None,
                   retention_size: int | None, if_not_exists: bool, schema_spec: str | None, schema_compatibility: str,
-                  tier: Any, cluster: tuple[str, str, str], as_json: bool, backlog_size: int | None = None,
-                  backlog_age: int | None = None, backlog_policy: str | None = None,
-                  subscription_expiry: int | None = None) -> None:
+                  tier: Any, cluster: tuple[str, str, str], as_json: bool, compaction: dict[str, Any],
+                  backlog_size: int | None = None, backlog_age: int | None = None,
+                  backlog_policy: str | None = None, subscription_expiry: int | None = None) -> None:
     """Create a stream (default schema: key, value, timestamp).
 
     Replication not given is fitted to the cluster: on fewer bookies than the default ensemble of
@@ -105,7 +107,7 @@ def stream_create(name: str, ensemble: int | None, write_quorum: int | None, ack
             retention_age_ms=retention_age or 0, retention_bytes=retention_size or 0, exist_ok=if_not_exists,
             tier=tier, schema=schema, schema_compatibility=schema_compatibility, backlog_bytes=backlog_size or 0,
             backlog_age_ms=backlog_age or 0, backlog_policy=backlog_policy or "hold",
-            subscription_expiry_ms=subscription_expiry or 0)
+            subscription_expiry_ms=subscription_expiry or 0, **compaction)
         note = replication_note(name, asked, quorums, bookies, cluster[1])
         if note and created.ensemble == quorums[0]:
             click.echo(f"dlog: {note}", err=True)
@@ -206,6 +208,9 @@ def _print_settings(name: str, config: dict[str, Any]) -> None:
                                             schema_history=tuple(config.get("schema_history", ()))))
         click.echo(f"  schema        version {len(versions)} ({config.get('schema_compatibility', 'BACKWARD')}): "
                    f"{spec_text(versions[-1])}")
+    if config.get("compaction"):
+        click.echo(f"  compaction    on, min lag {format_duration_ms(config['min_compaction_lag_ms'])}, "
+                   f"deletion markers kept {format_duration_ms(config['delete_retention_ms'])}")
 
 
 def _print_contents(info: dict[str, Any]) -> None:
@@ -259,13 +264,14 @@ def _segment_row(segment: dict[str, Any]) -> dict[str, Any]:
 @cluster_options
 @json_option
 @fails_cleanly
+@compaction_options
 def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_records: int | None,
                  retention_age: int | None, retention_size: int | None, keep_unconsumed: bool | None,
                  ensemble: int | None, write_quorum: int | None, ack_quorum: int | None, schema_spec: str | None,
                  schema_compatibility: str | None, tier: Any, cluster: tuple[str, str, str], as_json: bool,
-                 backlog_size: int | None = None, backlog_age: int | None = None,
+                 compaction: dict[str, Any], backlog_size: int | None = None, backlog_age: int | None = None,
                  backlog_policy: str | None = None, subscription_expiry: int | None = None) -> None:
-    """Change a stream's roll, retention, replication, tier, schema and backlog settings.
+    """Change a stream's roll, retention, replication, tier, schema, backlog and compaction settings.
 
     A writer takes new roll and replication settings when it next opens the stream (`dlog write`
     does at each run): replication applies to the segments it creates, existing ones keep theirs.
@@ -286,11 +292,13 @@ def stream_alter(name: str, roll_size: int | None, roll_age: int | None, roll_re
         ("schema_compatibility", schema_compatibility), ("backlog_bytes", backlog_size),
         ("backlog_age_ms", backlog_age), ("backlog_policy", backlog_policy),
         ("subscription_expiry_ms", subscription_expiry)) if value is not None}
+    changes.update(compaction)
     if not changes and tier is None:
         raise ConfigError("nothing to change: give --roll-size, --roll-age, --roll-records, --retention-age, "
                           "--retention-size, --keep-unconsumed/--ignore-subscribers, --ensemble, --write-quorum, "
                           f"--ack-quorum, {TIER_FLAGS}, --schema, --schema-compatibility, --backlog-size, "
-                          "--backlog-age, --backlog-policy, --subscription-expiry")
+                          "--backlog-age, --backlog-policy, --subscription-expiry, --compaction, "
+                          "--min-compaction-lag, --delete-retention")
 
     async def action(ns: Any) -> tuple[Any, Any]:
         before = await ns.config(name)
