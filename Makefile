@@ -31,7 +31,12 @@ demo: install java
 	@echo "make: starting the demo (ZooKeeper, 3 bookies, then Spark)"
 	@$(VENV)/bin/python -m dlog_tools.demo
 
+# The suite starts hundreds of Python processes (bookies, dlog commands, servers, Spark workers):
+# compileall writes the project's bytecode first, so none of them compiles the sources again where
+# the environment sets PYTHONDONTWRITEBYTECODE (then no process writes a .pyc, but each reads one:
+# a bookie's imports took ~1.5 s of CPU without them, ~0.9 s with them). Up-to-date files are skipped.
 test: install java chromium redis
+	$(VENV)/bin/python -m compileall -q -j 0 bookkeeper dlog dlog_tools dlog_spark pyspark_dlog.py tests
 	$(VENV)/bin/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 clean:

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jwt
-
 from bookkeeper.clock import wall_ms
 from bookkeeper.errors import AuthenticationError, ConfigError
 from bookkeeper.security.authz import Principal, Role, parse_roles
@@ -87,6 +85,8 @@ def create_token(key: TokenKey, subject: str, roles: list[str], *, ttl_s: float 
         if ttl_s <= 0:
             raise ConfigError(f"token lifetime must be > 0 s, got {ttl_s}")
         claims["exp"] = issued_s + int(ttl_s)
+    import jwt  # here, not at the top: PyJWT loads cryptography, which a bookie without tokens never needs
+
     return jwt.encode(claims, key.key, algorithm=key.algorithm)
 
 
@@ -104,6 +104,8 @@ class TokenVerifier:
                 raise AuthenticationError("token is not ASCII text") from None
         if not token or len(token) > TOKEN_BYTES_MAX:
             raise AuthenticationError(f"token is empty or longer than {TOKEN_BYTES_MAX} bytes")
+        import jwt  # loaded with the first token (see create_token)
+
         try:
             claims = jwt.decode(token, self._verifying, algorithms=[self.key.algorithm],  # type: ignore[arg-type]
                                 issuer=ISSUER, leeway=LEEWAY_S,

@@ -6,12 +6,15 @@ from __future__ import annotations
 import pytest
 
 from bookkeeper.errors import ConfigError
+from tests.helpers import local_clusters
 from tests.integration.test_streams import namespace, read_all, values
 
 
-@pytest.fixture
-def stream_cluster(cluster_factory):  # type: ignore[no-untyped-def]
-    return cluster_factory(bookies=3)
+@pytest.fixture(scope="module")
+def stream_cluster(zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One 3-bookie cluster for the file's tests, which write streams of names of their own."""
+    with local_clusters(zk_server, tmp_path_factory.mktemp("offer"), "t", default_bookies=3) as make:
+        yield make()
 
 
 async def test_offered_records_are_durable_once_flush_returns(stream_cluster):

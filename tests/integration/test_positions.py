@@ -16,14 +16,17 @@ from dlog.segments.codec import RecordSetCodec, default_schema, records_to_batch
 from dlog.segments.store import StreamStore
 from dlog_spark.segments import commit_batch
 from tests.harness.streamsim.actors import SinkMessage
+from tests.helpers import local_clusters
 from dlog_tools.cli.read import record_json
 
 PROBE_EVERY = 1000
 
 
-@pytest.fixture
-def stream_cluster(cluster_factory):
-    return cluster_factory(bookies=3)
+@pytest.fixture(scope="module")
+def stream_cluster(zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One 3-bookie cluster for the file's tests, which write streams of names of their own."""
+    with local_clusters(zk_server, tmp_path_factory.mktemp("positions"), "t", default_bookies=3) as make:
+        yield make()
 
 
 def namespace(cluster) -> Namespace:

@@ -16,13 +16,22 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dlog import Namespace
-from tests.helpers import dlog_runner, eventually
+from dlog_tools.cluster import LocalCluster
+from tests.helpers import dlog_runner, eventually, local_clusters
 from tests.integration.serving import ServeProcess, serve_processes
 
 RECORD_COUNT = 40
 DEADLINE_S = 60.0
 
 Records = list[tuple[bytes | None, bytes, tuple, int]]
+
+
+@pytest.fixture(scope="module")
+def cluster(zk_server, tmp_path_factory) -> Iterator[LocalCluster]:
+    """One 1-bookie cluster for the file: each test serves a namespace of its own, and servers
+    register and own streams per namespace (a cluster start each was a sixth of the file's time)."""
+    with local_clusters(zk_server, tmp_path_factory.mktemp("serve-kafka"), "t", default_bookies=1) as make:
+        yield make()
 
 
 @pytest.fixture
@@ -152,9 +161,8 @@ def with_offsets(records: Records, first: int = 0) -> list[tuple]:
 
 
 @pytest.mark.parametrize("client", ["librdkafka", "kafka-python", "aiokafka"])
-async def test_each_client_produces_and_reads_back_through_a_server_and_natively(cluster_factory, serve, namespace,
+async def test_each_client_produces_and_reads_back_through_a_server_and_natively(cluster, serve, namespace,
                                                                                  client):
-    cluster = cluster_factory(bookies=1)
     server = serve(cluster, namespace, "--auto-create-topics")
     topic = f"orders-{client}"
     records = expected_records(client)
@@ -181,8 +189,7 @@ async def test_each_client_produces_and_reads_back_through_a_server_and_natively
     assert server.stop() == 0
 
 
-async def test_native_records_read_back_through_kafka_consumers(cluster_factory, serve, namespace):
-    cluster = cluster_factory(bookies=1)
+async def test_native_records_read_back_through_kafka_consumers(cluster, serve, namespace):
     async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
         await ns.create_stream("native", ensemble=1, write_quorum=1, ack_quorum=1)
         async with ns.open_writer("native") as writer:
@@ -198,8 +205,7 @@ async def test_native_records_read_back_through_kafka_consumers(cluster_factory,
 # ------------------------------------------------------------------ many producers, one stream
 
 
-def test_eight_producers_into_one_topic_each_in_its_order_once(cluster_factory, serve, namespace):
-    cluster = cluster_factory(bookies=1)
+def test_eight_producers_into_one_topic_each_in_its_order_once(cluster, serve, namespace):
     server = serve(cluster, namespace, "--auto-create-topics")
     producers, per_producer = 8, 5_000
 
@@ -285,10 +291,9 @@ def owners(run: Callable[..., object]) -> dict[str, int]:
     return {stream: server["id"] for server in servers for stream in server["streams"]}
 
 
-def test_a_killed_server_s_streams_are_taken_without_any_client_asking(cluster_factory, serve, namespace):
+def test_a_killed_server_s_streams_are_taken_without_any_client_asking(cluster, serve, namespace):
     """Proactive takeover: once the killed server's session expired, the live server that hashing
     picks takes each of its streams by itself (no client request reaches any server meanwhile)."""
-    cluster = cluster_factory(bookies=1)
     first = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
     second = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
     servers = {first.server_id: first, second.server_id: second}
@@ -316,9 +321,8 @@ def test_a_killed_server_s_streams_are_taken_without_any_client_asking(cluster_f
         assert [offset for offset, *_ in got] == [0, 1, 2], got
 
 
-def test_a_killed_server_s_streams_move_and_every_acknowledged_record_is_read_once(cluster_factory, serve,
+def test_a_killed_server_s_streams_move_and_every_acknowledged_record_is_read_once(cluster, serve,
                                                                                      namespace):
-    cluster = cluster_factory(bookies=1)
     first = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
     second = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s")
     servers = {first.server_id: first, second.server_id: second}
@@ -431,11 +435,10 @@ def metadata_request(topic: str) -> object:
                            allow_auto_topic_creation=False)
 
 
-async def test_only_the_owner_serves_a_stream_and_a_native_writer_is_told_which_server(cluster_factory, serve,
+async def test_only_the_owner_serves_a_stream_and_a_native_writer_is_told_which_server(cluster, serve,
                                                                                        namespace):
     from dlog import WriterLockedError
     from dlog.serve.kafka import ErrorCode
-    cluster = cluster_factory(bookies=1)
     async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
         await ns.create_stream("routed", ensemble=1, write_quorum=1, ack_quorum=1)
     first, second = serve(cluster, namespace), serve(cluster, namespace)
@@ -471,9 +474,8 @@ async def test_only_the_owner_serves_a_stream_and_a_native_writer_is_told_which_
             answer.responses[0].partition_responses[0].base_offset) == (0, 2)
 
 
-async def test_offsets_with_native_and_kafka_writes_and_truncation(cluster_factory, serve, namespace):
+async def test_offsets_with_native_and_kafka_writes_and_truncation(cluster, serve, namespace):
     from dlog.serve.kafka import ErrorCode
-    cluster = cluster_factory(bookies=1)
     base = 1_700_000_000_000
     async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
         await ns.create_stream("mixed", ensemble=1, write_quorum=1, ack_quorum=1)
@@ -552,9 +554,8 @@ class GroupMember:
         consumer.close()
 
 
-def test_a_group_of_three_shares_six_partitions_and_its_commits_are_subscriptions(cluster_factory, serve,
+def test_a_group_of_three_shares_six_partitions_and_its_commits_are_subscriptions(cluster, serve,
                                                                                   namespace):
-    cluster = cluster_factory(bookies=1)
     run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
     for index in range(6):
         run("stream", "create", f"grouped/partition-{index}", "--ensemble", "1", "--write-quorum", "1",
@@ -607,9 +608,8 @@ def test_a_group_of_three_shares_six_partitions_and_its_commits_are_subscription
 # ------------------------------------------------------------------ topic administration, idempotent resends
 
 
-def test_topics_are_created_described_and_deleted_as_streams(cluster_factory, serve, namespace):
+def test_topics_are_created_described_and_deleted_as_streams(cluster, serve, namespace):
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
-    cluster = cluster_factory(bookies=1)
     server = serve(cluster, namespace)
     run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
     admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
@@ -645,11 +645,10 @@ def test_topics_are_created_described_and_deleted_as_streams(cluster_factory, se
         admin.close()
 
 
-def test_an_idempotent_resend_is_answered_with_its_first_offset_and_written_once(cluster_factory, serve, namespace):
+def test_an_idempotent_resend_is_answered_with_its_first_offset_and_written_once(cluster, serve, namespace):
     from kafka.protocol.producer import InitProducerIdRequest
 
     from dlog.serve.kafka import ErrorCode
-    cluster = cluster_factory(bookies=1)
     server = serve(cluster, namespace, "--auto-create-topics")
     ids = [raw_request(server.bootstrap, InitProducerIdRequest(version=0, transactional_id=None,
                                                                transaction_timeout_ms=60_000), 0)
@@ -692,13 +691,12 @@ def idempotent_request(topic: str, producer_id: int, values: list[bytes], sequen
     return request
 
 
-def test_a_resend_after_the_owner_is_killed_is_answered_by_the_new_owner_and_written_once(cluster_factory, serve,
+def test_a_resend_after_the_owner_is_killed_is_answered_by_the_new_owner_and_written_once(cluster, serve,
                                                                                           namespace):
     """The new owner rebuilds the dedup table (the stored snapshot, then the entries written after
     it) before it takes a write: resends of batches the killed owner made durable get their
     original offsets, and the stream holds each record once."""
     from kafka.protocol.producer import InitProducerIdRequest
-    cluster = cluster_factory(bookies=1)
     # a snapshot is stored after about every second batch: both the snapshot and the replay matter
     first = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "2s", "--dedup-replay-bytes", "300")
     producer_id = raw_request(first.bootstrap, InitProducerIdRequest(version=0, transactional_id=None,
@@ -725,10 +723,9 @@ def test_a_resend_after_the_owner_is_killed_is_answered_by_the_new_owner_and_wri
     assert lines == [value.decode() for values in batches for value in values] + ["after"]
 
 
-async def test_a_native_takeover_fences_the_server_which_stops_serving_the_stream(cluster_factory, serve, namespace):
+async def test_a_native_takeover_fences_the_server_which_stops_serving_the_stream(cluster, serve, namespace):
     from dlog.serve.kafka import ErrorCode
     from tests.helpers import eventually
-    cluster = cluster_factory(bookies=1)
     async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
         await ns.create_stream("taken", ensemble=1, write_quorum=1, ack_quorum=1)
     server = serve(cluster, namespace)
@@ -750,12 +747,11 @@ async def test_a_native_takeover_fences_the_server_which_stops_serving_the_strea
     assert values[:2] == ["served", "native"] and set(values[2:]) <= {"late"}, values
 
 
-def test_a_malformed_frame_closes_only_its_connection(cluster_factory, serve, namespace):
+def test_a_malformed_frame_closes_only_its_connection(cluster, serve, namespace):
     import socket
     import struct
 
     from kafka.protocol.metadata import ApiVersionsRequest
-    cluster = cluster_factory(bookies=1)
     server = serve(cluster, namespace)
     host, port = server.bootstrap.rsplit(":", 1)
     for frame in (struct.pack(">ihhih", 10, 99, 0, 1, -1),  # unknown api key
@@ -769,9 +765,8 @@ def test_a_malformed_frame_closes_only_its_connection(cluster_factory, serve, na
     assert 17 not in {api.api_key for api in answer.api_keys}  # SASL is not served yet, so not listed
 
 
-def test_a_server_whose_session_expired_registers_again_and_serves(cluster_factory, serve, namespace):
+def test_a_server_whose_session_expired_registers_again_and_serves(cluster, serve, namespace):
     import signal
-    cluster = cluster_factory(bookies=1)
     server = serve(cluster, namespace, "--auto-create-topics", "--session-timeout", "1s")
     run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
     assert librdkafka_produce(server.bootstrap, "paused", expected_records("before", 5)) == list(range(5))
@@ -793,10 +788,9 @@ def test_a_server_whose_session_expired_registers_again_and_serves(cluster_facto
     assert owners(run) == {"paused": server.server_id}
 
 
-async def test_the_owner_applies_the_retention_of_the_streams_it_owns(cluster_factory, serve, namespace):
+async def test_the_owner_applies_the_retention_of_the_streams_it_owns(cluster, serve, namespace):
     """Issue 23 item 1: a stream's policies run in the process that owns it; nobody runs
     `dlog retention apply`."""
-    cluster = cluster_factory(bookies=1)
     async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
         await ns.create_stream("kept", ensemble=1, write_quorum=1, ack_quorum=1, retention_bytes=1)
         for session in range(3):  # three completed segments of five records

@@ -134,7 +134,9 @@ async def test_4_records_buffered_behind_a_failure_fail_with_it(cluster, names):
     async with connect(cluster, namespace) as ns, connect(cluster, namespace) as other:
         await ns.create_stream("behind", roll_records=10)
         first = await ns.open_writer("behind", flush_records=5, linger_ms=60_000)
-        await write_all(first, values(8))
+        acked = [first.write_nowait(value) for value in values(8)]
+        await first.flush()  # the last 3 of the 8 would otherwise wait out the 60 s linger
+        await asyncio.gather(*acked)
         second = await other.open_writer("behind", takeover=True, lock_timeout_s=0.2)  # fences the first
         buffered = [first.write_nowait(value) for value in values(30, 8)]  # a roll falls due among them
         results = await asyncio.wait_for(asyncio.gather(*buffered, return_exceptions=True), 30)

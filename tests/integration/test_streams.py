@@ -19,13 +19,23 @@ import pytest
 from bookkeeper.errors import ConfigError, NoSuchLedgerError
 from dlog import Namespace, Offset, OffsetOutOfRangeError, TruncatedError, WriterFencedError, WriterLockedError
 from dlog.segments.metadata import SegmentState
-from tests.helpers import eventually
+from tests.helpers import eventually, local_clusters
 from dlog_tools.cluster import LineReader
 
 
+@pytest.fixture(scope="module")
+def stream_cluster(zk_server, tmp_path_factory):
+    """One 3-bookie cluster for the file's tests, which write streams of names of their own (a cluster
+    start each was most of the file's time)."""
+    with local_clusters(zk_server, tmp_path_factory.mktemp("streams"), "t", default_bookies=3) as make:
+        yield make(bookie_args=["--gc-grace", "0"])  # GC collects deleted ledgers at once
+
+
 @pytest.fixture
-def stream_cluster(cluster_factory):
-    return cluster_factory(bookies=3, bookie_args=["--gc-grace", "0"])  # GC collects deleted ledgers at once
+def own_cluster(cluster_factory):
+    """A cluster of the test's own, for a test that counts what every bookie's garbage collection
+    drops (the ledgers other tests deleted would be collected with its own)."""
+    return cluster_factory(bookies=3, bookie_args=["--gc-grace", "0"])
 
 
 def namespace(cluster, name: str = "test") -> Namespace:
@@ -176,8 +186,8 @@ async def test_truncation_removes_whole_segments_below_and_guards_the_rest(strea
         assert len(await read_all(ns, "trunc")) == 550  # a refused truncation changed nothing
 
 
-async def test_retention_by_size_and_age_respects_subscribers(stream_cluster):
-    async with namespace(stream_cluster) as ns:
+async def test_retention_by_size_and_age_respects_subscribers(own_cluster):
+    async with namespace(own_cluster) as ns:
         await ns.create_stream("keep", roll_records=100)
         async with ns.open_writer("keep", flush_records=50) as writer:
             offsets = await write_all(writer, values(1000))
@@ -204,7 +214,7 @@ async def test_retention_by_size_and_age_respects_subscribers(stream_cluster):
         removed_ledgers = {s.ledger_id for s in listing.segments[:-1]}
         collected: set[int] = set()
         async with aiohttp.ClientSession() as session:
-            for bookie in stream_cluster.bookies:
+            for bookie in own_cluster.bookies:
                 async with session.post(f"{bookie.http}/api/v1/gc") as response:
                     collected.update((await response.json())["deleted_ledgers"])
         assert collected == removed_ledgers
@@ -278,7 +288,7 @@ async def test_a_reader_reads_ahead_within_its_byte_bound(stream_cluster):
 
 @pytest.mark.parametrize("name", ["", "/", "a//b", "../x", ".hidden", "a\x00b", "x" * 300, "a/./b"])
 async def test_bad_stream_names_are_refused(stream_cluster, name):
-    async with namespace(stream_cluster) as ns:
+    async with namespace(stream_cluster, "bad-names") as ns:  # a namespace no other test writes in
         with pytest.raises(ConfigError):
             await ns.create_stream(name)
         assert await ns.list_streams() == []

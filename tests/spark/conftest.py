@@ -1,5 +1,6 @@
-"""Fixtures for real local Spark against real bookie processes: one SparkSession and one cluster
-per test module, each test in its own namespace."""
+"""Fixtures for real local Spark against real bookie processes: one SparkSession per test module,
+one cluster for all of them (the Spark files run on one worker, one after another), each test in
+its own namespace."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from dlog.segments.codec import records_to_batch
 from dlog_tools.cluster import LocalCluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(zk_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The Spark files' cluster: 3 bookies, started once (a start per file was ~6 s each on that one
+    worker); the tests keep apart by namespace (`dlog_ns`)."""
     root = f"/t-{uuid.uuid4().hex[:8]}"
     local = LocalCluster(tmp_path_factory.mktemp("spark-cluster"), bookies=3, zk_root=root, zk_server=zk_server)
     local.start()
