@@ -72,3 +72,24 @@ class WriterAbortedError(DlogError):
     ack quorum of bookies)."""
 
     code = 324
+
+
+class SequenceError(DlogError):
+    """A named producer's write with a bad sequence (below or overlapping what the stream holds or
+    the writer buffered, not increasing inside a batch, out of range): refused, nothing written.
+    `expected` is the least sequence the producer may send next (None when the write itself is
+    malformed)."""
+
+    code = 328
+
+    def __init__(self, message: str, expected: int | None = None) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
+class ProducersFullError(DlogError):
+    """A new named producer was refused by a limit of the stream's producer table
+    (`producers_max`, `snapshot_bytes_max`): open again once idle producers expired."""
+
+    code = 329
+    retryable = True
