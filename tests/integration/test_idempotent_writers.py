@@ -6,13 +6,21 @@ loses and duplicates nothing once its restarts resend what they did not see ackn
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+import signal
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
 from dlog import DuplicateWrite, Namespace, SequenceError
 from dlog.core.dedup import decode_stored
 from dlog_tools.cluster import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +113,99 @@ async def test_a_resend_after_retention_removed_the_producers_records_is_still_a
             assert writer.last_sequence == 2
             assert isinstance(await writer.write_batch([b"a", b"b"], sequence=1), DuplicateWrite)
         assert await values_of(ns, "s") == [b"e"]
+
+
+PRODUCERS = ("p0", "p1", "p2")
+RECORDS = 50_000  # per producer
+BATCH = 250  # records per write_batch: one entry, so a batch is durable whole or not at all
+KILLS = 20
+RUN_S_MAX = 60.0  # one writer process's run
+
+
+async def start_forker(cluster: LocalCluster, namespace: str) -> asyncio.subprocess.Process:
+    """The process that forks the writer processes (idempotent_writer_process.py), once it is ready."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.integration.idempotent_writer_process", "--zk", cluster.zk_address,
+        "--root", cluster.zk_root, "--namespace", namespace, "--stream", "s", "--count", str(RECORDS),
+        "--batch", str(BATCH), cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    assert process.stdout is not None
+    async with asyncio.timeout(RUN_S_MAX):
+        assert (await process.stdout.readline()).strip() == b"ready"
+    return process
+
+
+async def run_writer(forker: asyncio.subprocess.Process, producer: str, start: int, rng: random.Random,
+                     kill: str | None) -> tuple[int, int | None, bool]:
+    """One writer process writing from `start` on: (its resume point, the last sequence it
+    acknowledged to us, whether it finished). `kill`: "timer" SIGKILLs it at a random moment after
+    it opened (some land mid-roll: rolls are frequent), "after-ack" makes it kill itself right
+    after a write is acknowledged and before it tells us; None lets it finish."""
+    assert forker.stdin is not None and forker.stdout is not None
+    die_after = rng.randint(1, 8) if kill == "after-ack" else 0
+    resume, acked, finished, expected, pid = None, None, False, start, None
+    killer: asyncio.TimerHandle | None = None
+    forker.stdin.write(f"go {producer} {start} {die_after}\n".encode())
+    await forker.stdin.drain()
+    try:
+        async with asyncio.timeout(RUN_S_MAX):
+            while raw := await forker.stdout.readline():
+                line = raw.decode().split() or [""]
+                if line[0] == "pid":
+                    pid = int(line[1])
+                elif line[0] == "resume":
+                    resume = int(line[1])
+                    if kill == "timer":
+                        killer = asyncio.get_running_loop().call_later(rng.uniform(0.0, 0.4), os.kill, pid,
+                                                                       signal.SIGKILL)
+                elif line[0] == "acked" and line[-1] == "ok":  # not cut by the kill
+                    first, last = int(line[1]), int(line[2])
+                    assert first == expected, f"{producer}: acknowledged {first}, expected {expected}"
+                    acked, expected = last, last + 1
+                elif line[0] == "done":
+                    finished = True
+                elif line[0] == "exit":
+                    break
+    finally:
+        if killer is not None:
+            killer.cancel()
+    assert resume is not None or kill is not None, f"{producer}: the writer never opened"
+    assert kill is not None or finished, f"{producer}: the writer stopped early"
+    return -1 if resume is None else resume, acked, finished
+
+
+async def test_writers_killed_20_times_resend_without_duplicates_or_losses(cluster):
+    rng = random.Random(25)
+    namespace = f"ns{uuid.uuid4().hex[:6]}"
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("s", roll_bytes=32 << 10)  # a roll every few batches
+    acknowledged = dict.fromkeys(PRODUCERS, -1)  # the application's view: the last sequence it saw acknowledged
+    finished: set[str] = set()
+    forker = await start_forker(cluster, namespace)
+    resent_durable = 0
+    for run in range(KILLS + 2 * len(PRODUCERS)):  # bounded: 20 killed runs, then each producer finishes
+        unfinished = [p for p in PRODUCERS if p not in finished]
+        if not unfinished:
+            break
+        producer = unfinished[run % len(unfinished)]
+        kill = None if run >= KILLS else ("after-ack" if run % 2 else "timer")
+        start = acknowledged[producer] + 1  # everything not seen acknowledged is sent again
+        resume, acked, done = await run_writer(forker, producer, start, rng, kill)
+        assert resume == -1 or resume >= acknowledged[producer], f"{producer}: acknowledged records were lost"
+        resent_durable += resume > acknowledged[producer]  # durable, not seen acknowledged: its resend is a duplicate
+        if acked is not None:
+            acknowledged[producer] = acked
+        if done:
+            finished.add(producer)
+    forker.kill()
+    await forker.wait()
+    assert finished == set(PRODUCERS)
+    assert resent_durable >= KILLS // 4  # the after-ack kills: the case that would write twice
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        values = await values_of(ns, "s")
+    written: dict[str, list[int]] = {producer: [] for producer in PRODUCERS}
+    for value in values:
+        producer, sequence = value.decode().split(":")
+        written[producer].append(int(sequence))
+    for producer in PRODUCERS:  # every record once, in order
+        assert written[producer] == list(range(RECORDS)), f"{producer}: duplicates or losses"
