@@ -7,6 +7,7 @@ loses and duplicates nothing once its restarts resend what they did not see ackn
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ import pytest
 from dlog import DuplicateWrite, Namespace, SequenceError
 from dlog.core.dedup import decode_stored
 from dlog_tools.cluster import LocalCluster
+from tests.helpers import dlog_runner, one_error_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,3 +211,18 @@ async def test_writers_killed_20_times_resend_without_duplicates_or_losses(clust
         written[producer].append(int(sequence))
     for producer in PRODUCERS:  # every record once, in order
         assert written[producer] == list(range(RECORDS)), f"{producer}: duplicates or losses"
+
+
+async def test_dlog_write_with_a_producer_id_writes_only_what_an_earlier_run_did_not(cluster):
+    namespace = f"ns{uuid.uuid4().hex[:6]}"
+    run = dlog_runner(cluster.zk_address, cluster.zk_root, namespace)
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("s")
+    first = run("write", "s", "--producer-id", "importer", "--json", stdin="a\nb\n")
+    assert json.loads(first.stdout)["count"] == 2
+    again = run("write", "s", "--producer-id", "importer", stdin="a\nb\nc\n")  # the input again, and more
+    assert "wrote 1 record" in again.stdout and "2 records already in s, not written again" in again.stdout
+    bad = run("write", "s", "--producer-id", "no spaces", stdin="x\n", ok=False)
+    assert bad.returncode != 0 and "bad producer id" in one_error_line(bad)
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        assert await values_of(ns, "s") == [b"a", b"b", b"c"]
