@@ -725,6 +725,11 @@ class StreamWriter:
         if any(type(item) is _Run for item in items):
             return self._encode_runs(items, first_record_index, producers)
         values, keys, timestamps, headers = zip(*items, strict=True)
+        return self._encode_rows(values, keys, timestamps, headers, first_record_index, producers)
+
+    def _encode_rows(self, values: Sequence[bytes], keys: Sequence[bytes | None], timestamps: Sequence[int],
+                     headers: Sequence[Headers | None], first_record_index: int,
+                     producers: Sequence[ProducerRun]) -> EncodedEntry:
         if any(headers):
             return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
                                            first_record_index, producers=producers)
@@ -745,12 +750,7 @@ class StreamWriter:
         values, keys, timestamps, headers, sequences = zip(*items, strict=True)
         runs = [ProducerRun(producer, 0, sequences[0], sequences[-1], 0, len(items))]
         self._entry_runs.append((sequences[0], sequences[-1], len(items)))
-        if any(headers):
-            return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
-                                           first_record_index, producers=runs)
-        batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
-        return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(timestamps), max(timestamps)),
-                                       checked=True, producers=runs)
+        return self._encode_rows(values, keys, timestamps, headers, first_record_index, runs)
 
     def _encode_runs(self, items: Sequence[Any], first_record_index: int,
                      producers: Sequence[ProducerRun]) -> EncodedEntry:
