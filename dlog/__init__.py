@@ -1,12 +1,14 @@
 """dlog: named, replicated streams of Arrow record batches on BookKeeper ledgers."""
 
 from dlog.blocking import connect
+from dlog.core.errors import ProducersFullError, SequenceError
 from dlog.namespace import Namespace
 from dlog.offload import Offloader, OffloadReport
 from dlog.offsets import Offset
 from dlog.reader import OffsetOutOfRangeError, PositionsUnknownError, Record, StreamReader, TruncatedError
 from dlog.segments.metadata import TierPolicy
 from dlog.writer import (
+    DuplicateWrite,
     LedgerDeletedError,
     StreamWriter,
     WriterAbortedError,
@@ -18,4 +20,4 @@ from dlog.writer import (
 __all__ = ["Namespace", "Offset", "Record", "StreamReader", "StreamWriter", "WrittenBatch",
            "TruncatedError", "OffsetOutOfRangeError", "PositionsUnknownError", "WriterFencedError",
            "WriterLockedError", "LedgerDeletedError", "WriterAbortedError", "connect", "Offloader",
-           "OffloadReport", "TierPolicy"]
+           "OffloadReport", "TierPolicy", "DuplicateWrite", "SequenceError", "ProducersFullError"]

@@ -26,7 +26,7 @@ from dlog.bridge import LoopThread
 from dlog.namespace import Namespace
 from dlog.offsets import Offset
 from dlog.reader import Record, StreamReader
-from dlog.writer import StreamWriter, WrittenBatch
+from dlog.writer import DuplicateWrite, StreamWriter, WrittenBatch
 
 T = TypeVar("T")
 
@@ -72,13 +72,19 @@ class BlockingWriter:
         self._loop = loop
         self.writer = writer
 
-    def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
-              headers: list[tuple[str, bytes | None]] | None = None) -> Offset:
-        return self._loop.call(self.writer.write(value, key, timestamp_ms, headers))
+    @property
+    def last_sequence(self) -> int | None:
+        """A named producer's last durable sequence (`StreamWriter.last_sequence`)."""
+        return self.writer.last_sequence
 
-    def write_many(self, values: list[bytes], keys: list[bytes | None] | None = None) -> list[Offset]:
+    def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
+              headers: list[tuple[str, bytes | None]] | None = None, *,
+              sequence: int | None = None) -> Offset | DuplicateWrite:
+        return self._loop.call(self.writer.write(value, key, timestamp_ms, headers, sequence=sequence))
+
+    def write_many(self, values: list[bytes], keys: list[bytes | None] | None = None) -> list[Offset | DuplicateWrite]:
         """Pipelined per-record writes; returns every offset once all are durable."""
-        async def run() -> list[Offset]:
+        async def run() -> list[Offset | DuplicateWrite]:
             futures = []
             for index, value in enumerate(values):
                 await self.writer.wait_writable()
@@ -87,8 +93,9 @@ class BlockingWriter:
 
         return self._loop.call(run())
 
-    def write_batch(self, batch: pa.RecordBatch | list[bytes]) -> WrittenBatch:
-        return self._loop.call(self.writer.write_batch(batch))
+    def write_batch(self, batch: pa.RecordBatch | list[bytes], *,
+                    sequence: int | list[int] | None = None) -> WrittenBatch | DuplicateWrite:
+        return self._loop.call(self.writer.write_batch(batch, sequence=sequence))
 
     def flush(self) -> None:
         self._loop.call(self.writer.flush())

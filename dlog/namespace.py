@@ -50,10 +50,12 @@ from bookkeeper.security.settings import (
 )
 from dlog.context import StreamContext
 from dlog.core import backlog, changes, tiering
+from dlog.core.dedup import encode_stored
 from dlog.core.errors import StreamBusyError, SubscriptionEvictedError, WriterLockedError
 from dlog.iceberg import IcebergTarget, SyncResult, sync_table
 from dlog.names import check_stream_name, check_subscription_name, stream_node_name
 from dlog.offsets import Offset
+from dlog.producers import rebuild_producers
 from dlog.reader import StreamReader
 from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig, TierPolicy
@@ -419,9 +421,31 @@ class Namespace:
             config = await self.store.config(name)
             if not options.get("takeover") and options.get("lock_holder") is None:
                 await self._refuse_if_served(name)
-            return await StreamWriter(self.context_of(config), **options).open()
+            writer = await StreamWriter(self.context_of(config), **options).open()
+            if writer.producer_id is not None:
+                try:
+                    await self._restore_producers(name, writer)
+                except BaseException:
+                    writer.abort()
+                    raise
+            return writer
 
         return _Opening(open_it)
+
+    async def _restore_producers(self, name: str, writer: StreamWriter) -> None:
+        """A named producer's writer gets the stream's producer table before its first write: the
+        stored snapshot and the producer sections of the entries after it (the previous writer's
+        in-progress segment is recovered by now), stored again at the stream's end so the next
+        writer replays only what this one writes (docs/design.md, "Idempotent writers")."""
+        segment = writer.segment
+        end = None if segment is None else segment.first_position
+        if end is None:
+            raise DlogError(f"stream {name!r} has no record positions: a named producer needs them")
+        table, version, _, _ = await rebuild_producers(
+            self.store, lambda start: self.open_reader(name, start, follow=False, skip_truncated=True), name, end,
+            self.clock.wall_ms())
+        await self.store.store_dedup_snapshot(name, encode_stored(end, table.snapshot()), version)
+        writer.restore_producers(table)
 
     async def _refuse_if_served(self, name: str) -> None:
         """A stream a serving-tier server owns (`dlog serve`) is written through it: a native

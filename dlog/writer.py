@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -30,6 +31,7 @@ from bookkeeper.errors import ConfigError, DlogError, MetadataVersionError
 from bookkeeper.runtime import start_task
 from dlog.context import StreamContext
 from dlog.core import backlog
+from dlog.core.dedup import DedupTable, Duplicate, OutOfOrder, encode_stored, native_producer
 from dlog.core.effects import (
     AppendEntry,
     ApplyRetention,
@@ -54,6 +56,8 @@ from dlog.core.effects import (
 from dlog.core.errors import (
     BacklogExceededError,
     LedgerDeletedError,
+    ProducersFullError,
+    SequenceError,
     WriterAbortedError,
     WriterClosedError,
     WriterFencedError,
@@ -76,10 +80,11 @@ from dlog.segments.codec import (
     schema_with_headers,
     split_batch,
 )
-from dlog.segments.metadata import Segment
+from dlog.segments.metadata import Segment, SegmentState
 from dlog.segments.schemas import schema_version
 
-__all__ = ["LedgerDeletedError", "StreamWriter", "WriterAbortedError", "WriterClosedError", "WriterFencedError",
+__all__ = ["DuplicateWrite", "LedgerDeletedError", "ProducersFullError", "SequenceError", "StreamWriter",
+           "WriterAbortedError", "WriterClosedError", "WriterFencedError",
            "WriterLockedError", "WrittenBatch"]
 
 log = logging.getLogger(__name__)
@@ -88,6 +93,21 @@ ROW_COLUMNS = ("value", "key", "timestamp", "headers")  # what a buffered record
 SETTLE_S_MAX = 30.0  # how long close() lets effect tasks (deletes, the lock release) end
 ABORT_SETTLE_S_MAX = 1.0  # the same after abort(), which promised not to wait
 RUN_RECORDS_MIN = 8  # offer_records of more records than this builds their Arrow columns at once
+SEQUENCE_MAX = 2**63 - 1  # a named producer's sequences are 0..this (the entry's signed 64-bit field)
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateWrite:
+    """The answer to a named producer's resend of sequences the stream already holds: nothing was
+    written again. `first_position`..`last_position` are the stream positions of the original
+    records when the resend matches (a part of) one of the producer's last 5 durable batches
+    (`DedupLimits.batches_remembered_max`; a batch is one entry's run of the producer's records);
+    None when it is older: then only "duplicate" is known."""
+
+    first_sequence: int
+    last_sequence: int
+    first_position: int | None
+    last_position: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +217,11 @@ class StreamWriter:
                  flush_records: int = 20_000, linger_ms: float = 0.0, partial_entries_in_flight_max: int = 1,
                  buffer_bytes_max: int = 64 << 20, entry_bytes_max: int = 3 << 20, lock_timeout_s: float = 30.0,
                  takeover: bool = False, retention_on_roll: bool = False,
-                 lock_holder: dict[str, Any] | None = None) -> None:
+                 lock_holder: dict[str, Any] | None = None, producer_id: str | None = None) -> None:
         """`lock_holder`: what the writer-lock node says of its holder (default: this host and
         process); a serving-tier server names itself there, so other writers can say who serves
-        the stream."""
+        the stream. `producer_id`: a named idempotent producer (`Namespace.open_writer` rebuilds its
+        table before handing the writer out; docs/concepts.md, "Idempotent writers")."""
         if entry_bytes_max > ENTRY_BYTES_MAX:
             raise ConfigError(f"entry_bytes_max {entry_bytes_max} exceeds the bookie maximum of 4 MiB")
         for option, value, low in (("flush_bytes", flush_bytes, 1), ("flush_records", flush_records, 1),
@@ -243,6 +264,13 @@ class StreamWriter:
         self._holds = backlog.holds_writers(config)
         self._hold: BacklogExceededError | None = None
         self._hold_checking = False
+        # a named producer (producer_id): every record carries a sequence; None: an ordinary writer
+        self._producer: str | None = None if producer_id is None else native_producer(producer_id)
+        self._table: DedupTable | None = None  # the stream's producer table, once rebuilt
+        self._pushed = -1  # the highest sequence buffered (or durable) of our producer
+        self._entry_runs: deque[tuple[int, int, int]] = deque()  # (first, last sequence, records) per entry sent
+        self._piece_sequences: dict[int, tuple[pa.RecordBatch, int, int]] = {}  # id(piece) -> its sequences
+        self.duplicates = 0  # resends answered as duplicates (offer's are dropped and only counted here)
 
     # ------------------------------------------------------------------ state
 
@@ -277,6 +305,71 @@ class StreamWriter:
 
     def now_ms(self) -> int:
         return self.clock.wall_ms()
+
+    # ------------------------------------------------------------------ named producer
+
+    @property
+    def producer_id(self) -> str | None:
+        return self._producer
+
+    @property
+    def last_sequence(self) -> int | None:
+        """A named producer's last durable sequence, where a restarted application resumes (None:
+        the stream holds nothing of this producer, or it expired). Ordinary writers: None."""
+        if self._producer is None or self._table is None:
+            return None
+        return self._table.last_sequence(self._producer)
+
+    @property
+    def producer_table(self) -> DedupTable | None:
+        """The stream's producer table this writer keeps (its counters and limits; None until
+        rebuilt, and for ordinary writers)."""
+        return self._table
+
+    def restore_producers(self, table: DedupTable) -> None:
+        """Take the producer table rebuilt from the stream (the stored snapshot and the entries
+        after it) before the first write; a new producer the table has no room for is refused."""
+        producer = self._producer
+        if producer is None or self._table is not None:
+            raise ConfigError("restore_producers is for a writer opened with producer_id, once")
+        refusal = table.room_for(producer)
+        if refusal is not None:
+            raise ProducersFullError(f"stream {self.name!r} cannot take producer {producer}: {refusal.message}")
+        self._table = table
+        last = table.last_sequence(producer)
+        self._pushed = -1 if last is None else last
+
+    def _claim(self, first: Any, last: Any) -> tuple[int, int] | DuplicateWrite:
+        """Sequences first..last for a write of our producer: (first, last) to write them, a
+        DuplicateWrite for a resend of durable ones, or SequenceError (nothing written)."""
+        if type(first) is int and type(last) is int and self._pushed < first <= last <= SEQUENCE_MAX:
+            self._pushed = last
+            return first, last
+        table, producer = self._table, self._producer
+        if table is None or producer is None:
+            raise ConfigError(f"the writer of stream {self.name!r} has no producer table yet: open it with "
+                              "Namespace.open_writer(name, producer_id=...)")
+        if type(first) is not int or type(last) is not int or not 0 <= first <= last <= SEQUENCE_MAX:
+            raise SequenceError(f"producer {producer}: bad sequences {first!r}..{last!r}: sequences are integers "
+                                f"0..{SEQUENCE_MAX}, increasing", None)
+        durable = table.last_sequence(producer)
+        if durable is None or last > durable:
+            raise SequenceError(
+                f"producer {producer}: sequences {first}..{last} are not above {self._pushed}, the last one "
+                f"{'written' if durable == self._pushed else 'buffered (not acknowledged yet)'}: the next is "
+                f"{self._pushed + 1} or more", self._pushed + 1)
+        verdict = table.offer(producer, first, last, self._wall_ms())
+        if isinstance(verdict, Duplicate):
+            self.duplicates += 1
+            return DuplicateWrite(first, last, verdict.first_offset, verdict.last_offset)
+        if isinstance(verdict, OutOfOrder):
+            raise SequenceError(verdict.message, None if verdict.expected is None else self._pushed + 1)
+        raise SequenceError(f"producer {producer}: sequences {first}..{last} refused: {verdict}", self._pushed + 1)
+
+    def _sequence_for(self, sequence: Any) -> tuple[int, int] | DuplicateWrite:
+        if sequence is None:
+            sequence = self._pushed + 1
+        return self._claim(sequence, sequence)
 
     # ------------------------------------------------------------------ open and close
 
@@ -378,27 +471,50 @@ class StreamWriter:
         self._check_open()
 
     async def write(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
-                    headers: Headers | None = None) -> Offset:
+                    headers: Headers | None = None, *, sequence: int | None = None) -> Offset | DuplicateWrite:
         """Write one record (default schema); returns its offset once durable. `headers`: a list
-        of (str key, bytes value) pairs, as Kafka's record headers."""
+        of (str key, bytes value) pairs, as Kafka's record headers. `sequence`: a named producer's
+        (see `write_nowait`)."""
         await self.wait_writable()
-        return await self.write_nowait(value, key, timestamp_ms, headers)
+        return await self.write_nowait(value, key, timestamp_ms, headers, sequence=sequence)
 
     def write_nowait(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
-                     headers: Headers | None = None) -> asyncio.Future[Offset]:
+                     headers: Headers | None = None, *,
+                     sequence: int | None = None) -> asyncio.Future[Offset | DuplicateWrite]:
         """Buffer one record without waiting; the future resolves to its offset once durable.
-        The caller bounds memory with `wait_writable()`."""
-        future: asyncio.Future[Offset] = self.loop.create_future()
-        self._buffer(value, key, timestamp_ms, headers, future)
+        The caller bounds memory with `wait_writable()`. A writer opened with `producer_id` gives
+        every record a sequence: `sequence` (above every earlier one; gaps allowed) or, without
+        it, the last one + 1. A resend of a durable sequence resolves to a `DuplicateWrite` at
+        once, nothing written; a sequence not above those written or buffered raises SequenceError."""
+        future: asyncio.Future[Offset | DuplicateWrite] = self.loop.create_future()
+        if self._producer is None:
+            if sequence is not None:
+                raise ConfigError("sequence= is for writers opened with producer_id")
+            self._buffer(value, key, timestamp_ms, headers, future)
+            return future
+        claimed = self._sequence_for(sequence)
+        if isinstance(claimed, DuplicateWrite):
+            future.set_result(claimed)
+        else:
+            self._buffer(value, key, timestamp_ms, headers, future, claimed[0])
         return future
 
     def offer(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
-              headers: Headers | None = None) -> None:
+              headers: Headers | None = None, sequence: int | None = None) -> None:
         """The fastest way to write records one by one: buffer one record (default schema) with
         no future and no task. `await flush()` returns once every record offered before it is
         durable, and raises if any of them failed (as does every later call); check `writable`
-        (or `await wait_writable()`) now and then to bound memory, as with `write_nowait`."""
-        self._buffer(value, key, timestamp_ms, headers, None)
+        (or `await wait_writable()`) now and then to bound memory, as with `write_nowait`.
+        `sequence`: as `write_nowait`'s; a resend of a durable one is dropped (counted in
+        `duplicates`)."""
+        if self._producer is None:
+            if sequence is not None:
+                raise ConfigError("sequence= is for writers opened with producer_id")
+            self._buffer(value, key, timestamp_ms, headers, None)
+            return
+        claimed = self._sequence_for(sequence)
+        if not isinstance(claimed, DuplicateWrite):
+            self._buffer(value, key, timestamp_ms, headers, None, claimed[0])
 
     def offer_records(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
                       timestamps_ms: Sequence[int] | None = None,
@@ -415,6 +531,8 @@ class StreamWriter:
         self._check_open()
         if self._hold is not None:
             self._refuse()
+        if self._producer is not None:
+            raise ConfigError("offer_records is for writers without producer_id: use offer or write_batch")
         count = len(values)
         if count == 0:
             raise ConfigError("offer_records needs at least one record")
@@ -491,9 +609,10 @@ class StreamWriter:
         return runs
 
     def _buffer(self, value: Any, key: Any, timestamp_ms: Any, headers: Headers | None,
-                future: asyncio.Future[Offset] | None) -> None:
+                future: asyncio.Future[Any] | None, sequence: int | None = None) -> None:
         """The per-record hot path: refuse a bad record at the call (before it could fail an
-        entry of other records), then hand it to the machine."""
+        entry of other records), then hand it to the machine. A named producer's record carries
+        its (claimed) sequence as a fifth column."""
         machine = self.machine
         if machine.ended or self._closed is not None or self._crash is not None:
             self._check_open()
@@ -507,8 +626,11 @@ class StreamWriter:
         if size_bytes > self._record_bytes_max:
             raise ConfigError(machine.batcher.check_record(size_bytes) or "record too large")
         now_ms = self._wall_ms()
-        effects = machine.write((value, key, now_ms if timestamp_ms is None else timestamp_ms, headers or None),
-                                size_bytes, future, now_ms)
+        if sequence is None:
+            row: tuple[Any, ...] = (value, key, now_ms if timestamp_ms is None else timestamp_ms, headers or None)
+        else:
+            row = (value, key, now_ms if timestamp_ms is None else timestamp_ms, headers or None, sequence)
+        effects = machine.write(row, size_bytes, future, now_ms)
         if effects:
             self.run(effects)
 
@@ -524,6 +646,8 @@ class StreamWriter:
             self._check_open()
         if self._hold is not None:
             self._refuse()
+        if self._producer is not None:
+            raise ConfigError("a writer opened with producer_id writes its own producer's records only")
         rows = []
         size_bytes = run_bytes(producer)
         for value, key, timestamp_ms, headers in records:
@@ -557,10 +681,16 @@ class StreamWriter:
                 raise ConfigError(f"a record header is a (str key, bytes value) pair, got {pair!r}")
         return _headers_bytes(headers)
 
-    async def write_batch(self, batch: pa.RecordBatch | Sequence[bytes]) -> WrittenBatch:
+    async def write_batch(self, batch: pa.RecordBatch | Sequence[bytes], *,
+                          sequence: int | Sequence[int] | None = None) -> WrittenBatch | DuplicateWrite:
         """Write a whole Arrow batch (or a list of values) without per-record Python work. Missing
         nullable columns are filled with nulls and a missing `timestamp` with the write time. The
-        batch lands in one segment, in entries of at most min(roll size, entry_bytes_max)."""
+        batch lands in one segment, in entries of at most min(roll size, entry_bytes_max).
+        A named producer's (`producer_id`) records get sequences: `sequence` an int (the first
+        record's; the others follow densely), a list of one strictly increasing int per record
+        (gaps allowed), or None (the last sequence + 1 on). A resend of durable sequences returns a
+        `DuplicateWrite`; one that overlaps them, or is not above what is buffered, raises
+        SequenceError; either way nothing is written."""
         self._check_open()
         if self._hold is not None:
             self._refuse()
@@ -569,16 +699,47 @@ class StreamWriter:
         else:
             batch = fill_missing_columns(batch, self.codec.schema, self.now_ms())
         check_batch(batch, self.codec.schema)
+        if self._producer is None and sequence is not None:
+            raise ConfigError("sequence= is for writers opened with producer_id")
+        listed = self._listed_sequences(sequence, batch.num_rows)
         await self.wait_writable()
-        pieces = split_batch(batch, self.settings.entry_bytes_limit)
+        limit = self.settings.entry_bytes_limit
+        if self._producer is not None:
+            limit -= run_bytes(self._producer) + 64  # room for the entry's producer section
+        pieces = split_batch(batch, limit)
         future: asyncio.Future[WrittenBatch] = self.loop.create_future()
         if not pieces:
             future.set_result(WrittenBatch(self.machine.ledger_id or 0, ()))
             return await future
+        if self._producer is not None:  # claimed after the wait, so concurrent writes keep their order
+            first = (self._pushed + 1 if sequence is None else cast(int, sequence)) if listed is None else listed[0]
+            last = first + batch.num_rows - 1 if listed is None else listed[-1]
+            claimed = self._claim(first, last)
+            if isinstance(claimed, DuplicateWrite):
+                return claimed
+            start = 0
+            for piece in pieces:
+                end = start + piece.num_rows
+                self._piece_sequences[id(piece)] = (piece, first + start, first + end - 1) if listed is None \
+                    else (piece, listed[start], listed[end - 1])
+                start = end
         waiter = _BatchWaiter(future, len(pieces))
         self.run(self.machine.write_group([(piece, piece.num_rows, piece.nbytes) for piece in pieces], waiter,
                                           self.now_ms()))
         return await future
+
+    def _listed_sequences(self, sequence: Any, count: int) -> list[int] | None:
+        """write_batch's per-record sequences (checked strictly increasing), or None for a first one."""
+        if sequence is None or type(sequence) is int:
+            return None
+        if isinstance(sequence, (pa.Array, pa.ChunkedArray)):
+            sequence = sequence.to_pylist()
+        listed = list(sequence)
+        if len(listed) != count or count == 0 or any(type(n) is not int for n in listed) \
+                or any(a >= b for a, b in zip(listed, listed[1:], strict=False)):
+            raise SequenceError(f"producer {self._producer}: write_batch's sequence holds one strictly increasing "
+                                f"integer per record ({count} records, {len(listed)} sequences)", None)
+        return listed
 
     async def flush(self) -> None:
         """Send what is buffered and wait until everything written so far is durable."""
@@ -592,6 +753,8 @@ class StreamWriter:
     def _encode(self, items: Sequence[Any], first_record_index: int) -> EncodedEntry:
         """The machine's encoder: buffered records (rows of ROW_COLUMNS, runs of offer_records) or
         one batch piece."""
+        if self._producer is not None:
+            return self._encode_producer(items, first_record_index, self._producer)
         if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
             return self.codec.encode_entry(items[0], first_record_index)
         producers: list[ProducerRun] = []
@@ -612,6 +775,11 @@ class StreamWriter:
         if any(type(item) is _Run for item in items):
             return self._encode_runs(items, first_record_index, producers)
         values, keys, timestamps, headers = zip(*items, strict=True)
+        return self._encode_rows(values, keys, timestamps, headers, first_record_index, producers)
+
+    def _encode_rows(self, values: Sequence[bytes], keys: Sequence[bytes | None], timestamps: Sequence[int],
+                     headers: Sequence[Headers | None], first_record_index: int,
+                     producers: Sequence[ProducerRun]) -> EncodedEntry:
         if any(headers):
             return self.codec.encode_entry(records_to_batch(values, keys, timestamps, self.codec.schema, headers),
                                            first_record_index, producers=producers)
@@ -620,6 +788,19 @@ class StreamWriter:
         batch = records_to_batch(values, keys, timestamps, self.codec.schema, check=False)
         return self.codec.encode_entry(batch, first_record_index, timestamp_range_ms=(min(timestamps), max(timestamps)),
                                        checked=True, producers=producers)
+
+    def _encode_producer(self, items: Sequence[Any], first_record_index: int, producer: str) -> EncodedEntry:
+        """A named producer's entry: every record is its, so one run names them all (the first and
+        last sequence; the sequences between are increasing), remembered until the entry is durable."""
+        if len(items) == 1 and isinstance(items[0], pa.RecordBatch):
+            piece, first, last = self._piece_sequences.pop(id(items[0]))
+            self._entry_runs.append((first, last, piece.num_rows))
+            return self.codec.encode_entry(piece, first_record_index,
+                                           producers=[ProducerRun(producer, 0, first, last, 0, piece.num_rows)])
+        values, keys, timestamps, headers, sequences = zip(*items, strict=True)
+        runs = [ProducerRun(producer, 0, sequences[0], sequences[-1], 0, len(items))]
+        self._entry_runs.append((sequences[0], sequences[-1], len(items)))
+        return self._encode_rows(values, keys, timestamps, headers, first_record_index, runs)
 
     def _encode_runs(self, items: Sequence[Any], first_record_index: int,
                      producers: Sequence[ProducerRun]) -> EncodedEntry:
@@ -800,8 +981,15 @@ class StreamWriter:
 
     async def _commit(self, effect: CommitSegments) -> None:
         store = self.context.store
+        change = effect.change
+        if self._table is not None:  # a named producer: the table's snapshot lands with each completed segment
+            ends = [s.first_position + s.records for s in change.update
+                    if s.state is SegmentState.COMPLETED and s.first_position is not None]
+            if ends:
+                self._table.expire(self.now_ms())
+                change = replace(change, dedup=encode_stored(max(ends), self._table.snapshot()))
         try:
-            listing = await store.commit(self.name, effect.based_on, effect.change)
+            listing = await store.commit(self.name, effect.based_on, change)
         except MetadataVersionError:
             self._feed(self.machine.on_commit_conflict, await store.segments(self.name))
             return
@@ -853,6 +1041,12 @@ class StreamWriter:
 
     def _complete(self, effect: CompleteChunks) -> None:
         ledger_id, entry_id, slot, first_position = effect.ledger_id, effect.entry_id, 0, effect.first_position
+        if self._producer is not None and self._table is not None:  # the table hears of it before the caller
+            first, last, records = self._entry_runs.popleft()
+            if first_position is None:
+                raise DlogError(f"stream {self.name!r} has no positions: a named producer needs them")
+            self._table.on_written(self._producer, first, last, first_position, first_position + records - 1,
+                                   self._wall_ms())
         for waiter, records in zip(effect.waiters, effect.records, strict=True):
             if waiter is None:  # an offered record
                 pass

@@ -298,6 +298,7 @@ class Produced:
     not_written: int = 0
     lost: int = 0
     error: BaseException | None = None
+    duplicates: int = 0  # a named producer's records the stream already held (--producer-id): not written again
     deleted_ledgers: list[int] = field(default_factory=list)
     _durable: dict[int, list[Any]] = field(default_factory=dict, repr=False)  # ledger -> [count, first, last]
 
@@ -321,6 +322,9 @@ class Produced:
             self.unknown += 1
             return
         offset = future.result()
+        if not hasattr(offset, "ledger_id"):  # a dlog.writer.DuplicateWrite (that module not imported: pyarrow)
+            self.duplicates += 1
+            return
         if offset.ledger_id in self.deleted_ledgers:  # acknowledged just before the writer learned
             self.lost += 1
             return
@@ -366,14 +370,17 @@ class Produced:
                 "last": None if last is None else str(last),
                 "first_position": None if first is None else first.position,  # stream positions (V4)
                 "last_position": None if last is None else last.position, "unknown": self.unknown,
-                "lost": self.lost, "not_written": self.not_written, "deleted_ledgers": list(self.deleted_ledgers)}
+                "lost": self.lost, "not_written": self.not_written, "deleted_ledgers": list(self.deleted_ledgers),
+                "duplicates": self.duplicates}
 
     def summary(self, name: str) -> str:
         """One line: what is durable (and up to where: where to resume from) and what is not."""
         count = self.count
+        duplicates = f"; {plural(self.duplicates, 'record')} already in {name}, not written again" \
+            if self.duplicates else ""
         if self.clean:
             offsets = f" ({self.first} .. {self.last})" if count else ""
-            return f"wrote {plural(count, 'record')} to {name}{offsets}"
+            return f"wrote {plural(count, 'record')} to {name}{offsets}{duplicates}"
         parts = [f"{plural(count, 'record')} durable in {name}" + (f" up to {self.last}" if count else "")]
         if self.unknown:
             parts.append(f"{self.unknown:,} in flight with an unknown outcome")
@@ -383,17 +390,19 @@ class Produced:
                          f"{ledgers}, deleted under the writer, lost")
         if self.not_written:
             parts.append(f"{self.not_written:,} not written")
-        return "; ".join(parts)
+        return "; ".join(parts) + duplicates
 
 
 async def produce(ns: Any, name: str, chunks: AsyncIterator[tuple[bytes, bool]], parser: RecordParser, *,
                   takeover: bool = False, on_lock_wait: Callable[[dict[str, Any] | None], None] | None = None,
                   produced: Produced | None = None, headers: list[tuple[str, bytes]] | None = None,
-                  interrupts: Interrupts | None = None) -> Produced:
+                  interrupts: Interrupts | None = None, producer_id: str | None = None) -> Produced:
     """Write every record from `chunks` through one writer; flush whenever the input pauses.
-    `headers` (`--header`) go on every record. A second Ctrl-C (`interrupts`) aborts the writer."""
+    `headers` (`--header`) go on every record. A second Ctrl-C (`interrupts`) aborts the writer.
+    `producer_id` (`--producer-id`): a named idempotent producer whose sequences are the records'
+    places in the input (0, 1, 2...), so a run again over the same input writes only what is missing."""
     produced = produced if produced is not None else Produced()
-    run = _Run(ns, name, takeover, on_lock_wait, produced, headers)
+    run = _Run(ns, name, takeover, on_lock_wait, produced, headers, producer_id)
     try:
         await run.feed(chunks, parser)
     except BadInputError as exc:  # what came before the bad line is written, and the message says so
@@ -412,10 +421,11 @@ class _Run:
 
     def __init__(self, ns: Any, name: str, takeover: bool,
                  on_lock_wait: Callable[[dict[str, Any] | None], None] | None, produced: Produced,
-                 headers: list[tuple[str, bytes]] | None) -> None:
+                 headers: list[tuple[str, bytes]] | None, producer_id: str | None = None) -> None:
         self.ns, self.name, self.takeover, self.on_lock_wait = ns, name, takeover, on_lock_wait
         self.produced, self.headers = produced, headers
         self.writer: Any = None
+        self.producer_id, self.records = producer_id, 0  # records of the input so far (a named producer's sequences)
 
     async def feed(self, chunks: AsyncIterator[tuple[bytes, bool]], parser: RecordParser) -> None:
         iterator = chunks.__aiter__()
@@ -430,10 +440,15 @@ class _Run:
 
     async def _write(self, record: Record) -> None:
         if self.writer is None:
-            self.writer = await open_writer(self.ns, self.name, self.takeover, self.on_lock_wait)
+            self.writer = await open_writer(self.ns, self.name, self.takeover, self.on_lock_wait, self.producer_id)
         await self.writer.wait_writable()
         headers = record.headers if not self.headers else [*(record.headers or []), *self.headers]
-        self.produced.track(self.writer.write_nowait(record.value, record.key, record.timestamp_ms, headers))
+        if self.producer_id is None:
+            self.produced.track(self.writer.write_nowait(record.value, record.key, record.timestamp_ms, headers))
+            return
+        sequence, self.records = self.records, self.records + 1
+        self.produced.track(self.writer.write_nowait(record.value, record.key, record.timestamp_ms, headers,
+                                                     sequence=sequence))
 
     async def _next_chunk(self, iterator: AsyncIterator[tuple[bytes, bool]]) -> tuple[bytes, bool] | None:
         """The next chunk (None at the end of input), or the writer's error as soon as it fails, even
@@ -472,12 +487,15 @@ class _Run:
 
 
 async def open_writer(ns: Any, name: str, takeover: bool,
-                      on_lock_wait: Callable[[dict[str, Any] | None], None] | None) -> Any:
+                      on_lock_wait: Callable[[dict[str, Any] | None], None] | None,
+                      producer_id: str | None = None) -> Any:
     """Open the stream's writer; if that takes a while (another writer holds the lock), tell
     `on_lock_wait` who holds it, once, and keep waiting. With `takeover`, `on_lock_wait` is told at
     once who holds the lock (the writer about to be fenced), if anyone does."""
     # with --takeover there is no point in first waiting the writer's whole lock timeout
-    options = {"takeover": True, "lock_timeout_s": TAKEOVER_LOCK_WAIT_S} if takeover else {}
+    options: dict[str, Any] = {"takeover": True, "lock_timeout_s": TAKEOVER_LOCK_WAIT_S} if takeover else {}
+    if producer_id is not None:
+        options["producer_id"] = producer_id
     if takeover and on_lock_wait is not None:
         holder = await ns.store.lock_holder(name)
         if holder is not None:

@@ -283,6 +283,19 @@ class DedupTable:
                                             batches=self._kept(state.batches, batch),
                                             last_active_ms=max(state.last_active_ms, written_ms))
 
+    def on_written(self, producer: str, first_sequence: int, last_sequence: int, first_offset: int,
+                   last_offset: int, now_ms: int) -> None:
+        """A named native writer's batch is durable. Such a writer holds the stream's lock, so it is
+        its producer's only source: it checks order itself (sequences above `last_sequence` and
+        above what it buffered) and pushes nothing here; its durable batches are recorded as the
+        stream's replay records them, so a rebuilt table equals the live one."""
+        self.on_replayed(producer, first_sequence, last_sequence, first_offset, last_offset, now_ms)
+        self.accepted_batches += 1
+
+    def room_for(self, producer: str) -> Refused | None:
+        """Why a producer the table does not know could not be added now (a limit), or None."""
+        return None if producer in self._producers else self._room_for(producer)
+
     def expire(self, now_ms: int) -> tuple[str, ...]:
         """Forget producers idle for `producer_idle_ms_max` with nothing in flight."""
         idle = tuple(sorted(producer for producer, state in self._producers.items()

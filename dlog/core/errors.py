@@ -86,3 +86,24 @@ class SubscriptionEvictedError(DlogError):
     evict policy): records it had not read may be gone. Read with skip_evicted to go on."""
 
     code = 337
+
+
+class SequenceError(DlogError):
+    """A named producer's write with a bad sequence (below or overlapping what the stream holds or
+    the writer buffered, not increasing inside a batch, out of range): refused, nothing written.
+    `expected` is the least sequence the producer may send next (None when the write itself is
+    malformed)."""
+
+    code = 328
+
+    def __init__(self, message: str, expected: int | None = None) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
+class ProducersFullError(DlogError):
+    """A new named producer was refused by a limit of the stream's producer table
+    (`producers_max`, `snapshot_bytes_max`): open again once idle producers expired."""
+
+    code = 329
+    retryable = True

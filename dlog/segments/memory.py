@@ -192,6 +192,8 @@ class MemorySegmentStore:
                     previous = stream.sinks.get(sink.sink_id)
                     stream.sinks[sink.sink_id] = SinkBatch(sink.batch_id, sink.ledgers,
                                                            0 if previous is None else previous.version + 1)
+                if change.dedup is not None:  # as ZooKeeper's unconditional set in the same multi
+                    stream.dedup = (bytes(change.dedup), 0 if stream.dedup is None else stream.dedup[1] + 1)
                 self.metadata.commits += 1
                 self.metadata.notify(name)
             return results

@@ -436,6 +436,7 @@ class SegmentChange:
     update: tuple[Segment, ...] = ()
     delete: tuple[Segment, ...] = ()
     sink: SinkCommit | None = field(default=None)
+    dedup: bytes | None = None  # the producer table's stored snapshot, set in the same multi (named writers)
 
     def __post_init__(self) -> None:
         for name in ("create", "update", "delete"):

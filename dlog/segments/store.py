@@ -15,7 +15,8 @@
 `<node>` is the stream name with `/` encoded (`dlog.names.stream_node_name`). Every change to a
 segment list is one ZooKeeper multi that includes a set of the `segments` node at the version the
 change is based on, so two changes based on one version can never both land: the loser gets
-MetadataVersionError. A Spark sink's batch record joins the same multi.
+MetadataVersionError. A Spark sink's batch record joins the same multi, and so does a named
+writer's producer dedup snapshot (`dedup`) when its change completes a segment.
 
 Each method makes one attempt (the port's contract); `dlog.segments.port.RetryingSegmentStore`
 retries. A lock node's name carries a random id, so after a lost answer the retry finds the node
@@ -203,6 +204,8 @@ class ZooKeeperSegmentStore:
                              based_on.version))
             if change.sink is not None:
                 ops.append(self._sink_op(name, change))
+            if change.dedup is not None:  # the node exists: a named writer stores it on open
+                ops.append(SetOp(self.dedup_path(name), change.dedup))
             results.append(result)
         try:
             await self.zk.multi(ops)

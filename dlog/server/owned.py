@@ -30,15 +30,13 @@ from dlog.core.dedup import (
     Fenced,
     InFlight,
     OutOfOrder,
-    ReplayedBatch,
-    decode_stored,
     encode_stored,
     kafka_producer,
-    rebuild,
 )
 from dlog.core.settings import RECORD_OVERHEAD_BYTES
 from dlog.namespace import Namespace
 from dlog.offsets import Offset
+from dlog.producers import rebuild_producers
 from dlog.segments.codec import run_bytes, schema_with_headers
 from dlog.serve.kafka import ErrorCode, Record
 from dlog.writer import StreamWriter
@@ -321,24 +319,10 @@ async def rebuild_dedup(ns: Namespace, stream: str, end: int) -> tuple[DedupTabl
     `end`, so the next owner replays only what this one writes. (table, stored version, batches
     replayed). A stream no owner ever stored a snapshot of holds no producer section: nothing to
     replay. MetadataVersionError: another owner stored one meanwhile."""
-    found = await ns.store.dedup_snapshot(stream)
-    replayed: list[ReplayedBatch] = []
-    position = None if found is None else decode_stored(found[0])[0]
-    if position is not None and position < end:
-        async with ns.open_reader(stream, position, follow=False, skip_truncated=True) as reader:
-            while (entry := await reader.next_entry()) is not None:
-                if entry.first_position is None:
-                    raise DlogError(f"stream {stream!r} has entries without positions after the dedup snapshot")
-                entry_position = entry.first_position - entry.first_slot  # of the entry's slot 0
-                for run in entry.producers:
-                    first = entry_position + run.first_slot
-                    replayed.append(ReplayedBatch(run.producer, run.epoch, run.first_sequence, run.last_sequence,
-                                                  first, first + run.records - 1))
-                if entry.first_position + entry.batch.num_rows >= end:
-                    break
-    table = rebuild(None if found is None else found[0], replayed, ns.clock.wall_ms())
-    version = await ns.store.store_dedup_snapshot(stream, encode_stored(end, table.snapshot()),
-                                                  None if found is None else found[1])
+    table, found_version, replayed, position = await rebuild_producers(
+        ns.store, lambda start: ns.open_reader(stream, start, follow=False, skip_truncated=True), stream, end,
+        ns.clock.wall_ms())
+    version = await ns.store.store_dedup_snapshot(stream, encode_stored(end, table.snapshot()), found_version)
     log.info("stream %s: dedup table rebuilt with %d producers (%d batches replayed from position %s)", stream,
-             table.producer_count, len(replayed), position)
-    return table, version, len(replayed)
+             table.producer_count, replayed, position)
+    return table, version, replayed

@@ -27,12 +27,13 @@ from dlog_tools.cluster import LocalCluster
 
 
 async def _write_batch_run(ns: Any, stream: str, values: list[bytes], batch_records: int,
-                           in_flight: int = 8) -> dict[str, Any]:
-    """write_batch of pre-built Arrow batches, `in_flight` batches outstanding."""
+                           in_flight: int = 8, producer_id: str | None = None) -> dict[str, Any]:
+    """write_batch of pre-built Arrow batches, `in_flight` batches outstanding (`producer_id`: as a
+    named idempotent producer, the writer numbering the records)."""
     await ns.create_stream(stream)
     batches = [records_to_batch(values[start: start + batch_records])
                for start in range(0, len(values), batch_records)]
-    async with ns.open_writer(stream) as writer:
+    async with ns.open_writer(stream, **_producer(producer_id)) as writer:
         started = perf_s()
         pending: list[asyncio.Future[Any]] = []
         for batch in batches:
@@ -70,11 +71,16 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
     return await _per_record_result(ns, stream, "write", values, elapsed_s, cpu)
 
 
-async def offer_run(ns: Any, stream: str, values: list[bytes]) -> dict[str, Any]:
+def _producer(producer_id: str | None) -> dict[str, Any]:
+    return {} if producer_id is None else {"producer_id": producer_id}
+
+
+async def offer_run(ns: Any, stream: str, values: list[bytes], producer_id: str | None = None) -> dict[str, Any]:
     """The documented fast path of per-record writes: `offer()` each record (no future, no task),
-    checking `writable` as a producer must, then one `flush()` for all of their outcomes."""
+    checking `writable` as a producer must, then one `flush()` for all of their outcomes
+    (`producer_id`: as a named idempotent producer, the writer numbering the records)."""
     await ns.create_stream(stream)
-    async with ns.open_writer(stream) as writer:
+    async with ns.open_writer(stream, **_producer(producer_id)) as writer:
         meter = CpuMeter().start()
         started = perf_s()
         offer = writer.offer
@@ -211,6 +217,35 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
 
     return {**stream_header("write", fsync, secure), "record_bytes": 100,
             "runs": run_streams(fsync, runs, secure)}
+
+
+def bench_idempotent(records: int = 1_000_000, batch_records: int = 10_000, offer_records: int = 300_000,
+                     rounds: int = 2, fsync: bool = True) -> dict[str, Any]:
+    """What a named idempotent producer (`open_writer(name, producer_id=...)`) costs: write_batch and
+    offer throughput without and with a producer id in the same run, alternating `rounds` times
+    (the best of each kind counts: the machine is shared), and the cost of each as a percentage."""
+
+    async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
+        values = event_values(records)
+        per_record = values[:min(records, offer_records)]
+        results: list[dict[str, Any]] = []
+        for index in range(rounds):
+            for producer_id in (None, "bench"):
+                kind = "plain" if producer_id is None else "idempotent"
+                batch = await _write_batch_run(ns, f"batch-{kind}-{index}", values, batch_records,
+                                               producer_id=producer_id)
+                offered = await offer_run(ns, f"offer-{kind}-{index}", per_record, producer_id)
+                results += [{**batch, "run": f"write_batch {kind}"}, {**offered, "run": f"offer {kind}"}]
+        return results
+
+    result = {**stream_header("dedup", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs)}
+    best: dict[str, int] = {}
+    for run in result["runs"]:
+        best[run["run"]] = max(best.get(run["run"], 0), run["records_per_s"])
+    for write in ("write_batch", "offer"):
+        plain, idempotent = best[f"{write} plain"], best[f"{write} idempotent"]
+        result[f"{write}_idempotent_cost_pct"] = round(100 * (plain - idempotent) / plain, 1)
+    return result
 
 
 def bench_read(records: int = 1_000_000, batch_records: int = 10_000, fsync: bool = True) -> dict[str, Any]:

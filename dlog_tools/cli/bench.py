@@ -203,6 +203,26 @@ def bench_write_command(records: int, batch_records: int, write_records: int, se
                             secure=secure, streams=streams), as_json)
 
 
+@bench.command("dedup")
+@click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100),
+              help="records written with write_batch per run")
+@click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1))
+@click.option("--offer-records", default=300_000, show_default=True, type=click.IntRange(100),
+              help="records written with offer() per run (at most --records)")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1, 10),
+              help="each run without and with a producer id this many times, alternating (the best counts)")
+@no_fsync_option
+@json_option
+@fails_cleanly
+def bench_idempotent_command(records: int, batch_records: int, offer_records: int, rounds: int, no_fsync: bool,
+                             as_json: bool) -> None:
+    """What named idempotent producers cost: write_batch and offer without and with producer_id in
+    the same run (records/s, and the cost in percent)."""
+    from dlog_tools.bench.streams import bench_idempotent
+
+    print_bench(bench_idempotent(records, batch_records, offer_records, rounds, fsync=not no_fsync), as_json)
+
+
 @bench.command("read")
 @click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
 @click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1),

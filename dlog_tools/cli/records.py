@@ -34,11 +34,15 @@ from dlog_tools.units import format_size, format_time_ms, plural
 @click.option("--takeover", is_flag=True, help="fence the stream's current writer and take over")
 @click.option("--header", "-H", "header_texts", multiple=True, metavar="K=V",
               help="a record header on every record written (repeatable; the value may be empty)")
+@click.option("--producer-id", default=None, metavar="ID",
+              help="write as the named idempotent producer ID: each record's sequence is its place in the "
+                   "input (0, 1, 2...), so running again over the same input writes only what is missing")
 @cluster_options
 @json_option
 @fails_cleanly
 def write_command(name: str, input_format: str, on_oversize: str, key_separator: str | None, takeover: bool,
-                  header_texts: tuple[str, ...], cluster: tuple[str, str, str], as_json: bool) -> None:
+                  header_texts: tuple[str, ...], producer_id: str | None, cluster: tuple[str, str, str],
+                  as_json: bool) -> None:
     """Write records from standard input as they arrive, through one writer for the whole run.
 
     Each line is written when it arrives (`tail -f app.log | dlog write logs` works); records that
@@ -51,12 +55,19 @@ def write_command(name: str, input_format: str, on_oversize: str, key_separator:
     other JSON value as JSON text; a null value is refused. Empty lines are skipped.
 
     `dlog read a --json --headers | dlog write b --format jsonl` copies records losslessly (keys,
-    values, headers and timestamps; `value_b64`/`key_b64` for bytes that are not UTF-8)."""
+    values, headers and timestamps; `value_b64`/`key_b64` for bytes that are not UTF-8).
+
+    With `--producer-id ID` the run writes as a named idempotent producer: the Nth record of the
+    input has sequence N-1, and records the stream already holds from an earlier run with the same
+    ID and input are counted as duplicates instead of written again (after a crash, run again)."""
+    from dlog.core.dedup import native_producer
     from dlog.names import check_stream_name
     from dlog_tools.console import BadInputError, Produced, RecordParser, produce, stdin_chunks
     from dlog_tools.interrupts import Interrupts
 
     check_stream_name(name)
+    if producer_id is not None:
+        native_producer(producer_id)  # a bad id is refused before anything is read
     headers = [_parse_header(text) for text in header_texts] or None
     parser = RecordParser(input_format, key_separator, on_oversize,
                           on_skip=lambda message: click.echo(f"dlog: {message}", err=True))
@@ -75,7 +86,8 @@ def write_command(name: str, input_format: str, on_oversize: str, key_separator:
     try:
         run_namespace(cluster, lambda ns: produce(ns, name, stdin_chunks(sys.stdin.fileno()), parser,
                                                   takeover=takeover, on_lock_wait=on_lock_wait,
-                                                  produced=produced, headers=headers, interrupts=interrupts),
+                                                  produced=produced, headers=headers, interrupts=interrupts,
+                                                  producer_id=producer_id),
                       interrupts=interrupts)
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a console producer; the writer was closed (flushed) on the way out

@@ -356,3 +356,27 @@ def test_a_corrupt_stored_snapshot_is_refused_with_one_line(data):
         decode_stored(data)
     with pytest.raises(CorruptMetadataError):
         rebuild(data, [], NOW)
+
+
+def test_a_named_writers_durable_batches_answer_its_resends_and_survive_a_snapshot():
+    """A named native writer (the stream's only writer for its producer) pushes nothing: its durable
+    batches are recorded with on_written, and a rebuilt table answers its resends as the live one."""
+    table = DedupTable()
+    table.on_written(NATIVE, 10, 19, 0, 9, NOW)
+    table.on_written(NATIVE, 30, 40, 10, 12, NOW)  # gaps: sequences are not dense in this batch
+    assert table.last_sequence(NATIVE) == 40 and table.accepted_batches == 2
+    assert table.offer(NATIVE, 12, 13, NOW) == Duplicate(2, 3)  # dense batch: offsets computed
+    assert table.offer(NATIVE, 30, 40, NOW) == Duplicate(10, 12)
+    assert table.offer(NATIVE, 35, 35, NOW) == Duplicate(None, None)  # inside a gapped batch: unknown
+    assert isinstance(table.offer(NATIVE, 40, 41, NOW), OutOfOrder)
+    restored = DedupTable.restore(table.snapshot())
+    assert restored.offer(NATIVE, 30, 40, NOW) == Duplicate(10, 12) and restored.last_sequence(NATIVE) == 40
+
+
+def test_room_for_names_the_limit_a_new_producer_would_pass():
+    table = DedupTable(DedupLimits(producers_max=1))
+    assert table.room_for("a") is None
+    table.on_written("a", 0, 0, 0, 0, NOW)
+    assert table.room_for("a") is None  # known producers always have room
+    refused = table.room_for("b")
+    assert isinstance(refused, Refused) and refused.limit == "producers_max"

@@ -1,8 +1,9 @@
 """Seeded runs of the real stream layer on simulated time keep L1-L7, V4 (dense, stable stream
 positions), liveness, and the serving tier's exactly-once idempotent produce across server kills
-(no duplicate, no loss per producer) under every fault (a ledger deleted under a live writer among them), replay
-exactly, and catch each of issue 11's eleven bugs, and those found or feared since, when it is
-planted back."""
+(no duplicate, no loss per producer), and issue 25's named producers whose writers are killed and
+resend through new ones (the same per producer), under every fault (a ledger deleted under a live
+writer among them), replay exactly, and catch each of issue 11's eleven bugs, and those found or
+feared since, when it is planted back."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def fixed_run(seed: int) -> tuple[StreamRunResult, Counter[str]]:
                                           if event["f"] == "served_take" and event["producers"] > 0)
     kinds["resent batches"] = sum(1 for event in simulation.history.events
                                   if event["f"] == "producer_ack" and event["sends"] > 1)
+    kinds["named resent batches"] = sum(1 for event in simulation.history.events
+                                        if event["f"] == "named_ack" and event["sends"] > 1)
     return result, kinds
 
 
@@ -61,12 +64,15 @@ def test_the_fixed_seeds_inject_every_fault_and_routine_operation(fixed_runs):
         faults.update(kinds)
     for kind in ("ledger_failure", "kill_writer", "session_expiry", "metadata blips", "metadata_delay", "delete_ledger",
                  "truncate", "retention", "sink_commit", "event writer_died", "event truncation_done",
-                 "event reader_stop", "kill_server", "event served_take", "event producer_ack", "event served_final"):
+                 "event reader_stop", "kill_server", "event served_take", "event producer_ack", "event served_final",
+                 "kill_named_writer", "event named_ack", "event named_final"):
         assert faults[kind] > 0, f"no {kind!r} in the fixed seeds: {dict(faults)}"
     assert sum(result.writes_ok for result, _ in fixed_runs) > 20_000
     # the servers: owners killed, and new owners that rebuilt their producers from the stream
     assert sum(kinds["rebuilt with producers"] for _, kinds in fixed_runs) > 5
     assert sum(kinds["resent batches"] for _, kinds in fixed_runs) > 20
+    # the named producer: writers killed, batches sent again through a new writer
+    assert sum(kinds["named resent batches"] for _, kinds in fixed_runs) > 10
 
 
 def test_a_seed_replays_exactly_whatever_the_hash_seed():
@@ -100,6 +106,7 @@ PLANTED = [
     ("deleted-ledger-acknowledged", 5),
     ("roll-positions-from-entries", 0),
     ("dedup-not-rebuilt", 3),
+    ("named-dedup-not-rebuilt", 4),
 ]
 
 

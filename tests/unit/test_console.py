@@ -57,7 +57,8 @@ def test_a_run_accounts_for_what_is_durable_lost_unknown_and_not_written():
     assert lost.summary("s") == ("1 record durable in s up to 3:0:0; 2 acknowledged into ledger 4, deleted under "
                                  "the writer, lost; 2 not written")
     assert lost.to_json() == {"count": 1, "first": "3:0:0", "last": "3:0:0", "first_position": 10,
-                              "last_position": 10, "unknown": 0, "lost": 2, "not_written": 2, "deleted_ledgers": [4]}
+                              "last_position": 10, "unknown": 0, "lost": 2, "not_written": 2, "deleted_ledgers": [4],
+                              "duplicates": 0}
     idle = account([Offset(4, 0, 0)])
     idle.writer_failed(LedgerDeletedError("ledger 4 was deleted", 4, pending_lost=True))  # nothing was pending
     assert idle.summary("s") == "0 records durable in s; 1 acknowledged into ledger 4, deleted under the writer, lost"

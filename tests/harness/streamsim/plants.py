@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bookkeeper.bookie import gc
+from dlog import producers as producer_state
 from dlog import writer as writer_driver
 from dlog.core import changes, reader, snapshot
 from dlog.core import settings as settings_core
@@ -24,7 +25,6 @@ from dlog.core.dedup import DedupTable
 from dlog.core.effects import DeleteLedger, FailChunks, SetTimer, WakeWriters
 from dlog.segments import port
 from dlog.segments.metadata import SegmentChange, SegmentState
-from dlog.server import owned as owned_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +151,16 @@ def _empty_table(stored: Any, replayed: Any, now_ms: int, limits: Any = None) ->
     return DedupTable(limits)
 
 
+_restore_producers = writer_driver.StreamWriter.restore_producers
+
+
+def _restore_empty(self: Any, table: DedupTable) -> None:
+    """Issue 25 item 1, planted: a named producer's new writer starts with an empty producer table
+    (not rebuilt from the stored snapshot and the entries after it), so the resend of a batch the
+    killed writer made durable but never acknowledged is written again."""
+    _restore_producers(self, DedupTable(table.limits))
+
+
 PLANTS: dict[str, Plant] = {
     "lost-cas-is-takeover": Plant(
         ((changes, "still_owned", lambda segment, current: None),),
@@ -204,8 +214,11 @@ PLANTS: dict[str, Plant] = {
         ((changes, "roll_change", _roll_positioned_by_entries),),
         "a roll positions the next segment by the old one's entry count, not its records (issue 22)", "position"),
     "dedup-not-rebuilt": Plant(
-        ((owned_stream, "rebuild", _empty_table),),
+        ((producer_state, "rebuild", _empty_table),),
         "a server taking a stream over does not rebuild its producer dedup table (issue 22)", "producer_duplicate"),
+    "named-dedup-not-rebuilt": Plant(
+        ((writer_driver.StreamWriter, "restore_producers", _restore_empty),),
+        "a named producer's new writer starts with an empty producer table (issue 25)", "producer_duplicate"),
 }
 NAMES = tuple(PLANTS)
 

@@ -11,6 +11,12 @@ takes the stream over. Producers send numbered records in batches with Kafka's c
 sequences, one batch at a time, to whichever server owns the stream; a batch whose answer does
 not come (a dead server, a lost reply) is sent again, the same sequences, maybe to the next owner.
 
+A named native producer (`open_writer(name, producer_id=...)`, issue 25) writes a stream of its
+own in the same world: its writer process is killed now and then (at any moment, or right after
+a write is acknowledged and before the application hears of it), and each new writer resends,
+in the same batches, everything the application did not see acknowledged; its facts are
+`named_ack` and a `named_final` read, checked as the Kafka producers' are.
+
 The world runs beside the rest of the simulation on the same simulated loop but with its own
 random generator, store and ledgers: the other clients' draws, and the seeds that show each
 planted bug, stay as they were. The history gets `producer_ack` facts (what each producer was
@@ -21,11 +27,12 @@ duplicates and losses per producer.
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper.errors import DlogError
-from dlog import Namespace
+from dlog import Namespace, SequenceError
 from dlog.segments.memory import MemoryMetadata
 from dlog.serve.kafka import ErrorCode, Record
 from dlog.server.owned import OwnedStream, rebuild_dedup
@@ -37,6 +44,9 @@ if TYPE_CHECKING:
     from .simulation import StreamSimulation
 
 SERVED = "served"
+NAMED = "named"  # the named native producer's stream
+NAMED_SHARE = 0.5  # runs with servers that also have the named producer (the others interleave as they did)
+NAMED_KILL_AFTER_ACK_SHARE = 0.1  # acknowledged writes after which the writer process dies before telling
 SERVING_SHARE = 0.5  # runs that have servers
 ANSWER_WAIT_S = 1.0  # a producer sends again when its answer has not come by then
 LOST_REPLY_SHARE = 0.1  # answers a producer never hears (it sends the batch again)
@@ -164,6 +174,61 @@ class SimProducer:
             return None  # a dead server, or a writer that ended: the outcome is unknown
 
 
+class SimNamedWriter:
+    """A named producer whose writer process is killed again and again; each new writer resends
+    every batch the application has not seen acknowledged (the module docstring)."""
+
+    def __init__(self, world: ServingWorld) -> None:
+        self.world, self.name = world, "n1"
+        self.rng = random.Random(f"named {world.sim.seed}")  # the servers' and producers' draws stay as they were
+        self.enabled = self.rng.random() < NAMED_SHARE
+        self.next_sequence = 0
+        self.unacked: collections.deque[tuple[int, list[str], int]] = collections.deque()  # (first, values, sends)
+        self.stop = asyncio.Event()
+        self.kills = 0
+
+    async def run(self) -> None:
+        world, rng = self.world, self.rng
+        while not (self.stop.is_set() and not self.unacked):
+            process = await world.new_process()
+            killer = None if self.stop.is_set() else world.sim.loop.call_later(rng.uniform(0.2, 2.0), process.kill)
+            try:
+                async with asyncio.timeout(ANSWER_WAIT_S * 5):
+                    writer = await process.namespace.open_writer(NAMED, producer_id=self.name, takeover=True,
+                                                                 lock_timeout_s=0.3)
+                while process.alive and not (self.stop.is_set() and not self.unacked):
+                    if not self.unacked:
+                        count = rng.randint(1, 5)
+                        values = [f"{self.name}-{self.next_sequence + index:06d}" for index in range(count)]
+                        self.unacked.append((self.next_sequence, values, 0))
+                        self.next_sequence += count
+                    first, values, sends = self.unacked[0]
+                    self.unacked[0] = (first, values, sends + 1)
+                    async with asyncio.timeout(ANSWER_WAIT_S):
+                        answer = await writer.write_batch([value.encode() for value in values], sequence=first)
+                    if not self.stop.is_set() and rng.random() < NAMED_KILL_AFTER_ACK_SHARE:
+                        break  # durable, but the application never hears of it: it resends it
+                    world.sim.history.record(self.name, "named_ack", producer=self.name, sequence=first, values=values,
+                                             offset=answer.first_position, sends=sends + 1)
+                    self.unacked.popleft()
+                    await asyncio.sleep(rng.uniform(0.0, 0.05))
+                if process.alive and not self.unacked:
+                    await writer.close()
+                    return
+            except SequenceError as exc:  # a resend refused: a bug (the checker reports it); not sent again
+                world.sim.history.record(self.name, "producer_refused", producer=self.name,
+                                         sequence=self.unacked.popleft()[0], error=error_text(exc))
+            except (DlogError, TimeoutError):
+                pass  # killed under a write, or the open failed: the next writer resends
+            finally:
+                if killer is not None:
+                    killer.cancel()
+            self.kills += 1
+            world.sim.note("kill_named_writer", sends=sum(sends for _, _, sends in self.unacked))
+            process.kill()
+            await asyncio.sleep(rng.uniform(0.0, 0.2))
+
+
 class ServingWorld:
     def __init__(self, sim: StreamSimulation) -> None:
         self.sim = sim
@@ -174,6 +239,7 @@ class ServingWorld:
         self.replay_bytes_max = self.rng.choice([200, 2_000, 1 << 20])
         self.servers = [SimServer(self, server_id) for server_id in (1, 2)]
         self.producers = [SimProducer(self, number) for number in range(1, self.rng.randint(2, 3) + 1)]
+        self.named = SimNamedWriter(self)
         self.killing = True
         self.kills = 0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -197,6 +263,9 @@ class ServingWorld:
             await server.start()
         for producer in self.producers:
             self.spawn(producer.run())
+        if self.named.enabled:
+            await control.namespace.create_stream(NAMED, roll_records=self.named.rng.choice([0, 7, 40]))
+            self.spawn(self.named.run())
         while self.killing:
             await asyncio.sleep(self.rng.uniform(0.5, 2.0))
             owners = [server for server in self.servers if server.owned is not None]
@@ -215,7 +284,9 @@ class ServingWorld:
         self.killing = False
         for producer in self.producers:
             producer.stop.set()
-        tasks = [task for task in self._tasks if task.get_coro().__qualname__.startswith("SimProducer.run")]
+        self.named.stop.set()
+        tasks = [task for task in self._tasks if task.get_coro().__qualname__.startswith(("SimProducer.run",
+                                                                                          "SimNamedWriter.run"))]
         _, pending = await asyncio.wait(tasks, timeout=FINISH_S_MAX) if tasks else (set(), set())
         history = self.sim.history
         for task in pending:
@@ -223,14 +294,15 @@ class ServingWorld:
                                                                   f"{FINISH_S_MAX} s of the heal")
             task.cancel()
         reader_process = await self.new_process()
-        try:
-            records = []
-            async with await reader_process.namespace.open_reader(SERVED, "earliest", follow=False) as reader:
-                async for record in reader:
-                    records.append([record.position, (record.value or b"").decode()])
-            history.record("serving", "served_final", "ok", records=records, kills=self.kills)
-        except DlogError as exc:
-            history.record("serving", "served_final", "fail", error=error_text(exc))
+        for stream, fact in ((SERVED, "served_final"), (NAMED, "named_final"))[:2 if self.named.enabled else 1]:
+            try:
+                records = []
+                async with await reader_process.namespace.open_reader(stream, "earliest", follow=False) as reader:
+                    async for record in reader:
+                        records.append([record.position, (record.value or b"").decode()])
+                history.record("serving", fact, "ok", records=records, kills=self.kills)
+            except DlogError as exc:
+                history.record("serving", fact, "fail", error=error_text(exc))
 
     def cancel(self) -> None:
         for task in self._tasks:
