@@ -8,12 +8,14 @@ and combines with maxRecordsPerTrigger."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
 
 import pytest
 
+from dlog import Namespace
 from dlog.offsets import Offset
 from dlog.segments.codec import records_to_batch
 from tests.helpers import eventually_blocking
@@ -289,3 +291,32 @@ def test_a_typed_stream_reads_in_its_latest_schema_across_three_versions(spark, 
     assert frame.columns[-3:] == ["id", "full_name", "score"] and dict(frame.dtypes)["id"] == "bigint"
     assert sorted((row.id, row.full_name, row.score) for row in frame.collect()) == [
         (1, "a", None), (2, "b", None), (3, "c", 0.5), (2**40, "d", 1.5)]
+
+
+# key compaction (issue 25): a batch read of a compacted stream gives exactly the log's records as
+# they are now, the kept ones of compacted segments at their original ledger, entry and slot, then
+# the rest, whether or not the query asks for the compacted copies at once (`readCompacted`)
+async def compact(options: dict[str, str], stream: str) -> object:
+    """Run one compaction of `stream` (as `dlog compact` does) on a namespace of its own."""
+    from dlog.compaction import Compactor
+    async with Namespace(options["zk"], options["namespace"], bookkeeper_root=options["zkRoot"],
+                         root=options["namespaceRoot"]) as ns:
+        return await Compactor(ns).run(stream)
+
+
+@pytest.mark.timeout(200)
+def test_a_batch_read_of_a_compacted_stream_gives_the_kept_records_at_their_offsets(spark, dlog_ns):
+    keys = [f"k{index % 20}".encode() for index in range(600)]
+    dlog_ns.ns.create_stream("kv")
+    for first in (0, 200, 400):  # three segments: a writer session each (its close seals it)
+        dlog_ns.write("kv", values(200, first), entry_records=10, keys=keys[first:first + 200])
+    report = asyncio.run(compact(dlog_ns.options, "kv"))
+    assert report.segments == [1, 2, 3] and report.records_kept == 20
+    with dlog_ns.ns.open_reader("kv", follow=False) as reader:
+        expected = [(r.offset.ledger_id, r.offset.entry_id, r.offset.slot, r.key, r.value) for r in reader]
+    assert len(expected) == 20
+    for read_compacted in ("false", "true"):
+        frame = (spark.read.format("dlog").options(**dlog_ns.options).option("stream", "kv")
+                 .option("readCompacted", read_compacted).option("minPartitions", "4").load())
+        rows = sorted((row.ledger, row.entry, row.slot, row.key, row.value) for row in frame.collect())
+        assert rows == sorted(expected), read_compacted
