@@ -10,8 +10,14 @@ server's --ensemble/--write-quorum/--ack-quorum). The topic configs dlog keeps, 
 | retention.bytes | retention_bytes (-1: no limit, 0 in dlog) |
 | segment.bytes | roll_bytes |
 | segment.ms | roll_age_ms |
+| min.compaction.lag.ms | min_compaction_lag_ms |
+| delete.retention.ms | delete_retention_ms |
+| cleanup.policy | compaction: `compact` (or `compact,delete`) turns key compaction on, `delete` off |
 
-Any other config is INVALID_CONFIG at creation (DescribeConfigs lists only these).
+A topic with `cleanup.policy=compact` is compacted by the policy runner (`dlog serve` runs it);
+its fetches read compacted segments' kept records at their original offsets (gaps between them,
+as a Kafka compacted topic's). Any other config is INVALID_CONFIG at creation (DescribeConfigs
+lists only these).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from dlog.server.streams import Streams, Topics
 log = logging.getLogger(__name__)
 TOPIC_RESOURCE = 2
 CONFIGS = {"retention.ms": "retention_age_ms", "retention.bytes": "retention_bytes", "segment.bytes": "roll_bytes",
-           "segment.ms": "roll_age_ms"}
+           "segment.ms": "roll_age_ms", "min.compaction.lag.ms": "min_compaction_lag_ms",
+           "delete.retention.ms": "delete_retention_ms"}
+CLEANUP_POLICY = "cleanup.policy"  # a string config: compaction on (compact) or off (delete)
+CLEANUP_POLICIES = {"delete": False, "compact": True, "compact,delete": True, "delete,compact": True}
 NEVER = {"retention_age_ms", "retention_bytes"}  # 0 in dlog is -1 in Kafka
 STRING_TYPE, LONG_TYPE = 2, 5  # DescribeConfigs config_type
 
@@ -88,6 +97,13 @@ class TopicAdmin:
         else:
             return ErrorCode.INVALID_REPLICATION_FACTOR, "the replication factor is -1 or 1..64 (bookies)"
         for config in topic.configs or ():
+            if config.name == CLEANUP_POLICY:
+                compact = CLEANUP_POLICIES.get((config.value or "").replace(" ", ""))
+                if compact is None:
+                    return ErrorCode.INVALID_CONFIG, (f"config {CLEANUP_POLICY}={config.value} is not one dlog "
+                                                      "keeps (delete, compact or compact,delete)")
+                options["compaction"] = compact
+                continue
             setting = CONFIGS.get(config.name)
             try:
                 value = int(config.value)
@@ -95,7 +111,8 @@ class TopicAdmin:
                 value = -2
             if setting is None or value < (-1 if setting in NEVER else 0):
                 return ErrorCode.INVALID_CONFIG, (f"config {config.name}={config.value} is not one dlog keeps "
-                                                  f"(it keeps {', '.join(sorted(CONFIGS))}, as whole numbers)")
+                                                  f"(it keeps {', '.join(sorted(CONFIGS))}, as whole numbers, "
+                                                  f"and {CLEANUP_POLICY})")
             options[setting] = max(value, 0)
         if await self.topics.partitions(name) is not None:
             return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} exists"
@@ -169,6 +186,10 @@ class TopicAdmin:
                 entries.append(Entry(name=kafka_name, value=str(shown), read_only=False, config_source=1,
                                      is_default=False, is_sensitive=False, synonyms=[], config_type=LONG_TYPE,
                                      documentation=None))
+            if keys is None or CLEANUP_POLICY in keys:
+                entries.append(Entry(name=CLEANUP_POLICY, value="compact" if config.compaction else "delete",
+                                     read_only=False, config_source=1, is_default=False, is_sensitive=False,
+                                     synonyms=[], config_type=STRING_TYPE, documentation=None))
             results.append(Result(error_code=0, error_message=None, resource_type=TOPIC_RESOURCE,
                                   resource_name=resource.resource_name, configs=entries))
         return request.response(throttle_time_ms=0, results=results)

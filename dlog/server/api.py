@@ -27,6 +27,7 @@ from bookkeeper.errors import DlogError, MetadataExistsError, MetadataVersionErr
 from bookkeeper.security import authz
 from bookkeeper.security.authz import ANONYMOUS, Principal
 from dlog.core.dedup import kafka_producer
+from dlog.core.errors import BacklogExceededError
 from dlog.namespace import Namespace
 from dlog.reader import EntryBatch, OffsetOutOfRangeError, PositionsUnknownError, StreamReader, TruncatedError
 from dlog.serve.kafka import (
@@ -333,6 +334,9 @@ class KafkaApi:
                                                   batch.base_sequence, batch.last_sequence, buffered)
         try:
             written = owned.append(batch.records)
+        except BacklogExceededError as exc:  # held: a subscription is over its backlog limit, until it drains
+            refusals.warning("backlog", "produce to %s-%d refused: %s", topic, part.index, exc)
+            return ErrorCode.POLICY_VIOLATION, -1
         except DlogError:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1  # the writer ended: the stream is no longer served here
         buffered()
@@ -474,8 +478,17 @@ class KafkaApi:
         try:
             while taken < bytes_max and next_position < owned.end_position:
                 entry = await reader.next_entry(timeout_s=0.0 if runs else HISTORY_FIRST_ENTRY_WAIT_S)
-                if entry is None or entry.first_position is None:
+                if entry is None:
                     break
+                if entry.slots is not None and not entry.batch.num_rows:
+                    continue  # an entry compaction emptied: nothing of it to hand out
+                if entry.first_position is None:
+                    break
+                if entry.positions is not None:  # a compacted segment's kept records: gaps between their offsets
+                    runs.append((len(entry.positions), encode_entry(entry)))
+                    next_position = entry.positions[-1] + 1
+                    taken += entry.batch.nbytes
+                    continue
                 count = entry.batch.num_rows
                 if count:
                     runs.append((count, encode_entry(entry)))
@@ -541,16 +554,19 @@ class KafkaApi:
 
 def encode_entry(entry: EntryBatch) -> bytes:
     """An entry's records (a reader opened with headers=True gives every batch the headers column)
-    as one Kafka record batch at their stream positions, from the columns: no Record per record."""
+    as one Kafka record batch at their stream positions, from the columns: no Record per record. A
+    compacted segment's entry (`positions`) keeps each record's own offset, gaps between them."""
     batch = entry.batch
     assert entry.first_position is not None
+    deltas = None if entry.positions is None else [position - entry.positions[0] for position in entry.positions]
     stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
     column = batch.column("headers") if "headers" in batch.schema.names else None
     headers = None
     if column is not None and column.null_count < batch.num_rows:
         headers = [[(pair["key"], pair["value"]) for pair in pairs] if pairs else None for pairs in column.to_pylist()]
-    return encode_record_columns(entry.first_position, stamps, batch.column("key").to_pylist(),
-                                 batch.column("value").to_pylist(), headers)
+    return encode_record_columns(entry.first_position if entry.positions is None else entry.positions[0], stamps,
+                                 batch.column("key").to_pylist(), batch.column("value").to_pylist(), headers,
+                                 deltas)
 
 
 async def _done(value: tuple[ErrorCode, int]) -> tuple[ErrorCode, int]:

@@ -33,6 +33,7 @@ from dlog.core.dedup import (
     encode_stored,
     kafka_producer,
 )
+from dlog.core.errors import BacklogExceededError
 from dlog.core.settings import RECORD_OVERHEAD_BYTES
 from dlog.namespace import Namespace
 from dlog.offsets import Offset
@@ -201,9 +202,12 @@ class OwnedStream:
             return ErrorCode.THROTTLING_QUOTA_EXCEEDED, -1
         try:  # the batch lands whole in one entry that names it; the table hears of it as it is durable
             written = self.append_idempotent(records, producer, epoch, first_sequence, last_sequence)
-        except DlogError:
+        except DlogError as exc:
             dedup.on_failed(producer, first_sequence, epoch)  # nothing was buffered
             self.producer_settled(producer)
+            if isinstance(exc, BacklogExceededError):  # held until a subscription's backlog drains
+                refusals.warning("backlog", "produce to %s refused: %s", self.name, exc)
+                return ErrorCode.POLICY_VIOLATION, -1
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
         appended()
 

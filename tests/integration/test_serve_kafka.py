@@ -628,7 +628,7 @@ def test_topics_are_created_described_and_deleted_as_streams(cluster, serve, nam
         with pytest.raises(Exception, match="TopicAlreadyExists"):
             admin.create_topics([NewTopic("audit", 1, 1)])
         with pytest.raises(Exception, match="InvalidConfiguration|INVALID_CONFIG|InvalidConfig"):
-            admin.create_topics([NewTopic("bad", 1, 1, topic_configs={"cleanup.policy": "compact"})])
+            admin.create_topics([NewTopic("bad", 1, 1, topic_configs={"cleanup.policy": "archive"})])
         from confluent_kafka import Producer
         producer = Producer({"bootstrap.servers": server.bootstrap})
         for partition in range(3):
@@ -807,3 +807,72 @@ async def test_the_owner_applies_the_retention_of_the_streams_it_owns(cluster, s
             return (await ns.position_bounds("kept"))[0] == 10  # the last completed segment is kept
 
         await eventually(retained, DEADLINE_S, interval_s=0.5, message="the owner applied the retention")
+
+
+async def test_a_compacted_topic_is_read_by_a_kafka_consumer_at_its_original_offsets(cluster, serve, namespace):
+    """Issue 25 item 2: a topic created with cleanup.policy=compact is a stream with compaction on,
+    which its owner compacts; a Kafka consumer then reads the latest record per key at its original
+    offset (gaps between, as in a Kafka compacted topic), and the records after the compacted part."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+    server = serve(cluster, namespace)
+    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+    try:
+        admin.create_topics([NewTopic("table", 1, 1, topic_configs={"cleanup.policy": "compact",
+                                                                     "min.compaction.lag.ms": "0"})])
+        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "table")])
+        described = {name: data["value"] if isinstance(data, dict) else data.value
+                     for name, data in configs["topic"]["table"].items()}
+        assert described["cleanup.policy"] == "compact" and described["min.compaction.lag.ms"] == "0", described
+    finally:
+        admin.close()
+    # keys k0..k6 end at offset 29, j0..j2 run to 59: the latest per key are 23..29 and 57..59
+    keys = [f"k{n % 7}" if n < 30 else f"j{n % 3}" for n in range(60)]
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        for first in (0, 20, 40):  # three completed segments (a writer session each)
+            async with ns.open_writer("table") as writer:
+                for n in range(first, first + 20):
+                    await writer.write(f"v{n}".encode(), keys[n].encode())
+        offsets = await asyncio.to_thread(librdkafka_produce, server.bootstrap, "table",
+                                          [(b"k0", b"after", (), 1_700_000_000_000)])
+        assert offsets == [60]  # the server owns the stream now, and its policy runner compacts it
+
+        async def compacted() -> bool:
+            segments = (await ns.stream_info("table"))["segments"]
+            return sum(1 for segment in segments if segment.get("compacted")) == 3
+
+        await eventually(compacted, DEADLINE_S, interval_s=0.5, message="the owner compacted the topic")
+    expected = [(n, keys[n].encode(), f"v{n}".encode()) for n in (*range(23, 30), 57, 58, 59)] + [(60, b"k0", b"after")]
+    got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "table", len(expected))
+    assert [item[:3] for item in got] == expected
+    got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "table", 4, 40)  # a start in a gap
+    assert [item[:3] for item in got] == expected[-4:]
+
+
+
+async def test_a_held_stream_refuses_kafka_producers_until_its_subscription_drains(cluster, serve, namespace):
+    """Issue 25 item 4 through the serving tier: while a subscription is over the backlog limit of a
+    stream whose policy is hold, a Kafka produce is refused with POLICY_VIOLATION (one clear error,
+    not a leader change the client would chase), and taken again once the subscription commits past."""
+    from dlog.offsets import Offset
+    from dlog.serve.kafka import ErrorCode
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("held", ensemble=1, write_quorum=1, ack_quorum=1, backlog_bytes=1,
+                               backlog_policy="hold")
+        async with ns.open_writer("held") as writer:  # a completed segment the subscription has not read
+            written: list[Offset] = [await writer.write(b"unread-%d" % index) for index in range(5)]
+        await ns.commit_subscription("held", "abandoned", written[0])
+        server = serve(cluster, namespace)
+
+        def produced() -> tuple[int, int]:
+            part = raw_request(server.bootstrap, produce_request("held", [b"kafka"]), 7).responses[0]
+            return part.partition_responses[0].error_code, part.partition_responses[0].base_offset
+
+        assert await asyncio.to_thread(produced) == (ErrorCode.POLICY_VIOLATION, -1)
+        serving = (await ns.stream_info("held"))["segments"][-1]  # the server's segment, in progress
+        assert serving["ledger"] != written[0].ledger_id
+        await ns.commit_subscription("held", "abandoned", Offset(serving["ledger"], 0))  # read it all
+
+        async def taken() -> bool:  # each refused produce checks again: a later one sees the commit
+            return await asyncio.to_thread(produced) == (ErrorCode.NONE, 5)
+
+        await eventually(taken, DEADLINE_S, interval_s=0.2, message="the hold cleared")

@@ -12,6 +12,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 
 from dlog.serve.kafka import BatchRefused, ErrorCode, ProducedBatch, Record, decode_produce_records, encode_record_batch
 from dlog.serve.kafka.compression import CODEC_NAMES, GZIP, LZ4, NONE, SNAPPY, ZSTD
+from dlog.serve.kafka.records import encode_record_columns
 
 RECORDS = [Record(1_700_000_000_000 + n * 7, None if n % 4 == 0 else b"key-%d" % n,
                   None if n == 3 else b"value-%d" % n * (n % 5 + 1),
@@ -64,6 +65,26 @@ def test_an_encoded_batch_is_read_by_kafka_python_at_its_base_offset():
     assert got == [(1_000_000 + n, r.timestamp_ms, r.key, r.value, r.headers) for n, r in enumerate(RECORDS)]
     assert decode_produce_records(wire, 7).records == tuple(RECORDS)  # and by this codec
     assert encode_record_batch(5, []) == b""
+
+
+def test_records_with_gaps_between_their_offsets_are_read_by_kafka_python_at_those_offsets():
+    """A compacted segment's kept records: each at its own offset, the batch's last offset delta the
+    last record's, byte for byte what kafka-python's builder writes for the same offsets."""
+    deltas = [0, 1, 5, 9, 200, 20_000]  # past the varint table too
+    records = RECORDS[:len(deltas)]
+    wire = encode_record_columns(700, [r.timestamp_ms for r in records], [r.key for r in records],
+                                 [r.value for r in records], [r.headers for r in records], deltas)
+    read = DefaultRecordBatch(wire)
+    assert read.validate_crc() and read.base_offset == 700
+    assert [r.offset for r in read] == [700 + delta for delta in deltas]
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 40)
+    for delta, record in zip(deltas, records, strict=True):
+        builder.append(delta, timestamp=record.timestamp_ms, key=record.key, value=record.value,
+                       headers=list(record.headers))
+    expected = bytearray(builder.build())
+    expected[:8] = (700).to_bytes(8, "big")
+    assert wire == bytes(expected)
 
 
 def test_a_wrong_crc_is_corrupt_message():

@@ -284,10 +284,13 @@ def encode_record_batch(base_offset: int, records: Sequence[Record]) -> bytes:
 
 def encode_record_columns(base_offset: int, timestamps_ms: Sequence[int], keys: Sequence[bytes | None],
                           values: Sequence[bytes | None],
-                          headers: Sequence[Sequence[tuple[str, bytes | None]] | None] | None = None) -> bytes:
+                          headers: Sequence[Sequence[tuple[str, bytes | None]] | None] | None = None,
+                          offset_deltas: Sequence[int] | None = None) -> bytes:
     """The same batch from columns (a record per index; `headers` None: none has any). The hot
     loop of a fetch: each record is its varints (from a table below 2**13) and its bytes, joined
-    once with the batch header; the CRC-32C is crc32c's (C)."""
+    once with the batch header; the CRC-32C is crc32c's (C). `offset_deltas`: each record's offset
+    minus `base_offset`, increasing from 0, for records with gaps between them (a compacted
+    segment's kept records); None: the records are at consecutive offsets."""
     count = len(values)
     if count == 0:
         return b""
@@ -301,7 +304,8 @@ def encode_record_columns(base_offset: int, timestamps_ms: Sequence[int], keys: 
         delta = timestamps_ms[index] - first
         zigzag = (delta << 1) ^ (delta >> 63)
         stamp = varint[zigzag] if zigzag < _VARINTS_MAX else _encode_varint(delta)
-        offset = varint[index << 1] if index < _VARINTS_MAX >> 1 else _encode_varint(index)
+        step = index if offset_deltas is None else offset_deltas[index]
+        offset = varint[step << 1] if step < _VARINTS_MAX >> 1 else _encode_varint(step)
         key_length = b"\x01" if key is None else (varint[len(key) << 1] if len(key) < _VARINTS_MAX >> 1
                                                    else _encode_varint(len(key)))
         value_length = b"\x01" if value is None else (varint[len(value) << 1] if len(value) < _VARINTS_MAX >> 1
@@ -313,7 +317,8 @@ def encode_record_columns(base_offset: int, timestamps_ms: Sequence[int], keys: 
         extend((_encode_varint(length), no_headers, stamp, offset, key_length, key or b"", value_length,
                 value or b"", tail))
     records = b"".join(parts)
-    after_crc = _AFTER_CRC.pack(0, count - 1, first, max(timestamps_ms), -1, -1, -1, count) + records
+    last_delta = count - 1 if offset_deltas is None else offset_deltas[-1]
+    after_crc = _AFTER_CRC.pack(0, last_delta, first, max(timestamps_ms), -1, -1, -1, count) + records
     return b"".join((_BEFORE_CRC.pack(base_offset, _HEADER.size - _LENGTH_END + len(records), 0, 2,
                                       crc32c.crc32c(after_crc)), after_crc))
 
