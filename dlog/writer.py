@@ -492,11 +492,16 @@ class StreamWriter:
                 raise ConfigError("sequence= is for writers opened with producer_id")
             self._buffer(value, key, timestamp_ms, headers, future)
             return future
+        pushed = self._pushed
         claimed = self._sequence_for(sequence)
         if isinstance(claimed, DuplicateWrite):
             future.set_result(claimed)
-        else:
+            return future
+        try:
             self._buffer(value, key, timestamp_ms, headers, future, claimed[0])
+        except BaseException:  # refused (a bad record, a backlog hold): the sequence was not used
+            self._pushed = pushed
+            raise
         return future
 
     def offer(self, value: bytes, key: bytes | None = None, timestamp_ms: int | None = None,
@@ -512,9 +517,14 @@ class StreamWriter:
                 raise ConfigError("sequence= is for writers opened with producer_id")
             self._buffer(value, key, timestamp_ms, headers, None)
             return
+        pushed = self._pushed
         claimed = self._sequence_for(sequence)
         if not isinstance(claimed, DuplicateWrite):
-            self._buffer(value, key, timestamp_ms, headers, None, claimed[0])
+            try:
+                self._buffer(value, key, timestamp_ms, headers, None, claimed[0])
+            except BaseException:  # refused (a bad record, a backlog hold): the sequence was not used
+                self._pushed = pushed
+                raise
 
     def offer_records(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
                       timestamps_ms: Sequence[int] | None = None,

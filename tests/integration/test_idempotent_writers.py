@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bookkeeper.errors import ConfigError
 from dlog import DuplicateWrite, Namespace, SequenceError
 from dlog.core.dedup import decode_stored
 from dlog_tools.cluster import LocalCluster
@@ -86,6 +87,8 @@ async def test_bad_sequences_are_refused_with_nothing_written(cluster):
                 with pytest.raises(SequenceError) as refused:
                     await bad()
                 assert "\n" not in str(refused.value) and refused.value.code == 328
+            with pytest.raises(ConfigError):  # a record refused at the call does not use its sequence
+                writer.offer("not bytes", sequence=8)  # type: ignore[arg-type]
             writer.offer(b"c", sequence=8)
             with pytest.raises(SequenceError) as refused:  # 8 is buffered, not yet acknowledged
                 writer.offer(b"x", sequence=7)
