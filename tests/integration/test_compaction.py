@@ -286,3 +286,23 @@ def test_bench_compaction_reports_the_rate_and_the_compacted_table_vs_the_replay
     assert runs["table by replaying the stream"]["records"] == 3000
     compacted = runs["table from the compacted view"]
     assert compacted["records"] == 300 and compacted["keys"] == 300 and compacted["vs_replay"] > 0
+
+
+async def test_a_named_producer_reopens_on_a_compacted_stream_and_its_resend_is_still_a_duplicate(cluster):
+    """Idempotent writers beside compaction (issue 25 items 1 and 2): reopening a named producer
+    replays the entries after the stored producer snapshot, which compaction may have emptied."""
+    from dlog import DuplicateWrite
+    async with connect(cluster) as ns:
+        await ns.create_stream("named")
+        async with ns.open_writer("named", producer_id="p") as writer:  # its close stores the snapshot
+            await writer.write_batch([b"a", b"b"], sequence=1)
+        async with ns.open_writer("named") as plain:  # two entries of the same keys: the first one empties
+            for run in range(2):
+                for index in range(5):
+                    plain.write_nowait(b"v%d" % run, key=b"k%d" % index)
+                await plain.flush()
+        report = await Compactor(ns).run("named")
+        assert report.segments == [1, 2]
+        async with ns.open_writer("named", producer_id="p") as writer:
+            assert writer.last_sequence == 2
+            assert isinstance(await writer.write_batch([b"a", b"b"], sequence=1), DuplicateWrite)
