@@ -334,17 +334,10 @@ class ZooKeeperSegmentStore:
         return document if isinstance(document, dict) else None
 
     async def store_tier_status(self, name: str, status: dict[str, Any]) -> None:
-        path = self.tier_status_path(name)
-        data = json.dumps(status, sort_keys=True).encode()
         try:
-            await self.zk.set(path, data)
-        except MetadataNotFoundError:
-            try:
-                await self.zk.create(path, data)
-            except MetadataExistsError:
-                await self.zk.set(path, data)
-            except MetadataNotFoundError as exc:
-                raise self.not_found(name) from exc
+            await self._put(self.tier_status_path(name), json.dumps(status, sort_keys=True).encode())
+        except MetadataNotFoundError as exc:  # its stream's node is gone
+            raise self.not_found(name) from exc
 
     async def namespace_tier(self) -> TierPolicy | None:
         found = await self.zk.get_or_none(self.namespace_tier_path())
@@ -358,14 +351,23 @@ class ZooKeeperSegmentStore:
             except MetadataNotFoundError:
                 pass
             return
+        await self._put(path, policy.to_bytes(), parent=self.root)
+
+    async def _put(self, path: str, data: bytes, parent: str | None = None) -> None:
+        """Set a node's data, creating it when absent (`parent` first, when given); a node another
+        writer created meanwhile is set again: ours is the newer. MetadataNotFoundError: the parent
+        is missing."""
         try:
-            await self.zk.set(path, policy.to_bytes())
+            await self.zk.set(path, data)
+            return
         except MetadataNotFoundError:
-            await self.zk.ensure_path(self.root)
-            try:
-                await self.zk.create(path, policy.to_bytes())
-            except MetadataExistsError:
-                await self.zk.set(path, policy.to_bytes())
+            pass
+        if parent is not None:
+            await self.zk.ensure_path(parent)
+        try:
+            await self.zk.create(path, data)
+        except MetadataExistsError:
+            await self.zk.set(path, data)
 
     async def unlock(self, lock_node: str) -> None:
         try:
@@ -385,15 +387,7 @@ class ZooKeeperSegmentStore:
         return {child: json.loads(item[0]) for child, item in zip(children, found, strict=True) if item is not None}
 
     async def commit_subscription(self, name: str, subscription: str, offset_json: dict[str, int]) -> None:
-        path = self.subscriber_path(name, subscription)
-        data = json.dumps(offset_json, sort_keys=True).encode()
-        try:
-            await self.zk.set(path, data)
-        except MetadataNotFoundError:
-            try:
-                await self.zk.create(path, data)
-            except MetadataExistsError:
-                await self.zk.set(path, data)  # created by a concurrent commit: ours is newer
+        await self._put(self.subscriber_path(name, subscription), json.dumps(offset_json, sort_keys=True).encode())
 
     async def delete_subscription(self, name: str, subscription: str) -> None:
         try:
