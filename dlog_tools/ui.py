@@ -118,6 +118,7 @@ class UiOptions:
     bookkeeper_root: str = layout.DEFAULT_ROOT
     namespace_root: str = "/dlog"
     security: SecuritySettings = NO_SECURITY  # an admin's: reads every namespace, TLS to bookies
+    namespaces: tuple[str, ...] = ()  # only these (those that exist); empty: every one, up to NAMESPACES_MAX
 
 
 def verified_admin_url(info: dict[str, Any], tls: bool) -> str | None:
@@ -361,7 +362,7 @@ class Collector:
         result: dict[str, Any] = {"zk": self.options.zk, "bookkeeper_root": self.options.bookkeeper_root,
                                   "namespace_root": self.options.namespace_root,
                                   "generated_ms": self.clock.wall_ms(), "errors": [],
-                                  "bookies": [], "namespaces": [], "autorecovery": None}
+                                  "bookies": [], "namespaces": [], "namespaces_omitted": 0, "autorecovery": None}
         try:
             await self._connect()
         except DlogError as exc:
@@ -375,6 +376,8 @@ class Collector:
                 result["errors"].append(f"reading {key}: {found}")
             elif isinstance(found, BaseException):
                 raise found
+            elif key == "namespaces":
+                result["namespaces"], result["namespaces_omitted"] = found
             else:
                 result[key] = found
         result["health"] = health_summary(result)
@@ -457,12 +460,17 @@ class Collector:
 
     # ------------------------------------------------------------------ streams
 
-    async def _namespaces(self) -> list[dict[str, Any]]:
+    async def _namespaces(self) -> tuple[list[dict[str, Any]], int]:
+        """The namespaces shown (the chosen ones, else the first NAMESPACES_MAX by name) and how many
+        more there are."""
         try:
             names = sorted(await self._zk.children(self.options.namespace_root))
         except MetadataNotFoundError:
-            return []
-        return list(await asyncio.gather(*(self._namespace(name) for name in names[:NAMESPACES_MAX])))
+            return [], 0
+        if self.options.namespaces:
+            names = [name for name in names if name in self.options.namespaces]
+        shown = await asyncio.gather(*(self._namespace(name) for name in names[:NAMESPACES_MAX]))
+        return list(shown), max(0, len(names) - NAMESPACES_MAX)
 
     async def _namespace(self, name: str) -> dict[str, Any]:
         from dlog.segments.store import StreamStore
@@ -705,14 +713,15 @@ _TEMPLATES.globals.update(number=_number, size=format_size, time=_page_time, per
 
 def render_page(result: dict[str, Any], query: str = "") -> str:
     """The whole page with the data in it: it shows without JavaScript (which only refreshes it)."""
-    result = {"bookies": [], "namespaces": [], "autorecovery": None, "zk": "?", "bookkeeper_root": "?",
-              "namespace_root": "?", **result}
+    result = {"bookies": [], "namespaces": [], "namespaces_omitted": 0, "autorecovery": None, "zk": "?",
+              "bookkeeper_root": "?", "namespace_root": "?", **result}
     namespaces, shown = filter_namespaces(result["namespaces"], query)
     namespaces = [{**ns, "streams": [stream_view(stream) for stream in ns["streams"]]} for ns in namespaces]
     total = sum(len(ns["streams"]) + ns.get("streams_omitted", 0) for ns in result["namespaces"])
     return _TEMPLATES.get_template("page.html").render(
         data=result, health=result.get("health") or health_summary(result), namespaces=namespaces,
-        query=query, streams_shown=shown, streams_total=total, generated=_page_time(result.get("generated_ms")))
+        query=query, streams_shown=shown, streams_total=total, generated=_page_time(result.get("generated_ms")),
+        namespaces_max=NAMESPACES_MAX)
 
 
 # ------------------------------------------------------------------------------ the web app

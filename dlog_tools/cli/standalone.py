@@ -208,13 +208,15 @@ def _supervise(cluster: Any, stop: threading.Event, server: ServeProcess | None 
 @zk_option
 @click.option("--namespace-root", default="/dlog", show_default=True,
               help="ZooKeeper node whose children are the namespaces")
+@click.option("--namespace", "namespaces", multiple=True, metavar="NAME",
+              help="show only this namespace (repeat for more); default: every one, the first 50 by name")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=UI_PORT_DEFAULT, show_default=True, type=click.IntRange(0, 65535),
               help="port to listen on (0: any free port)")
 @click.option("--insecure-plaintext", is_flag=True, help="serve the page (plaintext, no login) on a "
               "non-loopback --host anyway")
 @fails_cleanly
-def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int,
+def ui_command(zk: str, zk_root: str, namespace_root: str, namespaces: tuple[str, ...], host: str, port: int,
                insecure_plaintext: bool) -> None:
     """Serve the cluster status page (health, bookies, stream segments, subscription lag) until
     Ctrl-C; /?q=TEXT shows only the streams whose name contains TEXT. With --config (an admin's
@@ -232,5 +234,6 @@ def ui_command(zk: str, zk_root: str, namespace_root: str, host: str, port: int,
         click.echo(f"dlog ui serving {url} (Ctrl-C stops it)")
         sys.stdout.flush()
 
-    serve(UiOptions(zk, zk_root, namespace_root, security=load_client_settings()), host, port, on_ready)
+    serve(UiOptions(zk, zk_root, namespace_root, security=load_client_settings(), namespaces=namespaces),
+          host, port, on_ready)
 

@@ -60,7 +60,7 @@ def test_ledger_delete_and_recover_refuse_a_streams_segment_unless_forced(guarde
     assert "DAMAGED" in next(line for line in human.splitlines() if f" {second['ledger']} " in line)
 
     async def page_segments() -> list[dict]:
-        collector = Collector(UiOptions(cluster.zk_address, cluster.zk_root))
+        collector = Collector(UiOptions(cluster.zk_address, cluster.zk_root, namespaces=(namespace,)))
         try:
             snapshot = await collector.snapshot()
         finally:

@@ -41,6 +41,7 @@ from dlog_tools.ui import (
     health_summary,
     make_app,
     parse_metrics,
+    render_page,
     subscription_lag,
     truncation_point,
 )
@@ -292,6 +293,35 @@ async def test_api_reports_bookies_segments_truncation_and_lag(cluster_factory, 
                 assert '<script src="/static/app.js"' in await response.text()
             async with client.get("/static/app.js") as response:
                 assert response.status == 200 and "textContent" in await response.text()
+
+
+async def test_the_page_reads_a_bounded_number_of_namespaces_says_how_many_more_and_shows_chosen_ones(
+        cluster_factory, zk, monkeypatch):
+    import dlog_tools.ui
+
+    cluster = cluster_factory(bookies=1)
+    for name in ("alpha", "beta", "gamma"):
+        async with Namespace(cluster.zk_address, name, bookkeeper_root=cluster.zk_root,
+                             root=f"{cluster.zk_root}-dlog") as ns:
+            await ns.create_stream(f"{name}-stream", ensemble=1, write_quorum=1, ack_quorum=1)
+    monkeypatch.setattr(dlog_tools.ui, "NAMESPACES_MAX", 2)
+
+    async def shown(**chosen: Any) -> tuple[list[str], int, str]:
+        collector = Collector(dataclasses.replace(options(cluster), **chosen), clock=FakeClock())
+        try:
+            result = await collector.snapshot()
+        finally:
+            await collector.close()
+        assert result["errors"] == []
+        page = render_page(result)
+        return [n["name"] for n in result["namespaces"]], result["namespaces_omitted"], page
+
+    names, omitted, page = await shown()
+    assert (names, omitted) == (["alpha", "beta"], 1)  # the first by name, and a count of the rest
+    assert "1 more namespaces not shown" in page and "dlog ui --namespace NAME" in page
+    names, omitted, page = await shown(namespaces=("gamma", "no-such-namespace"))
+    assert (names, omitted) == (["gamma"], 0)  # the one past the bound, when named
+    assert "gamma-stream" in page and "more namespaces not shown" not in page
 
 
 async def test_a_paused_bookie_shows_as_unreachable_not_as_an_error(cluster_factory, zk):

@@ -149,7 +149,8 @@ def test_subscription_is_committed_at_the_end_of_each_batch_and_its_lag_is_visib
     assert lag["lag_records"] == 200 and lag["lag_bytes"] > 0
     from dlog_tools.ui import UiOptions, UiThread
 
-    page = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, dlog_ns.options["namespaceRoot"]))
+    page = UiThread(UiOptions(cluster.zk_address, cluster.zk_root, dlog_ns.options["namespaceRoot"],
+                                namespaces=(dlog_ns.options["namespace"],)))
     url = page.start()
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/api/cluster", timeout=30) as answer:

@@ -245,7 +245,7 @@ async def test_a_failing_tier_backs_off_never_stops_the_runner_and_shows_on_the_
         assert all(s.tier is None and s.offload_attempt for s in (await ns.store.segments("broken")).segments[:1])
         assert runner.stats.failures >= 2 and runner.stats.tier.streams["fine"].offloaded_segments == 2
 
-        collector = Collector(UiOptions(cluster.zk_address, cluster.zk_root))
+        collector = Collector(UiOptions(cluster.zk_address, cluster.zk_root, namespaces=(ns.name,)))
         try:
             snapshot = await collector.snapshot()
         finally:
@@ -272,7 +272,7 @@ async def test_the_status_page_does_not_call_an_offloaded_segment_without_its_le
 
         report = await Offloader(ns).run("old", now=True)
         assert len(report.bookie_copies_deleted) == 2
-        collector = Collector(UiOptions(cluster.zk_address, cluster.zk_root))
+        collector = Collector(UiOptions(cluster.zk_address, cluster.zk_root, namespaces=(ns.name,)))
         try:
             snapshot = await collector.snapshot()
         finally:
