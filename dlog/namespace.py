@@ -50,7 +50,7 @@ from bookkeeper.security.settings import (
 )
 from dlog.context import StreamContext
 from dlog.core import backlog, changes, tiering
-from dlog.core.dedup import encode_stored
+from dlog.core.dedup import DedupTable, encode_stored, native_producer
 from dlog.core.errors import StreamBusyError, SubscriptionEvictedError, WriterLockedError
 from dlog.iceberg import IcebergTarget, SyncResult, sync_table
 from dlog.names import check_stream_name, check_subscription_name, stream_node_name
@@ -441,11 +441,40 @@ class Namespace:
         end = None if segment is None else segment.first_position
         if end is None:
             raise DlogError(f"stream {name!r} has no record positions: a named producer needs them")
+        table, version = await self._rebuilt_producers(name, end)
+        await self.store.store_dedup_snapshot(name, encode_stored(end, table.snapshot()), version)
+        writer.restore_producers(table)
+
+    async def _rebuilt_producers(self, name: str, end: int) -> tuple[DedupTable, int | None]:
         table, version, _, _ = await rebuild_producers(
             self.store, lambda start: self.open_reader(name, start, follow=False, skip_truncated=True), name, end,
             self.clock.wall_ms())
-        await self.store.store_dedup_snapshot(name, encode_stored(end, table.snapshot()), version)
-        writer.restore_producers(table)
+        return table, version
+
+    async def producer_table(self, name: str, listing: SegmentList | None = None) -> tuple[DedupTable, int | None, int]:
+        """The stream's idempotent producers as its segments hold them: the stored snapshot and the
+        producer sections after it, up to the end of the last completed segment (an in-progress
+        segment's records are its writer's, still to be sealed); also the dedup node's version
+        (None: there is none) and that end position. `listing`: the segment list just read."""
+        listing = listing if listing is not None else await self.store.segments(name)
+        live = listing.in_progress
+        if live is not None:
+            end = live.first_position
+        elif listing.segments:
+            last = listing.segments[-1]
+            end = None if last.first_position is None else last.first_position + last.records
+        else:
+            end = 0
+        if end is None:  # a stream from before positions: no named producer ever wrote it
+            return DedupTable(), None, 0
+        table, version = await self._rebuilt_producers(name, end)
+        return table, version, end
+
+    async def last_sequence(self, name: str, producer_id: str) -> int | None:
+        """The last sequence of named producer `producer_id` that the stream holds (Pulsar's
+        getLastSequenceId, without opening a writer), or None when it holds none (or it expired)."""
+        table, _, _ = await self.producer_table(name)
+        return table.last_sequence(native_producer(producer_id))
 
     async def _refuse_if_served(self, name: str) -> None:
         """A stream a serving-tier server owns (`dlog serve`) is written through it: a native

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bookkeeper.errors import ConfigError
+from dlog.core.sequences import NATIVE_NAME_CHARS_MAX, native_producer
 from dlog.names import check_stream_name, check_subscription_name
 from dlog_spark.offsets import parse_offsets
 
@@ -31,7 +32,7 @@ BATCH_SOURCE_OPTIONS = SOURCE_OPTIONS + ("endingOffsets", "endingTimestamp", "en
 TIMESTAMP_STRATEGIES = ("error", "latest")
 PREFER = ("bookies", "tier")  # where to read a segment that is on the tier and still on bookies
 SINK_OPTIONS = CONNECTION_OPTIONS + ("stream", "path", "sinkId", "checkpointLocation", "createStream",
-                                     "ensemble", "writeQuorum", "ackQuorum")
+                                     "ensemble", "writeQuorum", "ackQuorum", "producerId", "sequenceColumn")
 CREATION_OPTIONS = ("ensemble", "writeQuorum", "ackQuorum")
 ROUTE_COLUMN = "stream"  # without option `stream`, the sink routes each row by this column (Kafka's `topic`)
 
@@ -41,6 +42,7 @@ ZK_ROOT_DEFAULT = "/bookkeeper"
 NAMESPACE_ROOT_DEFAULT = "/dlog"
 MAX_TRIGGER_DELAY_MS_DEFAULT = 15 * 60_000  # Kafka's default
 MIN_PARTITIONS_MAX = 100_000
+SINK_PRODUCER_CHARS_MAX = NATIVE_NAME_CHARS_MAX - 16  # room for ".p<partition>"
 
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|min|h|d)?\s*", re.ASCII)
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -109,6 +111,18 @@ class SourceOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class SinkProducer:
+    """Each write task is the idempotent producer `<prefix>.p<partition>` of every stream it writes;
+    each row's sequence is its `column` (increasing within a task's rows, gaps allowed)."""
+
+    prefix: str
+    column: str
+
+    def of_partition(self, partition: int) -> str:
+        return f"{self.prefix}.p{partition}"
+
+
+@dataclass(frozen=True, slots=True)
 class StreamCreation:
     """Whether the sink creates a missing target stream (`createStream`), and its quorum."""
 
@@ -124,6 +138,7 @@ class SinkOptions:
     stream: str | None  # None: each row's `stream` column names its target (routing)
     sink_id: str | None  # None: a batch write, no replay detection
     creation: StreamCreation = StreamCreation()
+    producer: SinkProducer | None = None  # producerId + sequenceColumn: each task an idempotent producer
 
     @property
     def routed(self) -> bool:
@@ -188,7 +203,22 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
                               "(its last committed batch id is kept per sink id, which makes replays "
                               "of a batch after a restart write nothing)")
         check_subscription_name(sink_id)
-    return SinkOptions(_connection(values), stream, sink_id, _stream_creation(values))
+    return SinkOptions(_connection(values), stream, sink_id, _stream_creation(values), _sink_producer(values))
+
+
+def _sink_producer(values: Mapping[str, str]) -> SinkProducer | None:
+    prefix, column = values.get("producerId"), values.get("sequenceColumn")
+    if prefix is None and column is None:
+        return None
+    if prefix is None or not column:
+        raise ConfigError("options 'producerId' and 'sequenceColumn' go together: each write task becomes the "
+                          "idempotent producer <producerId>.p<partition>, and the column gives each row's sequence "
+                          "(a rerun then writes only the rows not yet in the stream)")
+    if len(prefix) > SINK_PRODUCER_CHARS_MAX:
+        raise ConfigError(f"bad producerId {prefix!r}: at most {SINK_PRODUCER_CHARS_MAX} characters (the task's "
+                          "partition is added to it)")
+    native_producer(prefix)  # its characters
+    return SinkProducer(prefix, column)
 
 
 def _stream_creation(values: Mapping[str, str]) -> StreamCreation:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bookkeeper.errors import ConfigError, DlogError, MetadataContentionError, MetadataVersionError
 from bookkeeper.retry import Backoff, retry
 from dlog.core import changes
-from dlog.core.errors import StreamBusyError
+from dlog.core.dedup import encode_stored
+from dlog.core.errors import ProducersFullError, SequenceError, StreamBusyError
 from dlog.seal import seal_in_progress
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList, SegmentState, SinkCommit, StreamConfig
 
@@ -111,7 +113,10 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
             sink = SinkCommit(sink_id, batch_id, ledgers, recorded)
         segments = tuple(_segment(listing.max_sequence + 1 + index, message, namespace.clock.wall_ms())
                          for index, message in enumerate(batches[stream]))
-        commits.append((stream, listing, changes.append_change(listing, segments, sink)))
+        change = changes.append_change(listing, segments, sink)
+        if any(getattr(m, "producer", None) is not None for m in batches[stream]):
+            change = await _with_producers(namespace, stream, listing, change, batches[stream])
+        commits.append((stream, listing, change))
     try:
         await store.commit_many(commits)
     except MetadataVersionError as exc:
@@ -119,6 +124,37 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
     log.info("dlog sink: batch %s appended ledgers %s", batch_id,
              {stream: [m.ledger for m in batches[stream]] for stream in streams})
     return True
+
+
+async def _with_producers(namespace: Namespace, stream: str, listing: SegmentList, change: SegmentChange,
+                          messages: Sequence[DlogCommitMessage]) -> SegmentChange:
+    """The change with the stream's producer snapshot after the tasks' batches (producerId): each
+    task producer's sequences must lie above what the stream holds for it, as its task saw when it
+    began; another job with the same producerId that committed meanwhile makes the batch fail
+    (SequenceError) rather than land twice. The snapshot goes in the same multi as the segments."""
+    table, version, end = await namespace.producer_table(stream, listing)
+    if version is None:  # the multi sets the node: it must exist
+        await namespace.store.store_dedup_snapshot(stream, encode_stored(end, table.snapshot()), None)
+    now_ms = namespace.clock.wall_ms()
+    for message, segment in zip(messages, change.create, strict=True):
+        producer = getattr(message, "producer", None)
+        if producer is None or message.first_sequence < 0:
+            continue
+        last = table.last_sequence(producer)
+        if last is not None and message.first_sequence <= last:
+            raise SequenceError(
+                f"producer {producer!r} of stream {stream!r} wrote sequences {message.first_sequence}.."
+                f"{message.last_sequence} but the stream already holds up to {last} (another job with the same "
+                "producerId committed meanwhile); the batch is not appended", last + 1)
+        refused = table.room_for(producer)
+        if refused is not None:
+            raise ProducersFullError(f"stream {stream!r}: {refused.message}")
+        assert segment.first_position is not None
+        table.on_written(producer, message.first_sequence, message.last_sequence, segment.first_position,
+                         segment.first_position + segment.records - 1, now_ms)
+    ends = [s.first_position + s.records for s in change.create if s.first_position is not None]
+    table.expire(now_ms)
+    return replace(change, dedup=encode_stored(max(ends, default=end), table.snapshot()))
 
 
 async def _routed_replay(namespace: Namespace, batches: Mapping[str, Sequence[DlogCommitMessage]],

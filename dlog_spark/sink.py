@@ -39,7 +39,7 @@ from bookkeeper.client.ledger import LedgerHandle
 from bookkeeper.clock import wall_ms
 from bookkeeper.errors import ConfigError, known
 from dlog.names import check_stream_name
-from dlog.segments.codec import RecordSetCodec, split_batch
+from dlog.segments.codec import ProducerRun, RecordSetCodec, split_batch
 from dlog.segments.schemas import schema_version
 from dlog.segments.store import StreamNotFoundError
 from dlog_spark.connection import Connection, connection
@@ -67,6 +67,10 @@ class DlogCommitMessage(WriterCommitMessage):
     last_timestamp_ms: int = 0
     created_ms: int = 0
     schema_version: int = 0  # the stream's schema version the task wrote (typed streams)
+    producer: str | None = None  # producerId: the task's producer and the sequences it wrote
+    first_sequence: int = -1
+    last_sequence: int = -1
+    duplicates: int = 0  # rows at or below the producer's last sequence already in the stream: not written
 
     @property
     def ledger(self) -> int:
@@ -122,6 +126,7 @@ class _WriteTask:
         self.options = options
         self.conn: Connection = connection(options.connection)
         self.ledgers: dict[str, _LedgerTask] = {}
+        self.producer = None if options.producer is None else options.producer.of_partition(task_partition())
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         try:
@@ -150,8 +155,18 @@ class _WriteTask:
             if len(self.ledgers) >= ROUTED_STREAMS_MAX:
                 raise ConfigError(f"a write task of the dlog sink got rows for more than {ROUTED_STREAMS_MAX} "
                                   "streams; one batch may route to at most that many")
-            task = self.ledgers[stream] = _LedgerTask(self.conn, self.options, stream)
+            task = self.ledgers[stream] = _LedgerTask(self.conn, self.options, stream, self.producer)
         return task
+
+
+def task_partition() -> int:
+    """The Spark partition this write task writes (a producerId's task producer is named by it)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        raise ConfigError("option 'producerId' needs a Spark task context to name each task's producer")
+    return context.partitionId()
 
 
 def routed(batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -174,7 +189,7 @@ def routed(batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
 class _LedgerTask:
     """Writes one task's rows for one stream into one new ledger (executor side)."""
 
-    def __init__(self, conn: Connection, options: SinkOptions, stream: str) -> None:
+    def __init__(self, conn: Connection, options: SinkOptions, stream: str, producer: str | None = None) -> None:
         self.options = options
         self.stream = stream
         self.conn = conn
@@ -183,13 +198,56 @@ class _LedgerTask:
         self.schema = namespace.schema_of(self.config)
         self.codec = RecordSetCodec(self.schema)
         self.ledger: LedgerHandle | None = None
-        self.message = DlogCommitMessage(stream, None, created_ms=wall_ms(), schema_version=schema_version(self.config))
+        self.message = DlogCommitMessage(stream, None, created_ms=wall_ms(), schema_version=schema_version(self.config),
+                                         producer=producer)
         self._buffer: list[pa.RecordBatch] = []
+        self._sequences: list[pa.Array] = []  # with a producer: each buffered batch's sequences
         self._buffered_bytes = 0
         self._in_flight: deque[Any] = deque()
+        self.last_sequence: int | None = None  # the producer's, in the stream and then in this task
+        if producer is not None:
+            self.last_sequence = self.conn.call(namespace.last_sequence(stream, producer))
 
     def add(self, batch: pa.RecordBatch) -> None:
-        self._add(sink_batch(batch, self.schema, self.stream))
+        if self.message.producer is None:
+            self._add(sink_batch(batch, self.schema, self.stream))
+            return
+        assert self.options.producer is not None
+        batch, sequences = self._new_rows(batch, self.options.producer.column)
+        if batch.num_rows:
+            self._add(sink_batch(batch, self.schema, self.stream), sequences)
+
+    def _new_rows(self, batch: pa.RecordBatch, column: str) -> tuple[pa.RecordBatch, pa.Array]:
+        """The rows above the producer's last sequence (the others are in the stream already) and
+        their sequences; the sequence column leaves the rows unless the stream has a column of
+        that name. Sequences must be whole, not null, and increase within the task's rows."""
+        index = batch.schema.get_field_index(column)
+        if index < 0:
+            raise ConfigError(f"the dlog sink's sequenceColumn {column!r} is not a column of the rows "
+                              f"({', '.join(batch.schema.names)})")
+        sequences = batch.column(index)
+        if not pa.types.is_integer(sequences.type):
+            raise ConfigError(f"sequenceColumn {column!r} is {sequences.type}; it must be an integer column")
+        if sequences.null_count:
+            raise ConfigError(f"sequenceColumn {column!r} is null in {sequences.null_count} rows; every row needs "
+                              "its sequence")
+        sequences = sequences.cast(pa.int64())
+        if self.schema.get_field_index(column) < 0:
+            batch = batch.remove_column(index)
+        if self.last_sequence is not None:
+            kept = pc.greater(sequences, self.last_sequence)
+            self.message.duplicates += batch.num_rows - kept.true_count
+            batch, sequences = batch.filter(kept), sequences.filter(kept)
+        if not len(sequences):
+            return batch, sequences
+        if pc.min(sequences).as_py() < 0:
+            raise ConfigError(f"sequenceColumn {column!r} has a negative value; sequences are 0 or above")
+        if len(sequences) > 1 and not pc.all(pc.greater(sequences[1:], sequences[:-1])).as_py():
+            raise ConfigError(f"sequenceColumn {column!r} does not increase within the rows of task producer "
+                              f"{self.message.producer!r} (stream {self.stream!r}): order each partition by it "
+                              "(sortWithinPartitions) and keep it unique")
+        self.last_sequence = sequences[-1].as_py()
+        return batch, sequences
 
     def finish(self) -> DlogCommitMessage:
         self._flush()
@@ -200,8 +258,10 @@ class _LedgerTask:
             self.message.last_entry = self.ledger.last_add_confirmed
         return self.message
 
-    def _add(self, batch: pa.RecordBatch) -> None:
+    def _add(self, batch: pa.RecordBatch, sequences: pa.Array | None = None) -> None:
         self._buffer.append(batch)
+        if sequences is not None:
+            self._sequences.append(sequences)
         self._buffered_bytes += batch.nbytes
         if self._buffered_bytes >= FLUSH_BYTES:
             self._flush()
@@ -210,7 +270,8 @@ class _LedgerTask:
         if not self._buffer:
             return
         batch = self._buffer[0] if len(self._buffer) == 1 else pa.concat_batches(self._buffer)
-        self._buffer, self._buffered_bytes = [], 0
+        sequences = pa.concat_arrays(self._sequences) if self._sequences else None
+        self._buffer, self._sequences, self._buffered_bytes = [], [], 0
         if self.ledger is None:
             self.ledger = self.conn.call(self.conn.namespace.client.create_ledger(
                 self.config.ensemble, self.config.write_quorum, self.config.ack_quorum,
@@ -220,8 +281,17 @@ class _LedgerTask:
             self.message.ledger_id = self.ledger.ledger_id
         payloads = []
         message = self.message
+        at = 0
         for piece in split_batch(batch, ENTRY_BYTES_MAX):
-            payload = self.codec.encode(piece, message.records)
+            runs: tuple[ProducerRun, ...] = ()
+            if sequences is not None:
+                assert message.producer is not None
+                first, last = sequences[at].as_py(), sequences[at + piece.num_rows - 1].as_py()
+                runs = (ProducerRun(message.producer, 0, first, last, 0, piece.num_rows),)
+                message.first_sequence = first if message.first_sequence < 0 else message.first_sequence
+                message.last_sequence = last
+            at += piece.num_rows
+            payload = self.codec.encode_entry(piece, message.records, producers=runs).payload
             header = self.codec.peek_header(payload)
             if message.records == 0:
                 message.first_timestamp_ms = header.min_timestamp_ms

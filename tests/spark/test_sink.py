@@ -10,8 +10,12 @@ import json
 import pyarrow as pa
 import pytest
 
+from dlog import SequenceError
+from dlog.segments.codec import RecordSetCodec, records_to_batch
 from dlog_spark.connection import connection
 from dlog_spark.options import ConnectionOptions
+from dlog_spark.segments import commit_batch, delete_ledgers
+from dlog_spark.sink import DlogCommitMessage
 from tests.spark.conftest import Dlog, input_rows, run_available_now, values
 
 pytestmark = pytest.mark.spark
@@ -113,6 +117,65 @@ def test_the_sink_seals_a_dead_writers_in_progress_segment_before_appending(spar
                                                        for i in range(len(segments))]
     with dlog_ns.ns.open_reader("shared", follow=False) as reader:
         assert [record.position for record in reader] == list(range(150))
+
+
+def test_a_rerun_of_a_batch_write_with_a_producer_id_writes_only_the_rows_not_yet_in_the_stream(spark, dlog_ns):
+    """producerId: each task is the idempotent producer <producerId>.p<partition>, its rows' sequences
+    from sequenceColumn; rows at or below what the stream holds for it are not written again."""
+    ns = dlog_ns.ns
+    ns.create_stream("loaded")
+
+    def write(where: str = "true", producer: str = "loader") -> None:
+        rows = spark.range(0, 100, numPartitions=4).selectExpr("id as seq", "cast(id as string) as value")
+        (rows.where(where).write.format("dlog").options(**dlog_ns.options).option("stream", "loaded")
+         .option("producerId", producer).option("sequenceColumn", "seq").mode("append").save())
+
+    def loaded() -> list[int]:
+        return sorted(int(value) for value in read_values(spark, dlog_ns, "loaded"))
+
+    write("seq % 25 < 10")  # a first run that got part of each partition in (0..24 is partition 0, ...)
+    assert loaded() == [n for n in range(100) if n % 25 < 10]
+    assert [ns.last_sequence("loaded", f"loader.p{p}") for p in range(4)] == [9, 34, 59, 84]
+    write()  # the whole job again: each task writes only its rows above its producer's last sequence
+    assert loaded() == list(range(100))
+    assert [ns.last_sequence("loaded", f"loader.p{p}") for p in range(4)] == [24, 49, 74, 99]
+    before = len(ns.stream_info("loaded")["segments"])
+    write()  # and again: nothing to write, no segment added
+    assert loaded() == list(range(100)) and len(ns.stream_info("loaded")["segments"]) == before
+    with ns.open_writer("loaded", producer_id="loader.p3") as writer:  # the same producers a native writer sees
+        assert writer.last_sequence == 99
+    write(producer="other")  # another producer id is another producer: its rows are new
+    assert loaded() == sorted(list(range(100)) * 2)
+
+    # A task that read the producer's state before another job committed (its rows 90..99 are in the
+    # stream now): the driver's commit refuses it, nothing appended.
+    options = dlog_ns.options
+    conn = connection(ConnectionOptions(options["zk"], options["namespace"], options["zkRoot"],
+                                        options["namespaceRoot"]))
+    namespace = conn.namespace
+    config = conn.call(namespace.config("loaded"))
+    ledger = conn.call(namespace.client.create_ledger(config.ensemble, config.write_quorum, config.ack_quorum,
+                                                      password=namespace.password_of(config)))
+    codec = RecordSetCodec(namespace.schema_of(config))
+    conn.call(ledger.append(codec.encode(records_to_batch([b"late"]), 0)))
+    conn.call(ledger.close())
+    late = DlogCommitMessage("loaded", ledger.ledger_id, last_entry=0, records=1, producer="loader.p3",
+                             first_sequence=95, last_sequence=95)
+    segments = ns.stream_info("loaded")["segments"]
+    with pytest.raises(SequenceError, match=r"producer 'loader.p3' of stream 'loaded' wrote sequences 95..95 but "
+                                            r"the stream already holds up to 99"):
+        conn.call(commit_batch(namespace, "loaded", [late], None, None))
+    assert ns.stream_info("loaded")["segments"] == segments
+    conn.call(delete_ledgers(namespace, [ledger.ledger_id], stream="loaded"))
+
+    with pytest.raises(Exception, match=r"sequenceColumn 'seq' does not increase within the rows of task producer"):
+        (spark.range(0, 5, numPartitions=1).selectExpr("4 - id as seq", "cast(id as string) as value")
+         .write.format("dlog").options(**dlog_ns.options).option("stream", "loaded").option("producerId", "down")
+         .option("sequenceColumn", "seq").mode("append").save())
+    with pytest.raises(Exception, match=r"options 'producerId' and 'sequenceColumn' go together"):
+        (spark.range(1).selectExpr("cast(id as string) as value").write.format("dlog").options(**dlog_ns.options)
+         .option("stream", "loaded").option("producerId", "alone").mode("append").save())
+    assert ns.last_sequence("loaded", "down") is None and loaded() == sorted(list(range(100)) * 2)
 
 
 def test_bad_sink_options_are_refused_by_name(spark, dlog_ns):
