@@ -394,7 +394,10 @@ async def test_deleting_a_ledger_under_a_live_writer(local_cluster, history):
     acknowledged well after the deletion. The next writer drops the segment of the deleted ledger and
     the stream goes on."""
     cluster = local_cluster(bookies=3, bookie_args=["--gc-interval", "0", "--gc-grace", "0"])
-    workload = await Workload(cluster, history, SETTINGS).start()
+    # no roll before the deletion: with the default 300-record segments, the writer could roll between
+    # reading its in-progress ledger and deleting it, which then deleted a completed segment's ledger
+    settings = Settings(writes_max=6000, roll_records=100_000)
+    workload = await Workload(cluster, history, settings).start()
     await workload.wait_acked(300)
     ledger_id = await workload.current_ledger()
     assert workload.control is not None
@@ -406,7 +409,7 @@ async def test_deleting_a_ledger_under_a_live_writer(local_cluster, history):
             async with session.post(f"{bookie.http}/api/v1/gc") as response:
                 assert response.status == 200
     await workload.wait_acked(600, timeout_s=15)  # a new writer took over, past the deleted ledger
-    listing = await namespace.store.segments(SETTINGS.stream)
+    listing = await namespace.store.segments(settings.stream)
     assert listing.by_ledger(ledger_id) is None  # its in-progress segment was dropped: no hole
     await workload.heal("a new writer took over from the one whose ledger was deleted")
     await check(workload)
