@@ -354,18 +354,27 @@ class DlogBatchWriter(DataSourceArrowWriter):
         _abort(self.options, messages)
 
 
-def _written(messages: list[WriterCommitMessage | None]) -> list[DlogCommitMessage]:
-    """Every ledger written, in partition order (a routed task's parts in their stream order)."""
-    written: list[DlogCommitMessage] = []
+def _parts(messages: list[WriterCommitMessage | None]) -> list[DlogCommitMessage]:
+    """Every task's message for each stream, in partition order (a routed task's in stream order)."""
+    found: list[DlogCommitMessage] = []
     for message in messages:
         parts = message.parts if isinstance(message, DlogRoutedCommitMessage) else [message]
-        written += [m for m in parts if isinstance(m, DlogCommitMessage) and m.ledger_id is not None]
-    return written
+        found += [m for m in parts if isinstance(m, DlogCommitMessage)]
+    return found
+
+
+def _written(messages: list[WriterCommitMessage | None]) -> list[DlogCommitMessage]:
+    """Every ledger written, in partition order (a routed task's parts in their stream order)."""
+    return [m for m in _parts(messages) if m.ledger_id is not None]
 
 
 def _commit(options: SinkOptions, messages: list[WriterCommitMessage | None], batch_id: int | None,
             sink_id: str | None) -> None:
     conn = connection(options.connection)
+    skipped = sum(m.duplicates for m in _parts(messages))
+    if skipped:
+        log.info("dlog sink: %d rows were in the stream already (their producers' sequences): not written again",
+                 skipped)
     if options.stream is not None:
         conn.call(commit_batch(conn.namespace, options.stream, _written(messages), batch_id, sink_id))
         return

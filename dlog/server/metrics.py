@@ -105,6 +105,8 @@ class _Collector(Collector):
                                                      DedupLimits().producers_max),
             "dlog_server_producers": ("Idempotent producers known: the most of any one owned stream",
                                       use["producers"]),
+            "dlog_server_producer_idle_seconds_max": ("How long an idempotent producer may stay idle before its "
+                                                      "stream forgets it", DedupLimits().producer_idle_ms_max / 1000),
             "dlog_server_fetch_bytes_max": ("Bytes of one fetch answer, whatever the client asks",
                                             settings.fetch_bytes_max),
             "dlog_server_lock_wait_seconds": ("How long taking a free stream waits for its writer lock",

@@ -22,7 +22,7 @@ LIMITS_WITH_USE = {"connections_max": "connections", "in_flight_per_connection_m
                    "writer_buffer_bytes_max": "writer_buffer_bytes", "tail_bytes_max": "tail_bytes",
                    "readers_per_connection_max": "readers", "producers_per_stream_max": "producers"}
 LIMITS_ALONE = ("fetch_bytes_max", "lock_wait_seconds", "request_bytes_max", "batch_bytes_max",
-                "batch_decompressed_bytes_max")
+                "batch_decompressed_bytes_max", "producer_idle_seconds_max")
 
 
 @pytest.fixture
