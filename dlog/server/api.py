@@ -30,6 +30,7 @@ from dlog.core.dedup import kafka_producer
 from dlog.core.errors import BacklogExceededError
 from dlog.namespace import Namespace
 from dlog.reader import EntryBatch, OffsetOutOfRangeError, PositionsUnknownError, StreamReader, TruncatedError
+from dlog.segments.typed_json import json_records, record_times_ms
 from dlog.serve.kafka import (
     SUPPORTED_APIS,
     Api,
@@ -468,7 +469,7 @@ class KafkaApi:
         reader = state.take_reader(owned.name, position)
         if reader is None:
             try:
-                reader = await self.ns.open_reader(owned.name, start=position, headers=True,
+                reader = await self.ns.open_reader(owned.name, start=position, headers=not owned.typed,
                                                    read_ahead_entries=READ_AHEAD_ENTRIES,
                                                    read_ahead_bytes=READ_AHEAD_BYTES)
             except (OffsetOutOfRangeError, PositionsUnknownError):
@@ -485,15 +486,15 @@ class KafkaApi:
                 if entry.first_position is None:
                     break
                 if entry.positions is not None:  # a compacted segment's kept records: gaps between their offsets
-                    runs.append((len(entry.positions), encode_entry(entry)))
+                    runs.append((len(entry.positions), encode_entry(entry, owned.typed)))
                     next_position = entry.positions[-1] + 1
-                    taken += entry.batch.nbytes
+                    taken += len(runs[-1][1])  # what the answer carries (a typed record's JSON may outgrow Arrow)
                     continue
                 count = entry.batch.num_rows
                 if count:
-                    runs.append((count, encode_entry(entry)))
+                    runs.append((count, encode_entry(entry, owned.typed)))
                     next_position = entry.first_position + count
-                    taken += entry.batch.nbytes
+                    taken += len(runs[-1][1])
         except BaseException:
             await reader.close()
             raise
@@ -545,28 +546,32 @@ class KafkaApi:
                 if entry is None or entry.first_position is None:
                     break
                 if entry.batch.num_rows:
-                    stamps = entry.batch.column("timestamp").cast(pa.int64()).to_pylist()
-                    return ErrorCode.NONE, entry.first_position, int(stamps[0])
+                    return ErrorCode.NONE, entry.first_position, record_times_ms(entry.batch.slice(0, 1))[0]
         finally:
             await reader.close()
         return ErrorCode.NONE, owned.end_position, -1  # no record at or after it: the end, as Kafka
 
 
-def encode_entry(entry: EntryBatch) -> bytes:
+def encode_entry(entry: EntryBatch, typed: bool = False) -> bytes:
     """An entry's records (a reader opened with headers=True gives every batch the headers column)
     as one Kafka record batch at their stream positions, from the columns: no Record per record. A
-    compacted segment's entry (`positions`) keeps each record's own offset, gaps between them."""
+    compacted segment's entry (`positions`) keeps each record's own offset, gaps between them. A
+    `typed` stream's record (the reader's schema: the latest) has a null key, its columns as one
+    JSON object for value (`dlog.segments.typed_json`) and its `timestamp` column, if any, for time."""
     batch = entry.batch
     assert entry.first_position is not None
     deltas = None if entry.positions is None else [position - entry.positions[0] for position in entry.positions]
+    first = entry.first_position if entry.positions is None else entry.positions[0]
+    if typed:
+        return encode_record_columns(first, record_times_ms(batch), [None] * batch.num_rows, json_records(batch),
+                                     None, deltas)
     stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
     column = batch.column("headers") if "headers" in batch.schema.names else None
     headers = None
     if column is not None and column.null_count < batch.num_rows:
         headers = [[(pair["key"], pair["value"]) for pair in pairs] if pairs else None for pairs in column.to_pylist()]
-    return encode_record_columns(entry.first_position if entry.positions is None else entry.positions[0], stamps,
-                                 batch.column("key").to_pylist(), batch.column("value").to_pylist(), headers,
-                                 deltas)
+    return encode_record_columns(first, stamps, batch.column("key").to_pylist(), batch.column("value").to_pylist(),
+                                 headers, deltas)
 
 
 async def _done(value: tuple[ErrorCode, int]) -> tuple[ErrorCode, int]:

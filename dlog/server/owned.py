@@ -89,7 +89,9 @@ class OwnedStream:
         """Why these records cannot be written (None: they can), before any of them is buffered;
         an idempotent `producer`'s batch must fit in one entry whole."""
         if self.typed:
-            return f"stream {self.name!r} has a typed schema: Kafka producers write untyped streams only"
+            return (f"stream {self.name!r} is typed (its records are a schema's columns): Kafka producers write "
+                    "only untyped streams (key, value, timestamp); write it natively (write_batch, `dlog write`), "
+                    "Kafka consumers read it as JSON")
         batcher = self.writer.machine.batcher
         total = 0 if producer is None else run_bytes(producer)
         for record in records:
