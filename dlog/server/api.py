@@ -23,7 +23,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.clock import monotonic_s
-from bookkeeper.errors import DlogError, MetadataExistsError, MetadataVersionError
+from bookkeeper.errors import ConfigError, DlogError, MetadataExistsError, MetadataVersionError
 from bookkeeper.security import authz
 from bookkeeper.security.authz import ANONYMOUS, Principal
 from dlog.core.dedup import kafka_producer
@@ -454,6 +454,10 @@ class KafkaApi:
                 start, _ = await self.ns.position_bounds(owned.name)
                 owned.start_position = owned.start_position if start is None else start
                 answer.update(error_code=ErrorCode.OFFSET_OUT_OF_RANGE, log_start_offset=owned.start_position)
+                return answer, 0, None
+            except ConfigError as exc:  # a typed stream's records its reader's schema version cannot project
+                refusals.warning("unreadable", "fetch of %s-%d at %d failed: %s", topic, part.partition, position, exc)
+                answer["error_code"] = ErrorCode.UNKNOWN_SERVER_ERROR  # the next fetch opens a reader afresh
                 return answer, 0, None
         else:
             batches = [(len(records), encode_record_batch(first, records)) for first, records in runs]

@@ -889,6 +889,8 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
 
     import pyarrow as pa
     from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+    from dlog.serve.kafka import ErrorCode
     v1 = "id:int32, name:string, timestamp:timestamp[ms], price:decimal(10,2), raw:binary?"
     v2 = "id:int32, full_name#2:string, timestamp:timestamp[ms], price:decimal(10,2), raw:binary?, score:float64?"
     base = 1_700_000_000_000  # 2023-11-14T22:13:20Z
@@ -908,6 +910,12 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
                 "price": pa.array([decimal.Decimal("-0.05")] * 10, pa.decimal128(10, 2)),
                 "raw": pa.array([b"\x00"] * 10, pa.binary()),
                 "score": [float("nan") if n == 10 else float("-inf") if n == 11 else n / 4 for n in range(10, 20)]}))
+        # unchecked (NONE): `name` becomes an int, so the string records of version 1 cannot be projected
+        await ns.create_stream("loose", schema="id:int32, name:string", schema_compatibility="NONE", ensemble=1,
+                               write_quorum=1, ack_quorum=1)
+        async with ns.open_writer("loose") as writer:
+            await writer.write_batch(pa.record_batch({"id": pa.array([1], pa.int32()), "name": ["one"]}))
+        await ns.alter_stream("loose", schema="id:int32, name:int64")
     expected = [{"id": n, "full_name": f"n{n}", "timestamp": f"2023-11-14T22:13:20.{n:03d}", "price": f"{n}.25",
                  "raw": base64.b64encode(bytes([n, 255])).decode() if n % 2 else None, "score": None}
                 for n in range(10)]
@@ -941,7 +949,11 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
     assert [error.code() for error in errors] == [KafkaError.INVALID_RECORD], errors  # type: ignore[attr-defined]
     answer = await asyncio.to_thread(raw_request, server.bootstrap, fetch_request("typed", 0), 11)
     assert answer.responses[0].partitions[0].high_watermark == 20  # nothing written
+    # records the latest schema cannot project: an error for the fetch (the connection stays), one line
+    answer = await asyncio.to_thread(raw_request, server.bootstrap, fetch_request("loose", 0), 11)
+    assert answer.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_SERVER_ERROR
     assert server.stop() == 0
     log = server.process.stderr.read()
     assert "stream 'typed' is typed (its records are a schema's columns): Kafka producers write only untyped" in log
+    assert "fetch of loose-0 at 0 failed: records cannot be read with this schema: field 'name'" in log
     assert "Traceback" not in log
