@@ -13,9 +13,9 @@ values; anything else -> pyarrow's text of the value.
 A record is one object of its columns in the schema's order, serialized compactly (no spaces) as
 UTF-8 (non-ASCII characters as they are, not escaped).
 
-Column-wise: each column becomes one list of JSON-ready Python values at once (pyarrow's
-`to_pylist`, its casts and `strftime`, and only the values JSON cannot hold as such, e.g. bytes
-and NaN, touched one by one), then one `json.dumps`-equivalent call per record.
+Column-wise: each column becomes one list of JSON texts at once (pyarrow's `to_pylist`, its casts
+and `strftime`, the json module's C encoders, and only the values JSON cannot hold as such, e.g.
+bytes and NaN, touched one by one in Python), then each record is one %-format of its texts.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["json_records", "json_values", "record_times_ms"]
+__all__ = ["json_records", "json_texts", "json_values", "record_times_ms"]
 
 NO_TIMESTAMP = -1  # Kafka's "no timestamp": a record of a typed stream without a `timestamp` column
 _MS_PER = {"s": 1000}
 _PER_MS = {"ms": 1, "us": 1000, "ns": 1_000_000}
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 _encode: Callable[[Any], str] = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_quote: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def json_records(batch: pa.RecordBatch) -> list[bytes]:
@@ -43,8 +44,24 @@ def json_records(batch: pa.RecordBatch) -> list[bytes]:
     names = batch.schema.names
     if not names:
         return [b"{}"] * batch.num_rows
-    columns = [json_values(column) for column in batch.columns]
-    return [_encode(dict(zip(names, row, strict=True))).encode() for row in zip(*columns, strict=True)]
+    # one %-template per batch ({"name":%s,...}); each column's values as JSON texts
+    template = "{" + ",".join(_encode(name).replace("%", "%%") + ":%s" for name in names) + "}"
+    texts = [json_texts(column) for column in batch.columns]
+    return [(template % row).encode() for row in zip(*texts, strict=True)]
+
+
+def json_texts(array: pa.Array) -> list[str]:
+    """The values of one column as JSON texts: ints and bools cast to text by pyarrow, strings
+    through the json module's C escaper, anything else `json_values` encoded."""
+    kind = array.type
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        return pc.fill_null(array.cast(pa.string()), "null").to_pylist()  # type: ignore[no-any-return]
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        values = array.to_pylist()
+        if array.null_count:
+            return ["null" if value is None else _quote(value) for value in values]
+        return list(map(_quote, values))
+    return list(map(_encode, json_values(array)))
 
 
 def json_values(array: pa.Array) -> list[Any]:

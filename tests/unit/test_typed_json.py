@@ -13,7 +13,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from dlog.segments.typed_json import NO_TIMESTAMP, json_records, json_values, record_times_ms
+from dlog.segments.typed_json import NO_TIMESTAMP, json_records, json_texts, json_values, record_times_ms
 
 MOMENT = 1_700_000_000_123_456_789  # ns: 2023-11-14T22:13:20.123456789Z
 
@@ -51,6 +51,7 @@ MOMENT = 1_700_000_000_123_456_789  # ns: 2023-11-14T22:13:20.123456789Z
 ])
 def test_each_arrow_type_maps_to_its_json_form(array, expected):
     assert json_values(array) == expected
+    assert [json.loads(text) for text in json_texts(array)] == expected  # the texts records are made of
 
 
 @pytest.mark.parametrize("array", [
@@ -80,6 +81,9 @@ def test_a_record_is_one_compact_utf8_object_in_the_schema_order_and_reads_back(
                                 "NaN")
     assert second == {"z": None, "name": None, "price": None, "raw": None, "score": 2.5e-308}
     assert json_records(pa.record_batch([pa.array([], pa.int8())], names=["a"])) == []
+    odd = pa.record_batch([pa.array([True, None]), pa.array(["%s", "\"\\\n"])], names=['100% "x"', "%(a)s"])
+    assert [json.loads(line) for line in json_records(odd)] == [{'100% "x"': True, "%(a)s": "%s"},
+                                                                 {'100% "x"': None, "%(a)s": "\"\\\n"}]
 
 
 def test_record_times_come_from_a_timestamp_column_floored_to_the_millisecond():
