@@ -883,7 +883,9 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
     record with a null key and its columns as one JSON object in the stream's latest schema
     (records of schema version 1 projected by field id: the renamed field under its new name, the
     added one null), its `timestamp` column as the Kafka timestamp (ListOffsets by time finds it
-    too); a Kafka producer is refused with INVALID_RECORD and one line in the server's log."""
+    too; without one, -1); a Kafka producer is refused with INVALID_RECORD and one line in the
+    server's log; records the latest schema cannot project fail the fetch with one line, not the
+    connection."""
     import base64
     import decimal
 
@@ -916,6 +918,9 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
         async with ns.open_writer("loose") as writer:
             await writer.write_batch(pa.record_batch({"id": pa.array([1], pa.int32()), "name": ["one"]}))
         await ns.alter_stream("loose", schema="id:int32, name:int64")
+        await ns.create_stream("untimed", schema="id:int32", ensemble=1, write_quorum=1, ack_quorum=1)
+        async with ns.open_writer("untimed") as writer:  # no `timestamp` column: no record time
+            await writer.write_batch(pa.record_batch({"id": pa.array([7, 8], pa.int32())}))
     expected = [{"id": n, "full_name": f"n{n}", "timestamp": f"2023-11-14T22:13:20.{n:03d}", "price": f"{n}.25",
                  "raw": base64.b64encode(bytes([n, 255])).decode() if n % 2 else None, "score": None}
                 for n in range(10)]
@@ -949,6 +954,9 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
     assert [error.code() for error in errors] == [KafkaError.INVALID_RECORD], errors  # type: ignore[attr-defined]
     answer = await asyncio.to_thread(raw_request, server.bootstrap, fetch_request("typed", 0), 11)
     assert answer.responses[0].partitions[0].high_watermark == 20  # nothing written
+    got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "untimed", 2)
+    assert [(offset, key, value, timestamp) for offset, key, value, _, timestamp in got] == \
+        [(0, None, b'{"id":7}', -1), (1, None, b'{"id":8}', -1)]  # -1: Kafka's "no timestamp"
     # records the latest schema cannot project: an error for the fetch (the connection stays), one line
     answer = await asyncio.to_thread(raw_request, server.bootstrap, fetch_request("loose", 0), 11)
     assert answer.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_SERVER_ERROR
