@@ -55,7 +55,7 @@ from dlog.serve.kafka.apis import (
 )
 from dlog.serve.ownership import partition_stream
 from dlog.serve.producer_ids import ProducerIdBlock, ProducerIds, block_after
-from dlog.server.owned import OwnedStream
+from dlog.server.owned import OwnedStream, ReadOnlyStream
 from dlog.server.registry import Registry
 from dlog.server.settings import ServerSettings
 from dlog.server.streams import Redirect, Streams, Topics
@@ -250,7 +250,7 @@ class KafkaApi:
 
     async def _leader(self, stream: str) -> tuple[int, ErrorCode]:
         route = await self.streams.route(stream, take=False)
-        if isinstance(route, OwnedStream):
+        if isinstance(route, OwnedStream | ReadOnlyStream):
             return self.me, ErrorCode.NONE
         if isinstance(route, Redirect):
             return route.server_id, ErrorCode.NONE
@@ -258,7 +258,8 @@ class KafkaApi:
             return -1, ErrorCode.LEADER_NOT_AVAILABLE
         return -1, route
 
-    async def _owned(self, topic: str, partition: int, create: bool = False) -> OwnedStream | ErrorCode:
+    async def _owned(self, topic: str, partition: int,
+                     create: bool = False) -> OwnedStream | ReadOnlyStream | ErrorCode:
         count = await self._partitions(topic, create)
         if count is None or not 0 <= partition < count:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -322,6 +323,9 @@ class KafkaApi:
                              batch.error.name, batch.reason)
             return batch.error, -1
         owned = await self._owned(topic, part.index, create=self.settings.auto_create_topics)
+        if isinstance(owned, ReadOnlyStream):  # a typed stream: Kafka producers cannot write it
+            refusals.warning("record", "produce to %s-%d refused: %s", topic, part.index, owned.check(batch.records))
+            return ErrorCode.INVALID_RECORD, -1
         if not isinstance(owned, OwnedStream):
             return owned, -1
         problem = owned.check(batch.records, kafka_producer(batch.producer_id) if batch.producer_id >= 0 else None)
@@ -427,7 +431,7 @@ class KafkaApi:
                                 responses=[Topic(topic=name, partitions=parts) for name, parts in grouped.items()])
 
     async def _fetch_partition(self, state: ConnectionState, topic: str, part: Any,
-                               budget: int) -> tuple[dict[str, Any], int, OwnedStream | None]:
+                               budget: int) -> tuple[dict[str, Any], int, OwnedStream | ReadOnlyStream | None]:
         answer: dict[str, Any] = {"partition_index": part.partition, "error_code": ErrorCode.NONE,
                                   "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                                   "records": b""}
@@ -435,7 +439,7 @@ class KafkaApi:
             answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
             return answer, 0, None
         owned = await self._owned(topic, part.partition)
-        if not isinstance(owned, OwnedStream):
+        if isinstance(owned, ErrorCode):
             answer["error_code"] = owned
             return answer, 0, None
         position, end = part.fetch_offset, owned.end_position
@@ -466,7 +470,7 @@ class KafkaApi:
         answer["records"] = records
         return answer, len(records), owned
 
-    async def _read_history(self, state: ConnectionState, owned: OwnedStream, position: int,
+    async def _read_history(self, state: ConnectionState, owned: OwnedStream | ReadOnlyStream, position: int,
                             bytes_max: int) -> list[tuple[int, bytes]]:
         """Records below the in-memory tail, through a reader this connection keeps for its next
         fetch: (record count, record batch) per entry, encoded straight from its Arrow columns."""
@@ -529,7 +533,7 @@ class KafkaApi:
 
     async def _list_offset(self, topic: str, partition: int, timestamp: int) -> tuple[ErrorCode, int, int]:
         owned = await self._owned(topic, partition)
-        if not isinstance(owned, OwnedStream):
+        if isinstance(owned, ErrorCode):
             return owned, -1, -1
         if timestamp == LATEST:
             return ErrorCode.NONE, owned.end_position, -1
@@ -588,7 +592,7 @@ def _ignore_outcome(done: asyncio.Future[int]) -> None:
         done.exception()
 
 
-async def _any_growth(streams: list[OwnedStream], timeout_s: float) -> None:
+async def _any_growth(streams: list[OwnedStream | ReadOnlyStream], timeout_s: float) -> None:
     """Return when any of `streams` gets a durable record, or after `timeout_s`."""
     waits = [asyncio.ensure_future(owned.grown_event().wait()) for owned in streams]
     try:

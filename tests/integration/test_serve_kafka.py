@@ -943,6 +943,20 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
 
     assert await asyncio.to_thread(by_time) == 15
 
+    # no server takes a typed stream's lock (Kafka cannot write it): a native writer writes while
+    # Kafka consumers read, and they see its records as they become durable
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns, \
+            ns.open_writer("typed", lock_timeout_s=1.0) as writer:
+        for first in (20, 25):
+            await writer.write_batch(pa.record_batch({
+                "id": pa.array(range(first, first + 5), pa.int32()), "full_name": ["w"] * 5,
+                "timestamp": pa.array([base] * 5, pa.timestamp("ms")),
+                "price": pa.array([decimal.Decimal("1.00")] * 5, pa.decimal128(10, 2)),
+                "raw": pa.array([None] * 5, pa.binary()), "score": pa.array([None] * 5, pa.float64())}))
+            got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "typed", 5, first)
+            assert [(offset, json.loads(value)["id"]) for offset, _, value, _, _ in got] == \
+                [(n, n) for n in range(first, first + 5)]
+
     def produce() -> list[object]:
         producer = Producer({"bootstrap.servers": server.bootstrap, "message.timeout.ms": 30_000})
         errors: list[object] = []
@@ -953,7 +967,7 @@ async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(c
     errors = await asyncio.to_thread(produce)
     assert [error.code() for error in errors] == [KafkaError.INVALID_RECORD], errors  # type: ignore[attr-defined]
     answer = await asyncio.to_thread(raw_request, server.bootstrap, fetch_request("typed", 0), 11)
-    assert answer.responses[0].partitions[0].high_watermark == 20  # nothing written
+    assert answer.responses[0].partitions[0].high_watermark == 30  # nothing written
     got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "untimed", 2)
     assert [(offset, key, value, timestamp) for offset, key, value, _, timestamp in got] == \
         [(0, None, b'{"id":7}', -1), (1, None, b'{"id":8}', -1)]  # -1: Kafka's "no timestamp"
