@@ -5,7 +5,8 @@ read from ZooKeeper and `dlog.serve.ownership.decide` says what to do. TAKE open
 writer with this server named in its lock node (a writer open seals the previous owner's
 in-progress segment, fencing it, as any writer takeover does), then the stream is served. A writer
 that ends (fenced by a native `open_writer(takeover=True)`, or failed) stops the serving: the
-stream is dropped, and one fenced away is not taken again for `YIELD_S`.
+stream is dropped, and one fenced away is not taken again for `YIELD_S`. A typed stream is never
+taken (Kafka producers cannot write it): READ serves its reads through a `ReadOnlyStream`.
 
 Proactive takeover. A server that takes a stream leaves a persistent marker
 `/dlog/<namespace>/serve/owners/<server id>/<stream, %-quoted>` (removed when it hands the stream
