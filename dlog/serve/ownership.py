@@ -12,6 +12,11 @@ or leaves only the streams it wins or held move. A lock held by a server that is
 lasts until the session's expiry reaches both) is waited out; a lock held by a native writer
 (`open_writer`) is busy.
 
+Typed streams. Kafka producers cannot write a typed stream, so no server takes its lock (which
+would only lock out the native writers that can): the server hashing picks serves its reads, the
+lock free or held by a native writer (READ). One a server holds (taken before this rule) is served
+by it as any stream.
+
 Topics. A topic of one partition is the stream of the same name; a topic of N > 1 partitions is
 the N streams `<topic>/partition-<i>` (i = 0..N-1), a hierarchical stream name, so the partitions
 list together under their topic and never collide with a one-partition topic's stream.
@@ -58,6 +63,7 @@ class Action(enum.Enum):
     TAKE = "take"  # nobody holds it and hashing picks me: take the lock
     WAIT = "wait"  # a server that is no longer live still holds it: wait for its session to expire
     BUSY = "busy"  # a native writer holds it: no server serves it
+    READ = "read"  # a typed stream no server holds, and hashing picks me: serve its reads, lock untouched
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +79,12 @@ class Decision:
     owner: int | None = None  # SERVE: me; REDIRECT: the server to name as leader; else None
 
 
-def decide(stream: str, me: int, live: frozenset[int], holder: Holder | None) -> Decision:
+def decide(stream: str, me: int, live: frozenset[int], holder: Holder | None, typed: bool = False) -> Decision:
     """What server `me` does with a request for `stream`, given the live servers (`me` among them
-    when registered) and the lock holder (None: the lock is free)."""
+    when registered), the lock holder (None: the lock is free) and whether the stream is typed."""
+    if typed and (holder is None or holder.server is None):
+        pick = rendezvous_pick(stream_key(stream), live | {me})
+        return Decision(Action.READ, me) if pick == me else Decision(Action.REDIRECT, pick)
     if holder is not None:
         if holder.server is None:
             return Decision(Action.BUSY)

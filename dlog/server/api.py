@@ -23,13 +23,14 @@ from kafka.protocol.api_message import ApiMessage
 
 from bookkeeper.bookie.refusals import RateLimitedLog
 from bookkeeper.clock import monotonic_s
-from bookkeeper.errors import DlogError, MetadataExistsError, MetadataVersionError
+from bookkeeper.errors import ConfigError, DlogError, MetadataExistsError, MetadataVersionError
 from bookkeeper.security import authz
 from bookkeeper.security.authz import ANONYMOUS, Principal
 from dlog.core.dedup import kafka_producer
 from dlog.core.errors import BacklogExceededError
 from dlog.namespace import Namespace
 from dlog.reader import EntryBatch, OffsetOutOfRangeError, PositionsUnknownError, StreamReader, TruncatedError
+from dlog.segments.typed_json import json_records, record_times_ms
 from dlog.serve.kafka import (
     SUPPORTED_APIS,
     Api,
@@ -54,7 +55,7 @@ from dlog.serve.kafka.apis import (
 )
 from dlog.serve.ownership import partition_stream
 from dlog.serve.producer_ids import ProducerIdBlock, ProducerIds, block_after
-from dlog.server.owned import OwnedStream
+from dlog.server.owned import OwnedStream, ReadOnlyStream
 from dlog.server.registry import Registry
 from dlog.server.settings import ServerSettings
 from dlog.server.streams import Redirect, Streams, Topics
@@ -249,7 +250,7 @@ class KafkaApi:
 
     async def _leader(self, stream: str) -> tuple[int, ErrorCode]:
         route = await self.streams.route(stream, take=False)
-        if isinstance(route, OwnedStream):
+        if isinstance(route, OwnedStream | ReadOnlyStream):
             return self.me, ErrorCode.NONE
         if isinstance(route, Redirect):
             return route.server_id, ErrorCode.NONE
@@ -257,7 +258,8 @@ class KafkaApi:
             return -1, ErrorCode.LEADER_NOT_AVAILABLE
         return -1, route
 
-    async def _owned(self, topic: str, partition: int, create: bool = False) -> OwnedStream | ErrorCode:
+    async def _owned(self, topic: str, partition: int,
+                     create: bool = False) -> OwnedStream | ReadOnlyStream | ErrorCode:
         count = await self._partitions(topic, create)
         if count is None or not 0 <= partition < count:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -321,6 +323,9 @@ class KafkaApi:
                              batch.error.name, batch.reason)
             return batch.error, -1
         owned = await self._owned(topic, part.index, create=self.settings.auto_create_topics)
+        if isinstance(owned, ReadOnlyStream):  # a typed stream: Kafka producers cannot write it
+            refusals.warning("record", "produce to %s-%d refused: %s", topic, part.index, owned.check(batch.records))
+            return ErrorCode.INVALID_RECORD, -1
         if not isinstance(owned, OwnedStream):
             return owned, -1
         problem = owned.check(batch.records, kafka_producer(batch.producer_id) if batch.producer_id >= 0 else None)
@@ -426,7 +431,7 @@ class KafkaApi:
                                 responses=[Topic(topic=name, partitions=parts) for name, parts in grouped.items()])
 
     async def _fetch_partition(self, state: ConnectionState, topic: str, part: Any,
-                               budget: int) -> tuple[dict[str, Any], int, OwnedStream | None]:
+                               budget: int) -> tuple[dict[str, Any], int, OwnedStream | ReadOnlyStream | None]:
         answer: dict[str, Any] = {"partition_index": part.partition, "error_code": ErrorCode.NONE,
                                   "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                                   "records": b""}
@@ -434,7 +439,7 @@ class KafkaApi:
             answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
             return answer, 0, None
         owned = await self._owned(topic, part.partition)
-        if not isinstance(owned, OwnedStream):
+        if isinstance(owned, ErrorCode):
             answer["error_code"] = owned
             return answer, 0, None
         position, end = part.fetch_offset, owned.end_position
@@ -454,6 +459,10 @@ class KafkaApi:
                 owned.start_position = owned.start_position if start is None else start
                 answer.update(error_code=ErrorCode.OFFSET_OUT_OF_RANGE, log_start_offset=owned.start_position)
                 return answer, 0, None
+            except ConfigError as exc:  # a typed stream's records its reader's schema version cannot project
+                refusals.warning("unreadable", "fetch of %s-%d at %d failed: %s", topic, part.partition, position, exc)
+                answer["error_code"] = ErrorCode.UNKNOWN_SERVER_ERROR  # the next fetch opens a reader afresh
+                return answer, 0, None
         else:
             batches = [(len(records), encode_record_batch(first, records)) for first, records in runs]
         records = b"".join(batch for _, batch in batches)
@@ -461,14 +470,14 @@ class KafkaApi:
         answer["records"] = records
         return answer, len(records), owned
 
-    async def _read_history(self, state: ConnectionState, owned: OwnedStream, position: int,
+    async def _read_history(self, state: ConnectionState, owned: OwnedStream | ReadOnlyStream, position: int,
                             bytes_max: int) -> list[tuple[int, bytes]]:
         """Records below the in-memory tail, through a reader this connection keeps for its next
         fetch: (record count, record batch) per entry, encoded straight from its Arrow columns."""
         reader = state.take_reader(owned.name, position)
         if reader is None:
             try:
-                reader = await self.ns.open_reader(owned.name, start=position, headers=True,
+                reader = await self.ns.open_reader(owned.name, start=position, headers=not owned.typed,
                                                    read_ahead_entries=READ_AHEAD_ENTRIES,
                                                    read_ahead_bytes=READ_AHEAD_BYTES)
             except (OffsetOutOfRangeError, PositionsUnknownError):
@@ -485,15 +494,15 @@ class KafkaApi:
                 if entry.first_position is None:
                     break
                 if entry.positions is not None:  # a compacted segment's kept records: gaps between their offsets
-                    runs.append((len(entry.positions), encode_entry(entry)))
+                    runs.append((len(entry.positions), encode_entry(entry, owned.typed)))
                     next_position = entry.positions[-1] + 1
-                    taken += entry.batch.nbytes
+                    taken += len(runs[-1][1])  # what the answer carries (a typed record's JSON may outgrow Arrow)
                     continue
                 count = entry.batch.num_rows
                 if count:
-                    runs.append((count, encode_entry(entry)))
+                    runs.append((count, encode_entry(entry, owned.typed)))
                     next_position = entry.first_position + count
-                    taken += entry.batch.nbytes
+                    taken += len(runs[-1][1])
         except BaseException:
             await reader.close()
             raise
@@ -524,7 +533,7 @@ class KafkaApi:
 
     async def _list_offset(self, topic: str, partition: int, timestamp: int) -> tuple[ErrorCode, int, int]:
         owned = await self._owned(topic, partition)
-        if not isinstance(owned, OwnedStream):
+        if isinstance(owned, ErrorCode):
             return owned, -1, -1
         if timestamp == LATEST:
             return ErrorCode.NONE, owned.end_position, -1
@@ -545,28 +554,32 @@ class KafkaApi:
                 if entry is None or entry.first_position is None:
                     break
                 if entry.batch.num_rows:
-                    stamps = entry.batch.column("timestamp").cast(pa.int64()).to_pylist()
-                    return ErrorCode.NONE, entry.first_position, int(stamps[0])
+                    return ErrorCode.NONE, entry.first_position, record_times_ms(entry.batch.slice(0, 1))[0]
         finally:
             await reader.close()
         return ErrorCode.NONE, owned.end_position, -1  # no record at or after it: the end, as Kafka
 
 
-def encode_entry(entry: EntryBatch) -> bytes:
+def encode_entry(entry: EntryBatch, typed: bool = False) -> bytes:
     """An entry's records (a reader opened with headers=True gives every batch the headers column)
     as one Kafka record batch at their stream positions, from the columns: no Record per record. A
-    compacted segment's entry (`positions`) keeps each record's own offset, gaps between them."""
+    compacted segment's entry (`positions`) keeps each record's own offset, gaps between them. A
+    `typed` stream's record (the reader's schema: the latest) has a null key, its columns as one
+    JSON object for value (`dlog.segments.typed_json`) and its `timestamp` column, if any, for time."""
     batch = entry.batch
     assert entry.first_position is not None
     deltas = None if entry.positions is None else [position - entry.positions[0] for position in entry.positions]
+    first = entry.first_position if entry.positions is None else entry.positions[0]
+    if typed:
+        return encode_record_columns(first, record_times_ms(batch), [None] * batch.num_rows, json_records(batch),
+                                     None, deltas)
     stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
     column = batch.column("headers") if "headers" in batch.schema.names else None
     headers = None
     if column is not None and column.null_count < batch.num_rows:
         headers = [[(pair["key"], pair["value"]) for pair in pairs] if pairs else None for pairs in column.to_pylist()]
-    return encode_record_columns(entry.first_position if entry.positions is None else entry.positions[0], stamps,
-                                 batch.column("key").to_pylist(), batch.column("value").to_pylist(), headers,
-                                 deltas)
+    return encode_record_columns(first, stamps, batch.column("key").to_pylist(), batch.column("value").to_pylist(),
+                                 headers, deltas)
 
 
 async def _done(value: tuple[ErrorCode, int]) -> tuple[ErrorCode, int]:
@@ -579,7 +592,7 @@ def _ignore_outcome(done: asyncio.Future[int]) -> None:
         done.exception()
 
 
-async def _any_growth(streams: list[OwnedStream], timeout_s: float) -> None:
+async def _any_growth(streams: list[OwnedStream | ReadOnlyStream], timeout_s: float) -> None:
     """Return when any of `streams` gets a durable record, or after `timeout_s`."""
     waits = [asyncio.ensure_future(owned.grown_event().wait()) for owned in streams]
     try:

@@ -53,6 +53,39 @@ class RecordRefused(Exception):
 
 
 SaveSnapshot = Callable[["OwnedStream", bytes], None]  # stores the stored form; calls snapshot_saved after
+READ_POLL_S = 0.1  # a long-polling fetch of a read-only typed stream looks at the stream's end this often
+
+
+def typed_refusal(name: str) -> str:
+    """Why a Kafka producer cannot write the typed stream `name` (one line)."""
+    return (f"stream {name!r} is typed (its records are a schema's columns): Kafka producers write only untyped "
+            "streams (key, value, timestamp); write it natively (write_batch, `dlog write`), Kafka consumers read "
+            "it as JSON")
+
+
+class ReadOnlyStream:
+    """A typed stream this server serves for reading only, without its writer lock (native writers
+    write it meanwhile: `dlog.serve.ownership`, READ): made per request, its bounds read from the
+    stream, no tail. A long-polling fetch looks at the stream's end again every READ_POLL_S (the
+    event `grown_event` gives is set then), since no writer here tells it of new records."""
+
+    typed = True
+
+    def __init__(self, name: str, start_position: int, end_position: int) -> None:
+        self.name = name
+        self.start_position = start_position
+        self.end_position = end_position
+
+    def check(self, records: Sequence[Record], producer: str | None = None) -> str | None:
+        return typed_refusal(self.name)
+
+    def read_tail(self, position: int, bytes_max: int) -> list[tuple[int, Sequence[Record]]] | None:
+        return None
+
+    def grown_event(self) -> asyncio.Event:
+        event = asyncio.Event()
+        asyncio.get_running_loop().call_later(READ_POLL_S, event.set)
+        return event
 
 
 class OwnedStream:
@@ -89,7 +122,7 @@ class OwnedStream:
         """Why these records cannot be written (None: they can), before any of them is buffered;
         an idempotent `producer`'s batch must fit in one entry whole."""
         if self.typed:
-            return f"stream {self.name!r} has a typed schema: Kafka producers write untyped streams only"
+            return typed_refusal(self.name)
         batcher = self.writer.machine.batcher
         total = 0 if producer is None else run_bytes(producer)
         for record in records:

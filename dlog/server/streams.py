@@ -5,7 +5,8 @@ read from ZooKeeper and `dlog.serve.ownership.decide` says what to do. TAKE open
 writer with this server named in its lock node (a writer open seals the previous owner's
 in-progress segment, fencing it, as any writer takeover does), then the stream is served. A writer
 that ends (fenced by a native `open_writer(takeover=True)`, or failed) stops the serving: the
-stream is dropped, and one fenced away is not taken again for `YIELD_S`.
+stream is dropped, and one fenced away is not taken again for `YIELD_S`. A typed stream is never
+taken (Kafka producers cannot write it): READ serves its reads through a `ReadOnlyStream`.
 
 Proactive takeover. A server that takes a stream leaves a persistent marker
 `/dlog/<namespace>/serve/owners/<server id>/<stream, %-quoted>` (removed when it hands the stream
@@ -29,10 +30,11 @@ from bookkeeper.errors import DlogError, MetadataExistsError, MetadataNotFoundEr
 from dlog.core.dedup import DedupTable
 from dlog.core.errors import WriterFencedError, WriterLockedError
 from dlog.namespace import Namespace
+from dlog.segments.codec import schema_with_headers
 from dlog.segments.port import StreamExistsError, StreamNotFoundError
 from dlog.serve.kafka import ErrorCode
 from dlog.serve.ownership import Action, decide, partition_stream, rendezvous_pick, stream_key, topics_of
-from dlog.server.owned import OwnedStream, rebuild_dedup
+from dlog.server.owned import OwnedStream, ReadOnlyStream, rebuild_dedup
 from dlog.server.registry import Registry, holder_of
 from dlog.server.settings import ServerSettings
 from dlog.writer import StreamWriter
@@ -55,7 +57,7 @@ class Redirect:
     server_id: int
 
 
-Route = OwnedStream | Redirect | ErrorCode
+Route = OwnedStream | ReadOnlyStream | Redirect | ErrorCode
 
 
 class Streams:
@@ -98,9 +100,12 @@ class Streams:
             return await asyncio.shield(taking)
         try:
             holder = holder_of(await self.ns.store.lock_holder(stream))
+            typed = await self._typed(stream)
         except StreamNotFoundError:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        decision = decide(stream, self.me, self.registry.live, holder)
+        decision = decide(stream, self.me, self.registry.live, holder, typed)
+        if decision.action is Action.READ:
+            return Redirect(self.me) if not take else await self._read_only(stream)
         if decision.action is Action.REDIRECT:
             assert decision.owner is not None
             return Redirect(decision.owner)
@@ -113,6 +118,17 @@ class Streams:
         if decision.action is Action.BUSY:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER  # a native writer holds it
         return ErrorCode.LEADER_NOT_AVAILABLE  # WAIT, or SERVE for a lock of ours still being released
+
+    async def _typed(self, stream: str) -> bool:
+        """Whether `stream` is typed, read each time (a stream deleted and created again may not be)."""
+        return schema_with_headers(self.ns.schema_of(await self.ns.store.config(stream))) is None
+
+    async def _read_only(self, stream: str) -> Route:
+        """A typed stream's reads, served without its lock (ownership.py, "Typed streams")."""
+        start, end = await self.ns.position_bounds(stream)
+        if end is None:  # no positions yet (written before them), or its bounds unreadable now
+            return ErrorCode.LEADER_NOT_AVAILABLE
+        return ReadOnlyStream(stream, end if start is None else start, end)
 
     async def _take(self, stream: str) -> Route:
         """Take the stream once, whoever asks meanwhile: the opening runs as its own task, so a

@@ -876,3 +876,106 @@ async def test_a_held_stream_refuses_kafka_producers_until_its_subscription_drai
             return await asyncio.to_thread(produced) == (ErrorCode.NONE, 5)
 
         await eventually(taken, DEADLINE_S, interval_s=0.2, message="the hold cleared")
+
+
+async def test_a_typed_stream_reads_through_kafka_as_json_in_its_latest_schema(cluster, serve, namespace):
+    """Issue 25 item 3 through the serving tier: a Kafka consumer of a typed stream gets each
+    record with a null key and its columns as one JSON object in the stream's latest schema
+    (records of schema version 1 projected by field id: the renamed field under its new name, the
+    added one null), its `timestamp` column as the Kafka timestamp (ListOffsets by time finds it
+    too; without one, -1); a Kafka producer is refused with INVALID_RECORD and one line in the
+    server's log; records the latest schema cannot project fail the fetch with one line, not the
+    connection."""
+    import base64
+    import decimal
+
+    import pyarrow as pa
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+    from dlog.serve.kafka import ErrorCode
+    v1 = "id:int32, name:string, timestamp:timestamp[ms], price:decimal(10,2), raw:binary?"
+    v2 = "id:int32, full_name#2:string, timestamp:timestamp[ms], price:decimal(10,2), raw:binary?, score:float64?"
+    base = 1_700_000_000_000  # 2023-11-14T22:13:20Z
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns:
+        await ns.create_stream("typed", schema=v1, ensemble=1, write_quorum=1, ack_quorum=1)
+        async with ns.open_writer("typed") as writer:
+            await writer.write_batch(pa.record_batch({
+                "id": pa.array(range(10), pa.int32()), "name": [f"n{n}" for n in range(10)],
+                "timestamp": pa.array([base + n for n in range(10)], pa.timestamp("ms")),
+                "price": pa.array([decimal.Decimal(f"{n}.25") for n in range(10)], pa.decimal128(10, 2)),
+                "raw": pa.array([bytes([n, 255]) if n % 2 else None for n in range(10)], pa.binary())}))
+        await ns.alter_stream("typed", schema=v2)  # renames `name` (id 2 kept), adds the nullable `score`
+        async with ns.open_writer("typed") as writer:
+            await writer.write_batch(pa.record_batch({
+                "id": pa.array(range(10, 20), pa.int32()), "full_name": [f"f{n}" for n in range(10, 20)],
+                "timestamp": pa.array([base + n for n in range(10, 20)], pa.timestamp("ms")),
+                "price": pa.array([decimal.Decimal("-0.05")] * 10, pa.decimal128(10, 2)),
+                "raw": pa.array([b"\x00"] * 10, pa.binary()),
+                "score": [float("nan") if n == 10 else float("-inf") if n == 11 else n / 4 for n in range(10, 20)]}))
+        # unchecked (NONE): `name` becomes an int, so the string records of version 1 cannot be projected
+        await ns.create_stream("loose", schema="id:int32, name:string", schema_compatibility="NONE", ensemble=1,
+                               write_quorum=1, ack_quorum=1)
+        async with ns.open_writer("loose") as writer:
+            await writer.write_batch(pa.record_batch({"id": pa.array([1], pa.int32()), "name": ["one"]}))
+        await ns.alter_stream("loose", schema="id:int32, name:int64")
+        await ns.create_stream("untimed", schema="id:int32", ensemble=1, write_quorum=1, ack_quorum=1)
+        async with ns.open_writer("untimed") as writer:  # no `timestamp` column: no record time
+            await writer.write_batch(pa.record_batch({"id": pa.array([7, 8], pa.int32())}))
+    expected = [{"id": n, "full_name": f"n{n}", "timestamp": f"2023-11-14T22:13:20.{n:03d}", "price": f"{n}.25",
+                 "raw": base64.b64encode(bytes([n, 255])).decode() if n % 2 else None, "score": None}
+                for n in range(10)]
+    expected += [{"id": n, "full_name": f"f{n}", "timestamp": f"2023-11-14T22:13:20.{n:03d}", "price": "-0.05",
+                  "raw": "AA==", "score": "NaN" if n == 10 else "-Infinity" if n == 11 else n / 4}
+                 for n in range(10, 20)]
+    server = serve(cluster, namespace)
+    got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "typed", 20)
+    assert [(offset, key, headers, timestamp) for offset, key, _, headers, timestamp in got] == \
+        [(n, None, (), base + n) for n in range(20)]
+    assert [json.loads(value) for _, _, value, _, _ in got] == expected
+    assert {tuple(json.loads(value)) for _, _, value, _, _ in got} == {tuple(expected[0])}  # the schema's order
+
+    def by_time() -> int:
+        consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "unused-typed"})
+        try:
+            return consumer.offsets_for_times([TopicPartition("typed", 0, base + 15)], timeout=DEADLINE_S)[0].offset
+        finally:
+            consumer.close()
+
+    assert await asyncio.to_thread(by_time) == 15
+
+    # no server takes a typed stream's lock (Kafka cannot write it): a native writer writes while
+    # Kafka consumers read, and they see its records as they become durable
+    async with Namespace(cluster.zk_address, namespace, bookkeeper_root=cluster.zk_root) as ns, \
+            ns.open_writer("typed", lock_timeout_s=1.0) as writer:
+        for first in (20, 25):
+            await writer.write_batch(pa.record_batch({
+                "id": pa.array(range(first, first + 5), pa.int32()), "full_name": ["w"] * 5,
+                "timestamp": pa.array([base] * 5, pa.timestamp("ms")),
+                "price": pa.array([decimal.Decimal("1.00")] * 5, pa.decimal128(10, 2)),
+                "raw": pa.array([None] * 5, pa.binary()), "score": pa.array([None] * 5, pa.float64())}))
+            got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "typed", 5, first)
+            assert [(offset, json.loads(value)["id"]) for offset, _, value, _, _ in got] == \
+                [(n, n) for n in range(first, first + 5)]
+
+    def produce() -> list[object]:
+        producer = Producer({"bootstrap.servers": server.bootstrap, "message.timeout.ms": 30_000})
+        errors: list[object] = []
+        producer.produce("typed", value=b'{"id": 99}', on_delivery=lambda error, _: errors.append(error))
+        producer.flush(DEADLINE_S)
+        return errors
+
+    errors = await asyncio.to_thread(produce)
+    assert [error.code() for error in errors] == [KafkaError.INVALID_RECORD], errors  # type: ignore[attr-defined]
+    answer = await asyncio.to_thread(raw_request, server.bootstrap, fetch_request("typed", 0), 11)
+    assert answer.responses[0].partitions[0].high_watermark == 30  # nothing written
+    got = await asyncio.to_thread(librdkafka_read, server.bootstrap, "untimed", 2)
+    assert [(offset, key, value, timestamp) for offset, key, value, _, timestamp in got] == \
+        [(0, None, b'{"id":7}', -1), (1, None, b'{"id":8}', -1)]  # -1: Kafka's "no timestamp"
+    # records the latest schema cannot project: an error for the fetch (the connection stays), one line
+    answer = await asyncio.to_thread(raw_request, server.bootstrap, fetch_request("loose", 0), 11)
+    assert answer.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+    assert server.stop() == 0
+    log = server.process.stderr.read()
+    assert "stream 'typed' is typed (its records are a schema's columns): Kafka producers write only untyped" in log
+    assert "fetch of loose-0 at 0 failed: records cannot be read with this schema: field 'name'" in log
+    assert "Traceback" not in log

@@ -70,6 +70,19 @@ def test_a_free_stream_is_taken_by_the_pick_and_redirected_to_it_elsewhere():
         assert all(decisions[me] == Decision(Action.REDIRECT, pick) for me in live - {pick})
 
 
+def test_a_typed_stream_is_read_by_the_pick_whoever_writes_it_and_never_taken():
+    live = frozenset({1, 2, 3})
+    for stream in STREAMS[:100]:
+        pick = rendezvous_pick(stream_key(stream), live)
+        for holder in (None, Holder(None)):  # free, or a native writer's
+            decisions = {me: decide(stream, me, live, holder, typed=True) for me in live}
+            assert decisions[pick] == Decision(Action.READ, pick)
+            assert all(decisions[me] == Decision(Action.REDIRECT, pick) for me in live - {pick})
+    # a server holds it (taken before typed streams were read without their lock): it serves, as any
+    assert decide("s", 1, live, Holder(1), typed=True) == Decision(Action.SERVE, 1)
+    assert decide("s", 1, live, Holder(2), typed=True) == Decision(Action.REDIRECT, 2)
+
+
 def test_a_server_not_yet_registered_counts_itself():
     assert decide("s", 5, frozenset(), None) == Decision(Action.TAKE, 5)
 
