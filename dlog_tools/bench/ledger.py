@@ -28,6 +28,7 @@ from dlog_tools.bench.common import (
     local_cluster,
     percentiles,
 )
+from dlog_tools.bench.profile import Profiler
 from dlog_tools.cluster import LocalCluster
 
 # ---------------------------------------------------------------------------- bookie
@@ -285,12 +286,12 @@ def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: 
                  rate_per_s: int = 1000, fsync: bool = True,
                  sweep_rates_per_s: Sequence[int] = (), secure: bool = False,
                  batch_entries: int = 0, checkpoint_entries: int = 0,
-                 checkpoint_seconds: float = CHECKPOINT_TAIL_S) -> dict[str, Any]:
+                 checkpoint_seconds: float = CHECKPOINT_TAIL_S, profiler: Profiler | None = None) -> dict[str, Any]:
     """Throughput, sequential latency, and tail latency at `rate_per_s` (and at each sweep rate,
     for a chart of latency against offered throughput)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
     tune_garbage_collector()  # as run_streams does (common.py)
-    with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
+    with local_cluster(3, bookie_args(fsync), secure=secure, profiler=profiler) as cluster:
         runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries,
                                         [rate_per_s, *(rate for rate in rates if rate != rate_per_s)],
                                         batch_entries, checkpoint_entries, checkpoint_seconds))
