@@ -200,9 +200,10 @@ def reset_peak_rss() -> bool:
 
 
 def run_streams(fsync: bool, action: Any, secure: bool = False, profiler: Profiler | None = None,
-                **namespace_options: Any) -> Any:
+                bookie_probes: bool = False, **namespace_options: Any) -> Any:
     """Start a 3-bookie cluster, open the bench namespace (with `namespace_options`), and run
-    `action(ns, cluster)` in it (`profiler`: see local_cluster). The bench
+    `action(ns, cluster)` in it (`profiler`: see local_cluster; `bookie_probes`: the bookies run
+    with --latency-probes). The bench
     process tunes its cycle collector as a bookie does, and as docs/operations.md recommends for
     a client that keeps many writers or records in flight."""
     from dlog import Namespace
@@ -214,5 +215,6 @@ def run_streams(fsync: bool, action: Any, secure: bool = False, profiler: Profil
                              **namespace_options) as ns:
             return await action(ns, cluster)
 
-    with local_cluster(3, bookie_args(fsync), secure=secure, profiler=profiler) as cluster:
+    args = bookie_args(fsync) + (["--latency-probes"] if bookie_probes else [])
+    with local_cluster(3, args, secure=secure, profiler=profiler) as cluster:
         return asyncio.run(go(cluster))

@@ -5,9 +5,13 @@ acknowledged (the write future done: the client's batching and send, the bookies
 fdatasync, the answers back), and the acknowledgement to the tailing reader seeing the record (the
 long-poll wake-up and the read). Beside them, from probes that run only with --explain: the client's
 event-loop lag (a callback every LAG_PERIOD_S measuring how late it runs) and its cycle-collector
-pauses (gc.callbacks); and from the bookies' /metrics, scraped before and after the run, the
-journal groups' write + fdatasync time and the bookies' collector pauses (histograms the bookie
-always keeps, so their percentiles are interpolated within buckets, as Prometheus does).
+pauses (gc.callbacks); and from the bookies' /metrics, scraped before and after the run (the bench
+starts them with --latency-probes, bookkeeper/bookie/probes.py): each journal record's append to
+durable and the part of it outside its group's write + fdatasync (the queue), the groups' write +
+fdatasync, the bookies' event-loop lag and collector pauses. Those are histograms, so their
+percentiles are interpolated within buckets, as Prometheus's histogram_quantile does. The client's
+batching and send is what remains of the acknowledgement once the bookie's part is taken out: a
+difference of medians, not a distribution of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ LAG_SAMPLES_MAX = 600_000  # the probe's samples kept at most (10 minutes at LAG
 SCRAPE_TIMEOUT_S = 10.0
 FSYNC_HISTOGRAM = "dlog_bookie_journal_fsync_seconds"
 GC_HISTOGRAM = "dlog_bookie_python_gc_pause_seconds"
+DURABLE_HISTOGRAM = "dlog_bookie_journal_durable_seconds"  # these three with --latency-probes only
+QUEUE_HISTOGRAM = "dlog_bookie_journal_queue_seconds"
+LOOP_LAG_HISTOGRAM = "dlog_bookie_event_loop_lag_seconds"
+HISTOGRAMS = (FSYNC_HISTOGRAM, GC_HISTOGRAM, DURABLE_HISTOGRAM, QUEUE_HISTOGRAM, LOOP_LAG_HISTOGRAM)
 
 
 def quantile_ms(samples_s: list[float], fraction: float) -> float | None:
@@ -82,9 +90,9 @@ Buckets = dict[str, dict[float, float]]  # histogram name -> upper bound -> cumu
 
 
 def scrape(cluster: LocalCluster) -> Buckets:
-    """The bookies' histogram buckets of the journal's fsync and the collector's pauses, summed
-    over the bookies that serve HTTP (blocking: run it in a thread)."""
-    totals: Buckets = {FSYNC_HISTOGRAM: {}, GC_HISTOGRAM: {}}
+    """The bookies' histogram buckets of HISTOGRAMS, summed over the bookies that serve HTTP
+    (blocking: run it in a thread)."""
+    totals: Buckets = {name: {} for name in HISTOGRAMS}
     for bookie in cluster.bookies:
         if bookie.http is None:
             continue
@@ -127,19 +135,32 @@ def histogram_stage(name: str, before: Buckets, after: Buckets, histogram: str) 
     finite = [bound for bound, cumulative in sorted(delta.items()) if cumulative >= count and bound != float("inf")]
     return {"stage": name, "p50_ms": bucket_quantile_ms(delta, 0.50), "p99_ms": bucket_quantile_ms(delta, 0.99),
             "max_ms": round(finite[0] * 1000, 3) if finite and count else None, "samples": count,
-            "source": f"bookies' {histogram} (bucketed; max = its bucket's bound)"}
+            "source": f"bookies' {histogram} (bucketed)"}
 
 
 def explain_rows(rate_per_s: int, end_to_end_s: list[float], write_ack_s: Iterable[float],
                  ack_seen_s: Iterable[float], probes: ClientProbes, before: Buckets,
                  after: Buckets) -> list[dict[str, Any]]:
     """The stages of one tail run, end to end first."""
+    acknowledged = stage("write() call -> acknowledged (write future done)", list(write_ack_s),
+                         "client timestamps")
+    durable = histogram_stage("  bookie: journal append -> durable, per record", before, after, DURABLE_HISTOGRAM)
+    rest = None
+    if acknowledged["p50_ms"] is not None and durable["p50_ms"] is not None:
+        rest = round(acknowledged["p50_ms"] - durable["p50_ms"], 3)
     rows = [stage("end to end: write() call -> tailing reader has it", end_to_end_s, "client timestamps"),
-            stage("write() call -> acknowledged (write future done)", list(write_ack_s), "client timestamps"),
-            histogram_stage("  in it: bookie journal write + fdatasync, per group", before, after, FSYNC_HISTOGRAM),
+            acknowledged,
+            durable,
+            histogram_stage("    of it: its group's write + fdatasync, per group", before, after, FSYNC_HISTOGRAM),
+            histogram_stage("    of it: queue (waiting for the group's write, the loop's callback)", before,
+                            after, QUEUE_HISTOGRAM),
+            {"stage": "  the rest: writer batching, send, loopback, bookie dispatch, answer", "p50_ms": rest,
+             "p99_ms": None, "max_ms": None, "samples": None,
+             "source": "difference of the two medians above (not a distribution)"},
             stage("acknowledged -> tailing reader has it (long-poll wake-up)", list(ack_seen_s),
                   "client timestamps"),
             stage("client event-loop lag", probes.lags_s, f"a callback every {LAG_PERIOD_S * 1000:g} ms"),
+            histogram_stage("bookie event-loop lag", before, after, LOOP_LAG_HISTOGRAM),
             stage("client cycle-collector pauses", probes.gc_pauses_s, "gc.callbacks"),
             histogram_stage("bookie cycle-collector pauses", before, after, GC_HISTOGRAM)]
     return [{"rate_per_s": rate_per_s, **row} for row in rows]

@@ -298,7 +298,7 @@ def bench_tail(rate_per_s: int = 10_000, seconds: float = 5.0, fsync: bool = Tru
         return [await _stream_tail(ns, f"tail-{rate}", rate, seconds, cluster if explain else None)
                 for rate in rates]
 
-    results = run_streams(fsync, runs, profiler=profiler)
+    results = run_streams(fsync, runs, profiler=profiler, bookie_probes=explain)
     stages = [row for run in results for row in run.pop("explain", [])]
     return {**stream_header("tail", fsync), "record_bytes": 100, "seconds_per_rate": seconds,
             "runs": results, **({"explain": stages} if explain else {})}
