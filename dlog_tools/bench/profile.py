@@ -19,12 +19,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from bookkeeper.clock import monotonic_s
 from bookkeeper.errors import DlogError
-from dlog_tools.cluster import LineReader, LocalCluster
+from dlog_tools.cluster import LineReader, LocalCluster, signal_and_wait
 
 SAMPLES_PER_S = 100  # py-spy's default rate: ~1% of a core per process sampled
 ATTACH_TIMEOUT_S = 10.0  # py-spy says "Sampling process" once attached, or exits with the reason
@@ -58,9 +59,11 @@ class _Recording:
 
     def __init__(self, executable: str, pid: int, output: Path) -> None:
         self.output = output
+        # its complaints into a file, so a talkative run never blocks it on a full pipe
+        self._errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
         self.process = subprocess.Popen(
             [executable, "record", "--pid", str(pid), "--rate", str(SAMPLES_PER_S), "--format", "flamegraph",
-             "-o", str(output)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+             "-o", str(output)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._errors,
             text=True)
 
     def attached(self) -> str | None:
@@ -69,23 +72,20 @@ class _Recording:
         if line is not None:
             return None
         self.stop()
-        error = self.process.stderr.read() if self.process.stderr else ""  # exited: the read ends
-        first = next((text.strip() for text in error.splitlines() if text.strip()), "no output")
-        return first
+        self._errors.seek(0)
+        error = self._errors.read()
+        self.close()
+        return next((text.strip() for text in error.splitlines() if text.strip()), "no output")
 
     def stop(self) -> bool:
         """SIGINT (py-spy then writes its file); True when the file was written."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(WRITE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None and not stream.closed and self.process.returncode is not None:
-                stream.close()
+        signal_and_wait(self.process, signal.SIGINT, WRITE_TIMEOUT_S)
         return self.output.is_file() and self.output.stat().st_size > 0
+
+    def close(self) -> None:
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self._errors.close()
 
 
 class Profiler:
@@ -130,6 +130,7 @@ class Profiler:
                 self.files[role] = str(recording.output)
             else:
                 self.notes.append(f"py-spy wrote no flame graph of the {role}")
+            recording.close()
         self._recordings = {}
         if self._cprofile is not None:
             self._cprofile.disable()
