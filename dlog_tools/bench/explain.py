@@ -140,21 +140,21 @@ def histogram_stage(name: str, before: Buckets, after: Buckets, histogram: str) 
 
 def explain_rows(rate_per_s: int, end_to_end_s: list[float], write_ack_s: Iterable[float],
                  ack_seen_s: Iterable[float], probes: ClientProbes, before: Buckets,
-                 after: Buckets) -> list[dict[str, Any]]:
-    """The stages of one tail run, end to end first."""
-    acknowledged = stage("write() call -> acknowledged (write future done)", list(write_ack_s),
+                 after: Buckets, call: str = "write()") -> list[dict[str, Any]]:
+    """The stages of one tail run, end to end first (`call`: what the bench called to write)."""
+    acknowledged = stage(f"{call} call -> acknowledged (its future done)", list(write_ack_s),
                          "client timestamps")
     durable = histogram_stage("  bookie: journal append -> durable, per record", before, after, DURABLE_HISTOGRAM)
     rest = None
     if acknowledged["p50_ms"] is not None and durable["p50_ms"] is not None:
         rest = round(acknowledged["p50_ms"] - durable["p50_ms"], 3)
-    rows = [stage("end to end: write() call -> tailing reader has it", end_to_end_s, "client timestamps"),
+    rows = [stage(f"end to end: {call} call -> tailing reader has it", end_to_end_s, "client timestamps"),
             acknowledged,
             durable,
             histogram_stage("    of it: its group's write + fdatasync, per group", before, after, FSYNC_HISTOGRAM),
             histogram_stage("    of it: queue (waiting for the group's write, the loop's callback)", before,
                             after, QUEUE_HISTOGRAM),
-            {"stage": "  the rest: writer batching, send, loopback, bookie dispatch, answer", "p50_ms": rest,
+            {"stage": "  the rest: client batching, send, loopback, bookie dispatch, answer", "p50_ms": rest,
              "p99_ms": None, "max_ms": None, "samples": None,
              "source": "difference of the two medians above (not a distribution)"},
             stage("acknowledged -> tailing reader has it (long-poll wake-up)", list(ack_seen_s),

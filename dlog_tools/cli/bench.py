@@ -74,6 +74,14 @@ def profile_option(function: Callable[..., Any]) -> Callable[..., Any]:
              "profiled with cProfile (client.pstats, client-top.txt) and the result says so")(function)
 
 
+explain_option = click.option(
+    "--explain", is_flag=True,
+    help="also show where the tail latency goes, stage by stage (p50/p99): the call to its "
+         "acknowledgement, of it the bookies' journal (queue, write + fdatasync), the acknowledgement "
+         "to the tailing reader, both sides' event-loop lag and collector pauses; the bookies run with "
+         "--latency-probes (docs/benchmarks.md, 'Where the tail latency goes')")
+
+
 def profiler_for(profile_dir: Path | None) -> Profiler | None:
     """A Profiler writing into `profile_dir` (created now, so a bad path fails before measuring)."""
     checked = profile_dir_checked(profile_dir)
@@ -138,6 +146,7 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 @rates_option(LEDGER_SWEEP_RATES)
 @plot_option
 @profile_option
+@explain_option
 @no_fsync_option
 @secure_option
 @json_option
@@ -145,7 +154,7 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
 def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
                          checkpoint_entries: int, checkpoint_seconds: float, batch_entries: int,
                          sweep_rates: tuple[int, ...], plot_dir: Path | None, profile_dir: Path | None,
-                         no_fsync: bool, secure: bool, as_json: bool) -> None:
+                         explain: bool, no_fsync: bool, secure: bool, as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
     from dlog_tools.bench.ledger import bench_ledger
 
@@ -156,7 +165,7 @@ def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rat
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
                           sweep_rates_per_s=sweep_rates, secure=secure, batch_entries=batch_entries,
                           checkpoint_entries=checkpoint_entries, checkpoint_seconds=checkpoint_seconds,
-                          profiler=profiler)
+                          profiler=profiler, explain=explain)
     result = with_profiles(result, profiler)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "ledger-tail-latency.png",
@@ -284,11 +293,7 @@ def bench_read_command(records: int, batch_records: int, profile_dir: Path | Non
 @rates_option(TAIL_SWEEP_RATES)
 @plot_option
 @profile_option
-@click.option("--explain", is_flag=True,
-              help="also show where the latency goes: p50/p99 of the write-to-acknowledgement and "
-                   "acknowledgement-to-reader stages, the bookies' journal fdatasync, the client's "
-                   "event-loop lag and both sides' collector pauses (docs/benchmarks.md, 'Where the "
-                   "tail latency goes')")
+@explain_option
 @no_fsync_option
 @json_option
 @fails_cleanly

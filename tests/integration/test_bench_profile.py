@@ -73,10 +73,10 @@ def test_bench_tail_explain_shows_every_stage_with_figures():
     # the end-to-end row is the run's own figure, beside its parts
     assert (end_to_end["p50_ms"], end_to_end["p99_ms"]) == (run["p50_ms"], run["p99_ms"])
     assert end_to_end["samples"] == run["records"] == 200
-    for name in ("write() call -> acknowledged (write future done)",
+    for name in ("write() call -> acknowledged (its future done)",
                  "acknowledged -> tailing reader has it (long-poll wake-up)"):
         assert stages[name]["samples"] == 200 and stages[name]["p50_ms"] <= stages[name]["p99_ms"]
-    write_ack = stages["write() call -> acknowledged (write future done)"]
+    write_ack = stages["write() call -> acknowledged (its future done)"]
     assert 0 < write_ack["p50_ms"] <= end_to_end["p99_ms"]
     # the bookies ran with --latency-probes: each entry was journalled by its write quorum of 2
     # (records_per_entry is rounded, hence the margin)
@@ -86,8 +86,21 @@ def test_bench_tail_explain_shows_every_stage_with_figures():
                  "    of it: its group's write + fdatasync, per group",
                  "    of it: queue (waiting for the group's write, the loop's callback)"):
         assert stages[name]["samples"] > 0 and 0 <= stages[name]["p50_ms"] <= stages[name]["p99_ms"], name
-    rest = stages["  the rest: writer batching, send, loopback, bookie dispatch, answer"]
+    rest = stages["  the rest: client batching, send, loopback, bookie dispatch, answer"]
     assert rest["p50_ms"] == round(write_ack["p50_ms"] - durable["p50_ms"], 3)
     for name in ("client event-loop lag", "bookie event-loop lag"):
         assert stages[name]["samples"] > 100 and 0 <= stages[name]["p50_ms"] <= stages[name]["p99_ms"], name
     assert {"client cycle-collector pauses", "bookie cycle-collector pauses"} <= set(stages)
+
+
+def test_bench_ledger_explain_splits_each_tail_run_into_the_same_stages():
+    result = run_bench("ledger", "--entries", "100", "--latency-entries", "100", "--rate", "200", "--explain")
+    tail = next(run for run in result["runs"] if run["run"] == "tail")
+    stages = {row["stage"]: row for row in result["explain"] if row["run"] == "tail"}
+    end_to_end = stages["end to end: append_async() call -> tailing reader has it"]
+    assert (end_to_end["p50_ms"], end_to_end["p99_ms"], end_to_end["samples"]) == (tail["p50_ms"], tail["p99_ms"], 100)
+    acknowledged = stages["append_async() call -> acknowledged (its future done)"]
+    assert acknowledged["samples"] == 100 and 0 < acknowledged["p50_ms"] <= acknowledged["p99_ms"]
+    # one journal record per entry on each bookie of its write quorum of 2
+    assert stages["  bookie: journal append -> durable, per record"]["samples"] >= 200
+    assert stages["bookie event-loop lag"]["samples"] > 0
