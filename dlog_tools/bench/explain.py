@@ -17,9 +17,10 @@ difference of medians, not a distribution of its own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -84,6 +85,41 @@ class ClientProbes:
             self._gc_started = perf_s()
         elif self._gc_started:
             self.gc_pauses_s.append(perf_s() - self._gc_started)
+
+
+class TailExplainer:
+    """One tail run's stages: `start()` before the first write, `time_ack(future, index)` for each
+    write, `seen(index, now)` as the reader gets each record, `rows(...)` after the last."""
+
+    def __init__(self, cluster: LocalCluster, count: int) -> None:
+        self.cluster = cluster
+        self.count = count
+        self.acked_at = [0.0] * count
+        self.seen_at = [0.0] * count
+        self.probes = ClientProbes()
+        self._before: Buckets = {}
+
+    async def start(self) -> None:
+        self._before = await asyncio.to_thread(scrape, self.cluster)
+        self.probes.start()
+
+    def time_ack(self, future: asyncio.Future[Any], index: int) -> None:
+        future.add_done_callback(functools.partial(self._acked, index))
+
+    def _acked(self, index: int, _: object) -> None:
+        self.acked_at[index] = perf_s()
+
+    def seen(self, index: int, now: float) -> None:
+        self.seen_at[index] = now
+
+    async def rows(self, rate_per_s: int, sent_at: Sequence[float] | Mapping[int, float],
+                   latencies: list[float], call: str) -> list[dict[str, Any]]:
+        await self.probes.stop()
+        after = await asyncio.to_thread(scrape, self.cluster)
+        indexes = range(self.count)
+        return explain_rows(rate_per_s, latencies, [self.acked_at[index] - sent_at[index] for index in indexes],
+                            [self.seen_at[index] - self.acked_at[index] for index in indexes], self.probes,
+                            self._before, after, call)
 
 
 Buckets = dict[str, dict[float, float]]  # histogram name -> upper bound -> cumulative count

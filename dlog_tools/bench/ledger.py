@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +28,7 @@ from dlog_tools.bench.common import (
     local_cluster,
     percentiles,
 )
-from dlog_tools.bench.explain import ClientProbes, explain_rows, scrape
+from dlog_tools.bench.explain import TailExplainer
 from dlog_tools.bench.profile import Profiler
 from dlog_tools.cluster import LocalCluster
 
@@ -265,25 +264,19 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int,
     reader = await client.open_ledger(handle.ledger_id, password=PASSWORD, recovery=False)
     sent_at: dict[int, float] = {}
     latencies: list[float] = []
-    acked_at: dict[int, float] = {}
-    seen_at: dict[int, float] = {}
+    explainer = TailExplainer(explain, count) if explain else None
 
     async def follow() -> None:
         async for entry in reader.tail(0, poll_timeout_ms=1000):
             now = perf_s()
             latencies.append(now - sent_at[entry.entry_id])
-            if explain:
-                seen_at[entry.entry_id] = now
+            if explainer:
+                explainer.seen(entry.entry_id, now)
             if entry.entry_id == count - 1:
                 return
 
-    def acked(index: int, _: object) -> None:
-        acked_at[index] = perf_s()
-
-    if explain:
-        probes = ClientProbes()
-        before = await asyncio.to_thread(scrape, explain)
-        probes.start()
+    if explainer:
+        await explainer.start()
     tail = asyncio.create_task(follow())
     interval_s = 1 / rate_per_s
     started = perf_s()
@@ -293,20 +286,15 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int,
             await asyncio.sleep(delay_s)
         sent_at[index] = perf_s()
         future = handle.append_async(event_payload(index, 100))
-        if explain:
-            future.add_done_callback(functools.partial(acked, index))
+        if explainer:
+            explainer.time_ack(future, index)
     offered_s = perf_s() - started
     async with asyncio.timeout(60):
         await tail
     await handle.close()
     stages: dict[str, Any] = {}
-    if explain:
-        await probes.stop()
-        after = await asyncio.to_thread(scrape, explain)
-        stages["explain"] = explain_rows(
-            rate_per_s, latencies, [acked_at[index] - sent_at[index] for index in range(count)],
-            [seen_at[index] - acked_at[index] for index in range(count)], probes, before, after,
-            call="append_async()")
+    if explainer:
+        stages["explain"] = await explainer.rows(rate_per_s, sent_at, latencies, call="append_async()")
     return {**stages, "run": "tail", "entries": count, "rate_per_s": rate_per_s,
             "achieved_per_s": round(count / max(offered_s, interval_s)), **percentiles(latencies)}
 

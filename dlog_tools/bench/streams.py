@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from dlog_tools.bench.common import (
     stored_totals,
     stream_header,
 )
-from dlog_tools.bench.explain import ClientProbes, explain_rows, scrape
+from dlog_tools.bench.explain import TailExplainer
 from dlog_tools.bench.profile import Profiler
 from dlog_tools.cluster import LocalCluster
 
@@ -154,8 +153,7 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float,
     values = event_values(count)
     sent_at: list[float] = [0.0] * count
     latencies: list[float] = []
-    acked_at: list[float] = [0.0] * count if explain else []
-    seen_at: list[float] = [0.0] * count if explain else []
+    explainer = TailExplainer(explain, count) if explain else None
 
     async def follow() -> None:
         while len(latencies) < count:
@@ -166,16 +164,11 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float,
             for value in entry.batch.column("value").to_pylist():
                 index = int(value[-8:])
                 latencies.append(now - sent_at[index])
-                if seen_at:
-                    seen_at[index] = now
+                if explainer:
+                    explainer.seen(index, now)
 
-    def acked(index: int, _: object) -> None:
-        acked_at[index] = perf_s()
-
-    if explain:
-        probes = ClientProbes()
-        before = await asyncio.to_thread(scrape, explain)
-        probes.start()
+    if explainer:
+        await explainer.start()
     task = asyncio.create_task(follow())
     started = perf_s()
     written = 0
@@ -184,8 +177,8 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float,
         while written < due:
             sent_at[written] = perf_s()
             future = writer.write_nowait(values[written])
-            if acked_at:
-                future.add_done_callback(functools.partial(acked, written))
+            if explainer:
+                explainer.time_ack(future, written)
             written += 1
         await asyncio.sleep(0.001)
     offered_s = perf_s() - started
@@ -194,12 +187,8 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float,
     await reader.close()
     await writer.close()
     stages: dict[str, Any] = {}
-    if explain:
-        await probes.stop()
-        after = await asyncio.to_thread(scrape, explain)
-        stages["explain"] = explain_rows(
-            rate_per_s, latencies, [acked - sent for sent, acked in zip(sent_at, acked_at, strict=True)],
-            [seen - acked for acked, seen in zip(acked_at, seen_at, strict=True)], probes, before, after)
+    if explainer:
+        stages["explain"] = await explainer.rows(rate_per_s, sent_at, latencies, call="write()")
     stored = await stored_totals(ns, stream)
     return {**stages, "run": "tail", "records": count, "rate_per_s": rate_per_s,
             "achieved_per_s": round(count / max(offered_s, 1 / rate_per_s)), **percentiles(latencies),
