@@ -1,7 +1,8 @@
 """`dlog bench ... --profile DIR`: a flame graph of the bench's client process and of each bookie
 process for the run, written into DIR by role (client.svg, bookie-0.svg, ...).
 
-py-spy samples each process from outside (one `py-spy record --pid` per process, started once the
+py-spy samples each process from outside (one `py-spy record --nonblocking --pid` per process:
+it reads the stacks without pausing the process, which perturbs the run less; started once the
 cluster is up and stopped with SIGINT before it stops, when py-spy writes its SVG). Where py-spy
 is not installed or cannot attach (it needs ptrace rights over the process: root, CAP_SYS_PTRACE or
 kernel.yama.ptrace_scope 0), the client falls back to the stdlib profiler (client.pstats and the
@@ -63,7 +64,7 @@ class _Recording:
         self._errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
         self.process = subprocess.Popen(
             [executable, "record", "--pid", str(pid), "--rate", str(SAMPLES_PER_S), "--format", "flamegraph",
-             "-o", str(output)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._errors,
+             "--nonblocking", "-o", str(output)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._errors,
             text=True)
 
     def attached(self) -> str | None:
