@@ -226,6 +226,11 @@ SETTINGS: tuple[Setting, ...] = (  # in the order of `dlog bookie start --help`
             "ledger metadata reads per second of the auditor's scans (spares ZooKeeper)", section=RECOVERY),
     Setting("replica_check_rate", Whole(1), "autorecovery.replica_check_entries_per_s",
             "replicas per second a replica check asks bookies about", section=RECOVERY),
+    Setting("latency_probes", Flag(), "latency_probes",
+            "also export the event loop's lag and each journal record's wait as histograms (what "
+            "`dlog bench tail --explain` reads; a little CPU per add)",
+            details="`dlog_bookie_event_loop_lag_seconds`, `dlog_bookie_journal_durable_seconds` and "
+                    "`dlog_bookie_journal_queue_seconds` (bookkeeper/bookie/probes.py)", section=BOOKIE),
 )
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 RECOVERY_SETTINGS = tuple(setting for setting in SETTINGS if setting.recovery)

@@ -371,6 +371,18 @@ class LocalCluster:
         self.stop()
 
 
+def signal_and_wait(process: subprocess.Popen[str], signum: int, timeout_s: float) -> int:
+    """Send `signum` to a child we started (if it still runs) and wait for it; SIGKILL after
+    `timeout_s`. Its exit status."""
+    if process.poll() is None:
+        process.send_signal(signum)
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
+
+
 def _release_output(process: subprocess.Popen[str] | None) -> None:
     """Close our end of an exited child's stdout pipe (else the file stays open until collected)."""
     if process is not None and process.poll() is not None and process.stdout is not None:
@@ -429,13 +441,7 @@ class ServeProcess:
 
     def stop(self) -> None:
         """SIGTERM: the server hands its streams back cleanly; killed if it takes too long."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(SERVE_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        signal_and_wait(self.process, signal.SIGTERM, SERVE_STOP_S)
         _release_output(self.process)
 
     def kill(self) -> None:

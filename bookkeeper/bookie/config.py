@@ -78,6 +78,8 @@ class BookieConfig:
     zk_password: str | None = None
     # auto-recovery in this process (auditor candidate and replication worker); None: neither
     autorecovery: RecoverySettings | None = field(default_factory=RecoverySettings)
+    # latency probes (bookkeeper/bookie/probes.py): event-loop lag and journal waits as histograms
+    latency_probes: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

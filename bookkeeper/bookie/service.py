@@ -27,6 +27,7 @@ from bookkeeper.bookie.http import make_app
 from bookkeeper.bookie.journal import Journal
 from bookkeeper.bookie.ledgers import LedgerMetadataAccess
 from bookkeeper.bookie.metrics import BookieMetrics
+from bookkeeper.bookie.probes import LatencyProbes
 from bookkeeper.bookie.registration import Registration, check_cookie, ensure_cluster
 from bookkeeper.bookie.server import BookieServer
 from bookkeeper.bookie.storage import LedgerStorage, allocated_bytes
@@ -78,8 +79,10 @@ class BookieService:
                                buffered_bytes_max=config.journal_buffered_bytes_max,
                                sync=config.journal_sync, on_commit=self._on_journal_commit,
                                on_fatal=self._on_fatal)
-        self.core = BookieCore(self.journal, self.storage,
-                               long_poll_waiters_max=config.long_poll_waiters_max)
+        # --latency-probes: the core appends through a timing wrapper; without, the journal itself
+        self.probes = LatencyProbes(self.metrics.registry) if config.latency_probes else None
+        self.core = BookieCore(self.journal if self.probes is None else self.probes.timed(self.journal),
+                               self.storage, long_poll_waiters_max=config.long_poll_waiters_max)
         self.core.read_range_bytes_max = config.limits.entry_bytes_max
         security = config.security
         self.guard: Guard | None = None
@@ -148,6 +151,8 @@ class BookieService:
         if self.config.usage_interval_s > 0 and self.zk is not None and self.guard is not None:
             self._tasks.append(asyncio.create_task(
                 self._periodic(self.config.usage_interval_s, self.publish_usage), name="usage"))
+        if self.probes is not None:
+            self._tasks.append(asyncio.create_task(self.probes.measure_loop_lag(), name="loop-lag"))
         log.info("bookie %s ready: port %d, http %s, data %s (replayed %d journal records)",
                  self.bookie_id, self.port, self.http_port, self.data_dir, self.replayed_records)
 
@@ -293,6 +298,8 @@ class BookieService:
 
     def _on_journal_commit(self, records: int, size_bytes: int, seconds: float) -> None:
         self.metrics.on_journal_commit(records, size_bytes, seconds)
+        if self.probes is not None:
+            self.probes.on_commit(seconds)
         if self.server.paused:
             self.server.resume_paused()
         if self.storage.write_cache_bytes > self.config.write_cache_bytes_max and not self._maintenance.locked():

@@ -17,6 +17,7 @@ from typing import Any
 from bookkeeper.clock import process_s
 from bookkeeper.errors import DlogError
 from bookkeeper.runtime import tune_garbage_collector
+from dlog_tools.bench.profile import Profiler
 from dlog_tools.cluster import LocalCluster
 
 PASSWORD = b"bench"
@@ -101,9 +102,10 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 
 @contextmanager
 def local_cluster(bookies: int, bookie_args: list[str] | None = None,
-                  secure: bool = False) -> Iterator[LocalCluster]:
+                  secure: bool = False, profiler: Profiler | None = None) -> Iterator[LocalCluster]:
     """A cluster in a scratch directory; `secure`: TLS bookies requiring tokens, ZooKeeper ACLs,
-    and the bench namespace provisioned (what `dlog standalone --secure` runs)."""
+    and the bench namespace provisioned (what `dlog standalone --secure` runs); `profiler`
+    (--profile): the client and every bookie profiled while the cluster runs."""
     with tempfile.TemporaryDirectory(prefix="dlog-bench-") as directory:
         secure_dir = None
         if secure:
@@ -117,7 +119,13 @@ def local_cluster(bookies: int, bookie_args: list[str] | None = None,
                 from dlog_tools.secure import provision_namespace
 
                 asyncio.run(provision_namespace(cluster.zk_address, secure_dir.admin_settings(), NAMESPACE))
-            yield cluster
+            if profiler is not None:
+                profiler.attach(cluster)
+            try:
+                yield cluster
+            finally:
+                if profiler is not None:
+                    profiler.detach()
         finally:
             cluster.stop()
 
@@ -191,9 +199,11 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def run_streams(fsync: bool, action: Any, secure: bool = False, **namespace_options: Any) -> Any:
+def run_streams(fsync: bool, action: Any, secure: bool = False, profiler: Profiler | None = None,
+                bookie_probes: bool = False, **namespace_options: Any) -> Any:
     """Start a 3-bookie cluster, open the bench namespace (with `namespace_options`), and run
-    `action(ns, cluster)` in it. The bench
+    `action(ns, cluster)` in it (`profiler`: see local_cluster; `bookie_probes`: the bookies run
+    with --latency-probes). The bench
     process tunes its cycle collector as a bookie does, and as docs/operations.md recommends for
     a client that keeps many writers or records in flight."""
     from dlog import Namespace
@@ -205,5 +215,6 @@ def run_streams(fsync: bool, action: Any, secure: bool = False, **namespace_opti
                              **namespace_options) as ns:
             return await action(ns, cluster)
 
-    with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
+    args = bookie_args(fsync) + (["--latency-probes"] if bookie_probes else [])
+    with local_cluster(3, args, secure=secure, profiler=profiler) as cluster:
         return asyncio.run(go(cluster))

@@ -28,6 +28,8 @@ from dlog_tools.bench.common import (
     local_cluster,
     percentiles,
 )
+from dlog_tools.bench.explain import TailExplainer
+from dlog_tools.bench.profile import Profiler
 from dlog_tools.cluster import LocalCluster
 
 # ---------------------------------------------------------------------------- bookie
@@ -192,7 +194,7 @@ CHECKPOINT_TAIL_S = 12.0  # longer than the bookies' checkpoint interval (10 s)
 async def _ledger_runs(cluster: LocalCluster, entries: int, in_flight: int, latency_entries: int,
                        rates_per_s: Sequence[int], batch_entries: int = 0,
                        checkpoint_entries: int = 0,
-                       checkpoint_seconds: float = CHECKPOINT_TAIL_S) -> list[dict[str, Any]]:
+                       checkpoint_seconds: float = CHECKPOINT_TAIL_S, explain: bool = False) -> list[dict[str, Any]]:
     from bookkeeper.client import BookKeeper
 
     runs = []
@@ -209,11 +211,12 @@ async def _ledger_runs(cluster: LocalCluster, entries: int, in_flight: int, late
                      "in_flight": 1, **percentiles(latencies)})
         await handle.close()
 
+        explained = cluster if explain else None
         for rate_per_s in rates_per_s:
-            runs.append(await _tail_latency(client, rate_per_s, latency_entries))
+            runs.append(await _tail_latency(client, rate_per_s, latency_entries, explained))
         if checkpoint_entries:
             runs.append(await _tail_during_checkpoint(client, cluster, rates_per_s[0], checkpoint_entries,
-                                                      checkpoint_seconds))
+                                                      checkpoint_seconds, explained))
     return runs
 
 
@@ -235,7 +238,8 @@ def _checkpoints(cluster: LocalCluster) -> int:
 
 
 async def _tail_during_checkpoint(client: Any, cluster: LocalCluster, rate_per_s: int,
-                                  entries: int, seconds: float) -> dict[str, Any]:
+                                  entries: int, seconds: float,
+                                  explain: LocalCluster | None = None) -> dict[str, Any]:
     """Append-to-tail latency at `rate_per_s` for `seconds` (by default longer than the bookies'
     10 s checkpoint interval) right after `entries` entries were written, which the bookies'
     next checkpoint moves to entry logs meanwhile; `checkpoints` says how many ran."""
@@ -245,25 +249,34 @@ async def _tail_during_checkpoint(client: Any, cluster: LocalCluster, rate_per_s
     await loader.close()
     before = await asyncio.to_thread(_checkpoints, cluster)
     count = max(1, int(rate_per_s * seconds))
-    result = await _tail_latency(client, rate_per_s, count)
+    result = await _tail_latency(client, rate_per_s, count, explain)
     after = await asyncio.to_thread(_checkpoints, cluster)
     return {**result, "run": "tail during checkpoint", "checkpointed_entries": entries,
             "checkpoints": after - before}
 
 
-async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, Any]:
-    """Append at a fixed rate; a tailing reader records when each entry reaches it."""
+async def _tail_latency(client: Any, rate_per_s: int, count: int,
+                        explain: LocalCluster | None = None) -> dict[str, Any]:
+    """Append at a fixed rate; a tailing reader records when each entry reaches it. `explain` (the
+    cluster): also time each append's acknowledgement and probe the client's loop and the bookies'
+    histograms, for the stages under "explain" (dlog_tools/bench/explain.py)."""
     handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
     reader = await client.open_ledger(handle.ledger_id, password=PASSWORD, recovery=False)
     sent_at: dict[int, float] = {}
     latencies: list[float] = []
+    explainer = TailExplainer(explain, count) if explain else None
 
     async def follow() -> None:
         async for entry in reader.tail(0, poll_timeout_ms=1000):
-            latencies.append(perf_s() - sent_at[entry.entry_id])
+            now = perf_s()
+            latencies.append(now - sent_at[entry.entry_id])
+            if explainer:
+                explainer.seen(entry.entry_id, now)
             if entry.entry_id == count - 1:
                 return
 
+    if explainer:
+        await explainer.start()
     tail = asyncio.create_task(follow())
     interval_s = 1 / rate_per_s
     started = perf_s()
@@ -272,12 +285,17 @@ async def _tail_latency(client: Any, rate_per_s: int, count: int) -> dict[str, A
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         sent_at[index] = perf_s()
-        handle.append_async(event_payload(index, 100))
+        future = handle.append_async(event_payload(index, 100))
+        if explainer:
+            explainer.time_ack(future, index)
     offered_s = perf_s() - started
     async with asyncio.timeout(60):
         await tail
     await handle.close()
-    return {"run": "tail", "entries": count, "rate_per_s": rate_per_s,
+    stages: dict[str, Any] = {}
+    if explainer:
+        stages["explain"] = await explainer.rows(rate_per_s, sent_at, latencies, call="append_async()")
+    return {**stages, "run": "tail", "entries": count, "rate_per_s": rate_per_s,
             "achieved_per_s": round(count / max(offered_s, interval_s)), **percentiles(latencies)}
 
 
@@ -285,16 +303,20 @@ def bench_ledger(entries: int = 100_000, in_flight: int = 256, latency_entries: 
                  rate_per_s: int = 1000, fsync: bool = True,
                  sweep_rates_per_s: Sequence[int] = (), secure: bool = False,
                  batch_entries: int = 0, checkpoint_entries: int = 0,
-                 checkpoint_seconds: float = CHECKPOINT_TAIL_S) -> dict[str, Any]:
+                 checkpoint_seconds: float = CHECKPOINT_TAIL_S, profiler: Profiler | None = None,
+                 explain: bool = False) -> dict[str, Any]:
     """Throughput, sequential latency, and tail latency at `rate_per_s` (and at each sweep rate,
-    for a chart of latency against offered throughput)."""
+    for a chart of latency against offered throughput); `explain`: the stages of each tail run
+    under "explain" (the bookies run with --latency-probes)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
     tune_garbage_collector()  # as run_streams does (common.py)
-    with local_cluster(3, bookie_args(fsync), secure=secure) as cluster:
+    args = bookie_args(fsync) + (["--latency-probes"] if explain else [])
+    with local_cluster(3, args, secure=secure, profiler=profiler) as cluster:
         runs = asyncio.run(_ledger_runs(cluster, entries, in_flight, latency_entries,
                                         [rate_per_s, *(rate for rate in rates if rate != rate_per_s)],
-                                        batch_entries, checkpoint_entries, checkpoint_seconds))
+                                        batch_entries, checkpoint_entries, checkpoint_seconds, explain))
+    stages = [{"run": run["run"], **row} for run in runs for row in run.pop("explain", [])]
     return {"mode": "ledger", "fsync": fsync, "bookies": 3, "quorum": "E3/Qw2/Qa2",
             **({"security": "TLS + token auth + ZooKeeper ACLs (admin token)"} if secure else {}),
-            "runs": runs}
+            "runs": runs, **({"explain": stages} if explain else {})}
 

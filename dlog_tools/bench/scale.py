@@ -23,6 +23,7 @@ from dlog_tools.bench.common import (
     stored_totals,
     stream_header,
 )
+from dlog_tools.bench.profile import Profiler
 from dlog_tools.cluster import LocalCluster
 
 # Streams created and writers opened at once in `scale`. Kept low because ledger ids come from a
@@ -203,7 +204,7 @@ async def _backlog_reader(zk: str, stream: str, records: int, connection: Any) -
 
 def bench_scale(records: int = 200_000, stream_counts: Sequence[int] = (1, 10, 100, 1000),
                 backlog_records: Sequence[int] = (200_000, 2_000_000), backlog_batch_records: int = 1000,
-                fsync: bool = True) -> dict[str, Any]:
+                fsync: bool = True, profiler: Profiler | None = None) -> dict[str, Any]:
     """The same records over 1..1,000 streams; a lagging reader's memory behind each backlog."""
 
     async def runs(ns: Any, cluster: LocalCluster) -> tuple[list[Any], list[Any]]:
@@ -212,7 +213,7 @@ def bench_scale(records: int = 200_000, stream_counts: Sequence[int] = (1, 10, 1
         memory = [await _backlog_run(ns, cluster, count, backlog_batch_records) for count in backlog_records]
         return spread, memory
 
-    spread, memory = run_streams(fsync, runs)
+    spread, memory = run_streams(fsync, runs, profiler=profiler)
     return {**stream_header("scale", fsync), "record_bytes": 100,
             "writes": f"per-record write_nowait, round-robin, loop yields every {PRODUCER_YIELD_RECORDS}",
             "runs": spread, "memory": memory}

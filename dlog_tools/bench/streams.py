@@ -23,6 +23,8 @@ from dlog_tools.bench.common import (
     stored_totals,
     stream_header,
 )
+from dlog_tools.bench.explain import TailExplainer
+from dlog_tools.bench.profile import Profiler
 from dlog_tools.cluster import LocalCluster
 
 
@@ -138,9 +140,12 @@ async def read_run(ns: Any, stream: str) -> dict[str, Any]:
             "mb_per_s": mb_per_s(raw_bytes, elapsed_s), "compression_ratio": ratio(raw_bytes, stored["bytes"])}
 
 
-async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) -> dict[str, Any]:
+async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float,
+                       explain: LocalCluster | None = None) -> dict[str, Any]:
     """Write realistic values at a fixed rate; a tailing reader records each record's
-    write-to-read latency (the value's last 8 bytes say which write it was)."""
+    write-to-read latency (the value's last 8 bytes say which write it was). `explain` (the
+    cluster): also time each record's acknowledgement and probe the client's loop and the
+    bookies' histograms, for the stages under "explain" (dlog_tools/bench/explain.py)."""
     await ns.create_stream(stream)
     writer = await ns.open_writer(stream)
     reader = await ns.open_reader(stream, "latest")
@@ -148,6 +153,7 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
     values = event_values(count)
     sent_at: list[float] = [0.0] * count
     latencies: list[float] = []
+    explainer = TailExplainer(explain, count) if explain else None
 
     async def follow() -> None:
         while len(latencies) < count:
@@ -156,8 +162,13 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
                 raise DlogError(f"the tailing reader of stream {stream!r} stalled for 30 s")
             now = perf_s()
             for value in entry.batch.column("value").to_pylist():
-                latencies.append(now - sent_at[int(value[-8:])])
+                index = int(value[-8:])
+                latencies.append(now - sent_at[index])
+                if explainer:
+                    explainer.seen(index, now)
 
+    if explainer:
+        await explainer.start()
     task = asyncio.create_task(follow())
     started = perf_s()
     written = 0
@@ -165,7 +176,9 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
         due = min(count, int((perf_s() - started) * rate_per_s) + 1)
         while written < due:
             sent_at[written] = perf_s()
-            writer.write_nowait(values[written])
+            future = writer.write_nowait(values[written])
+            if explainer:
+                explainer.time_ack(future, written)
             written += 1
         await asyncio.sleep(0.001)
     offered_s = perf_s() - started
@@ -173,15 +186,18 @@ async def _stream_tail(ns: Any, stream: str, rate_per_s: int, seconds: float) ->
         await task
     await reader.close()
     await writer.close()
+    stages: dict[str, Any] = {}
+    if explainer:
+        stages["explain"] = await explainer.rows(rate_per_s, sent_at, latencies, call="write()")
     stored = await stored_totals(ns, stream)
-    return {"run": "tail", "records": count, "rate_per_s": rate_per_s,
+    return {**stages, "run": "tail", "records": count, "rate_per_s": rate_per_s,
             "achieved_per_s": round(count / max(offered_s, 1 / rate_per_s)), **percentiles(latencies),
             "records_per_entry": round(count / max(stored["entries"], 1), 1),
             "compression_ratio": ratio(sum(map(len, values)), stored["bytes"])}
 
 
 def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_rate: int = 10_000,
-                  tail_seconds: float = 5.0, fsync: bool = True) -> dict[str, Any]:
+                  tail_seconds: float = 5.0, fsync: bool = True, profiler: Profiler | None = None) -> dict[str, Any]:
     """Stream writes (write_batch and per-record write), catch-up read, and tail latency."""
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
@@ -191,12 +207,13 @@ def bench_streams(records: int = 1_000_000, batch_records: int = 10_000, tail_ra
                 await read_run(ns, "batches"),
                 await _stream_tail(ns, "tail", tail_rate, tail_seconds)]
 
-    return {**stream_header("streams", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs)}
+    return {**stream_header("streams", fsync), "record_bytes": 100,
+            "runs": run_streams(fsync, runs, profiler=profiler)}
 
 
 def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
                 write_records: int = 300_000, sequential_records: int = 5_000, fsync: bool = True,
-                secure: bool = False, streams: int = 1) -> dict[str, Any]:
+                secure: bool = False, streams: int = 1, profiler: Profiler | None = None) -> dict[str, Any]:
     """Stream writes: write_batch of Arrow batches, pipelined per-record write_nowait() of
     `write_records` and the same records with offer() (with `streams` > 1, both spread
     round-robin over that many streams, one writer each), and `sequential_records` awaited one
@@ -216,7 +233,7 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
                 await sequential_run(ns, "sequential", values[:min(records, sequential_records)])]
 
     return {**stream_header("write", fsync, secure), "record_bytes": 100,
-            "runs": run_streams(fsync, runs, secure)}
+            "runs": run_streams(fsync, runs, secure, profiler)}
 
 
 def bench_idempotent(records: int = 1_000_000, batch_records: int = 10_000, offer_records: int = 300_000,
@@ -248,23 +265,29 @@ def bench_idempotent(records: int = 1_000_000, batch_records: int = 10_000, offe
     return result
 
 
-def bench_read(records: int = 1_000_000, batch_records: int = 10_000, fsync: bool = True) -> dict[str, Any]:
+def bench_read(records: int = 1_000_000, batch_records: int = 10_000, fsync: bool = True,
+               profiler: Profiler | None = None) -> dict[str, Any]:
     """Catch-up read of a closed segment as Arrow batches (written first with write_batch, untimed)."""
 
     async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
         written = await _write_batch_run(ns, "read", event_values(records), batch_records)
         return [{**written, "run": "write_batch (setup)"}, await read_run(ns, "read")]
 
-    return {**stream_header("read", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs)}
+    return {**stream_header("read", fsync), "record_bytes": 100, "runs": run_streams(fsync, runs, profiler=profiler)}
 
 
 def bench_tail(rate_per_s: int = 10_000, seconds: float = 5.0, fsync: bool = True,
-               sweep_rates_per_s: Sequence[int] = ()) -> dict[str, Any]:
-    """Write-to-tailing-reader latency at `rate_per_s` (and at each sweep rate), one stream each."""
+               sweep_rates_per_s: Sequence[int] = (), profiler: Profiler | None = None,
+               explain: bool = False) -> dict[str, Any]:
+    """Write-to-tailing-reader latency at `rate_per_s` (and at each sweep rate), one stream each;
+    `explain`: and the stages of each run under "explain" (one table of all runs)."""
     rates = sorted({rate_per_s, *sweep_rates_per_s})
 
-    async def runs(ns: Any, _: LocalCluster) -> list[dict[str, Any]]:
-        return [await _stream_tail(ns, f"tail-{rate}", rate, seconds) for rate in rates]
+    async def runs(ns: Any, cluster: LocalCluster) -> list[dict[str, Any]]:
+        return [await _stream_tail(ns, f"tail-{rate}", rate, seconds, cluster if explain else None)
+                for rate in rates]
 
+    results = run_streams(fsync, runs, profiler=profiler, bookie_probes=explain)
+    stages = [row for run in results for row in run.pop("explain", [])]
     return {**stream_header("tail", fsync), "record_bytes": 100, "seconds_per_rate": seconds,
-            "runs": run_streams(fsync, runs)}
+            "runs": results, **({"explain": stages} if explain else {})}

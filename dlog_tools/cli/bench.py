@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from dlog_tools.bench.plots import plot_dir_checked, plot_latency, plot_scale
+from dlog_tools.bench.profile import Profiler, profile_dir_checked
 from dlog_tools.cli.common import fails_cleanly, json_option, print_table
 from dlog_tools.units import SIZE
 
@@ -63,6 +64,38 @@ no_fsync_option = click.option("--no-fsync", is_flag=True, help="measure without
 def plot_option(function: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
                         help="also write PNG charts into this directory (needs matplotlib)")(function)
+
+
+def profile_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--profile", "profile_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+        help="also write flame graphs of the run into this directory: client.svg and bookie-0.svg... "
+             "(py-spy, sampling each process from outside); where py-spy cannot attach, the client is "
+             "profiled with cProfile (client.pstats, client-top.txt) and the result says so")(function)
+
+
+explain_option = click.option(
+    "--explain", is_flag=True,
+    help="also show where the tail latency goes, stage by stage (p50/p99): the call to its "
+         "acknowledgement, of it the bookies' journal (queue, write + fdatasync), the acknowledgement "
+         "to the tailing reader, both sides' event-loop lag and collector pauses; the bookies run with "
+         "--latency-probes (docs/benchmarks.md, 'Where the tail latency goes')")
+
+
+def profiler_for(profile_dir: Path | None) -> Profiler | None:
+    """A Profiler writing into `profile_dir` (created now, so a bad path fails before measuring)."""
+    checked = profile_dir_checked(profile_dir)
+    return None if checked is None else Profiler(checked)
+
+
+def with_profiles(result: dict[str, Any], profiler: Profiler | None) -> dict[str, Any]:
+    """The result with what was profiled where (the header: profiler, profiles, notes)."""
+    if profiler is None:
+        return result
+    summary = profiler.summary()
+    if "profile_notes" in summary:  # fallen back: one line on stderr, beside the result
+        click.echo(f"profile: {summary['profile_notes']}", err=True)
+    return {**result, **summary}
 
 
 def rates_option(default: Sequence[int]) -> Callable[..., Any]:
@@ -112,23 +145,28 @@ def bench_bookie_command(entries: int, sizes: tuple[int, ...], in_flights: tuple
                    "per call); 0 appends one by one")
 @rates_option(LEDGER_SWEEP_RATES)
 @plot_option
+@profile_option
+@explain_option
 @no_fsync_option
 @secure_option
 @json_option
 @fails_cleanly
 def bench_ledger_command(entries: int, in_flight: int, latency_entries: int, rate: int,
                          checkpoint_entries: int, checkpoint_seconds: float, batch_entries: int,
-                         sweep_rates: tuple[int, ...], plot_dir: Path | None, no_fsync: bool,
-                         secure: bool, as_json: bool) -> None:
+                         sweep_rates: tuple[int, ...], plot_dir: Path | None, profile_dir: Path | None,
+                         explain: bool, no_fsync: bool, secure: bool, as_json: bool) -> None:
     """Appends through the ledger client at E3/Qw2/Qa2 on three bookie processes."""
     from dlog_tools.bench.ledger import bench_ledger
 
     plot_dir = plot_dir_checked(plot_dir)
+    profiler = profiler_for(profile_dir)
     if plot_dir is not None and not sweep_rates:
         sweep_rates = LEDGER_SWEEP_RATES
     result = bench_ledger(entries, in_flight, latency_entries, rate, fsync=not no_fsync,
                           sweep_rates_per_s=sweep_rates, secure=secure, batch_entries=batch_entries,
-                          checkpoint_entries=checkpoint_entries, checkpoint_seconds=checkpoint_seconds)
+                          checkpoint_entries=checkpoint_entries, checkpoint_seconds=checkpoint_seconds,
+                          profiler=profiler, explain=explain)
+    result = with_profiles(result, profiler)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "ledger-tail-latency.png",
                                             "ledger append to tailing reader latency", "appends"))]
@@ -168,15 +206,18 @@ def bench_recovery_command(size_bytes: int, entry_bytes: int, writer_rate: int, 
 @click.option("--tail-rate", default=10_000, show_default=True, type=click.IntRange(1, 1_000_000),
               help="records per second offered in the tail-latency run")
 @click.option("--tail-seconds", default=5.0, show_default=True, type=click.FloatRange(0.1, 600))
+@profile_option
 @no_fsync_option
 @json_option
 @fails_cleanly
 def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail_seconds: float,
-                          no_fsync: bool, as_json: bool) -> None:
+                          profile_dir: Path | None, no_fsync: bool, as_json: bool) -> None:
     """The write, read and tail modes in one run, on one cluster (E3/Qw2/Qa2)."""
     from dlog_tools.bench.streams import bench_streams
 
-    print_bench(bench_streams(records, batch_records, tail_rate, tail_seconds, fsync=not no_fsync), as_json)
+    profiler = profiler_for(profile_dir)
+    print_bench(with_profiles(bench_streams(records, batch_records, tail_rate, tail_seconds, fsync=not no_fsync,
+                                            profiler=profiler), profiler), as_json)
 
 
 @bench.command("write")
@@ -189,18 +230,21 @@ def bench_streams_command(records: int, batch_records: int, tail_rate: int, tail
               help="records written with one awaited write() at a time (at most --records)")
 @click.option("--streams", default=1, show_default=True, type=click.IntRange(1, 10_000),
               help="spread the per-record writes round-robin over this many streams, one writer each")
+@profile_option
 @no_fsync_option
 @secure_option
 @json_option
 @fails_cleanly
 def bench_write_command(records: int, batch_records: int, write_records: int, sequential_records: int,
-                        streams: int, no_fsync: bool, secure: bool, as_json: bool) -> None:
+                        streams: int, profile_dir: Path | None, no_fsync: bool, secure: bool, as_json: bool) -> None:
     """Stream writes: write_batch() of Arrow batches, pipelined per-record writes (write_nowait and
     offer), and sequential awaited write() (records/s, p50/p99 latency)."""
     from dlog_tools.bench.streams import bench_write
 
-    print_bench(bench_write(records, batch_records, write_records, sequential_records, fsync=not no_fsync,
-                            secure=secure, streams=streams), as_json)
+    profiler = profiler_for(profile_dir)
+    print_bench(with_profiles(bench_write(records, batch_records, write_records, sequential_records,
+                                          fsync=not no_fsync, secure=secure, streams=streams, profiler=profiler),
+                              profiler), as_json)
 
 
 @bench.command("dedup")
@@ -227,14 +271,18 @@ def bench_idempotent_command(records: int, batch_records: int, offer_records: in
 @click.option("--records", default=1_000_000, show_default=True, type=click.IntRange(100))
 @click.option("--batch-records", default=10_000, show_default=True, type=click.IntRange(1),
               help="records per written batch (one entry each, up to 3 MiB)")
+@profile_option
 @no_fsync_option
 @json_option
 @fails_cleanly
-def bench_read_command(records: int, batch_records: int, no_fsync: bool, as_json: bool) -> None:
+def bench_read_command(records: int, batch_records: int, profile_dir: Path | None, no_fsync: bool,
+                       as_json: bool) -> None:
     """Catch-up read of a closed segment as Arrow batches."""
     from dlog_tools.bench.streams import bench_read
 
-    print_bench(bench_read(records, batch_records, fsync=not no_fsync), as_json)
+    profiler = profiler_for(profile_dir)
+    print_bench(with_profiles(bench_read(records, batch_records, fsync=not no_fsync, profiler=profiler), profiler),
+                as_json)
 
 
 @bench.command("tail")
@@ -244,18 +292,23 @@ def bench_read_command(records: int, batch_records: int, no_fsync: bool, as_json
               help="how long each rate is offered")
 @rates_option(TAIL_SWEEP_RATES)
 @plot_option
+@profile_option
+@explain_option
 @no_fsync_option
 @json_option
 @fails_cleanly
 def bench_tail_command(rate: int, seconds: float, sweep_rates: tuple[int, ...], plot_dir: Path | None,
-                       no_fsync: bool, as_json: bool) -> None:
+                       profile_dir: Path | None, explain: bool, no_fsync: bool, as_json: bool) -> None:
     """Write-to-tailing-reader latency p50/p99/p99.9 at a fixed rate."""
     from dlog_tools.bench.streams import bench_tail
 
     plot_dir = plot_dir_checked(plot_dir)
+    profiler = profiler_for(profile_dir)
     if plot_dir is not None and not sweep_rates:
         sweep_rates = TAIL_SWEEP_RATES
-    result = bench_tail(rate, seconds, fsync=not no_fsync, sweep_rates_per_s=sweep_rates)
+    result = bench_tail(rate, seconds, fsync=not no_fsync, sweep_rates_per_s=sweep_rates, profiler=profiler,
+                        explain=explain)
+    result = with_profiles(result, profiler)
     if plot_dir is not None:
         result["plots"] = [str(plot_latency(result, plot_dir / "stream-tail-latency.png",
                                             "stream write to tailing reader latency", "records"))]
@@ -272,18 +325,22 @@ def bench_tail_command(rate: int, seconds: float, sweep_rates: tuple[int, ...], 
 @click.option("--backlog-batch-records", default=1000, show_default=True, type=click.IntRange(1),
               help="records per entry in the backlog")
 @plot_option
+@profile_option
 @no_fsync_option
 @json_option
 @fails_cleanly
 def bench_scale_command(records: int, stream_counts: tuple[int, ...], backlog_records: tuple[int, ...],
-                        backlog_batch_records: int, plot_dir: Path | None, no_fsync: bool,
-                        as_json: bool) -> None:
+                        backlog_batch_records: int, plot_dir: Path | None, profile_dir: Path | None,
+                        no_fsync: bool, as_json: bool) -> None:
     """The same write load over 1..1,000 streams; a lagging reader's memory behind a backlog."""
     from dlog_tools.bench.scale import bench_scale
 
     plot_dir = plot_dir_checked(plot_dir)
+    profiler = profiler_for(profile_dir)
     result = bench_scale(records, stream_counts or (1, 10, 100, 1000),
-                         backlog_records or (200_000, 2_000_000), backlog_batch_records, fsync=not no_fsync)
+                         backlog_records or (200_000, 2_000_000), backlog_batch_records, fsync=not no_fsync,
+                         profiler=profiler)
+    result = with_profiles(result, profiler)
     if plot_dir is not None:
         result["plots"] = [str(plot_scale(result, plot_dir / "scale.png"))]
     print_bench(result, as_json)
