@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import os
 import re
 import sys
@@ -60,13 +61,23 @@ def _put_value(item: dict[str, Any], field: str, value: Any) -> None:
     """A typed column's value as JSON: bytes as `_put_bytes` puts them, decimals and times as text."""
     if isinstance(value, bytes):
         _put_bytes(item, field, value)
-    elif value is None or isinstance(value, (bool, int, float, str)):
+    elif isinstance(value, float):
+        item[field] = _json_float(value)
+    elif value is None or isinstance(value, (bool, int, str)):
         item[field] = value
     elif isinstance(value, list):
-        item[field] = [entry if isinstance(entry, (bool, int, float, str, type(None))) else str(entry)
-                       for entry in value]
+        item[field] = [_json_float(entry) if isinstance(entry, float) else entry
+                       if isinstance(entry, (bool, int, str, type(None))) else str(entry) for entry in value]
     else:
         item[field] = value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def _json_float(value: float) -> float | str:
+    """A float as JSON takes it: NaN and the infinities as the strings Kafka consumers of a typed
+    stream get too ("NaN", "Infinity", "-Infinity"), never a bare NaN token, which is not JSON."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
 
 
 def _is_utf8(data: bytes) -> bool:

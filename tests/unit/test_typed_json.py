@@ -96,3 +96,18 @@ def test_record_times_come_from_a_timestamp_column_floored_to_the_millisecond():
     assert times(pa.array([MOMENT // 10**3], pa.timestamp("us"))) == [MOMENT // 10**6]
     assert times(pa.array([5, 6], pa.int64())) == [NO_TIMESTAMP] * 2  # not a timestamp: no record time
     assert record_times_ms(pa.record_batch({"at": pa.array([1], pa.timestamp("ms"))})) == [NO_TIMESTAMP]
+
+
+def test_dlog_read_json_writes_non_finite_floats_of_a_typed_record_as_the_kafka_strings():
+    """`dlog read --json` of a typed stream: NaN and the infinities as the strings Kafka consumers
+    get (a bare NaN token is not JSON: `json.loads(..., parse_constant=...)` would be needed)."""
+    from types import SimpleNamespace
+
+    from dlog_tools.cli.read import record_json
+
+    record = SimpleNamespace(offset="1:0:0", position=0, fields={
+        "score": float("nan"), "high": float("inf"), "low": float("-inf"), "plain": 1.5,
+        "series": [1.0, float("nan"), None]})
+    text = json.dumps(record_json(record), allow_nan=False)  # raises on a bare NaN
+    assert json.loads(text) == {"offset": "1:0:0", "position": 0, "score": "NaN", "high": "Infinity",
+                                "low": "-Infinity", "plain": 1.5, "series": [1.0, "NaN", None]}
