@@ -26,6 +26,7 @@ from bookkeeper.errors import (
     error_for_status,
 )
 from bookkeeper.protocol import wire
+from bookkeeper.protocol.ticks import STALL_MS
 from bookkeeper.protocol.wire import (
     AddRequest,
     AddResponse,
@@ -261,9 +262,15 @@ class BookieConnection(asyncio.Protocol):
 
     async def _sweep(self) -> None:
         interval_s = max(0.01, min(1.0, self.timeout_s / 4))
+        previous = self.clock.monotonic_s()
         while self._closed_error is None:
             await asyncio.sleep(interval_s)
             now = self.clock.monotonic_s()
+            stall_s, previous = now - previous - interval_s, now
+            if stall_s * 1000 >= STALL_MS:  # this process did not run: the stall is not the bookie's (ticks.py)
+                self._pending = {request_id: (callback, deadline + stall_s)
+                                 for request_id, (callback, deadline) in self._pending.items()}
+                continue
             late = [request_id for request_id, (_, deadline) in self._pending.items()
                     if deadline <= now]
             for request_id in late:

@@ -29,6 +29,7 @@ from bookkeeper.errors import (
 from bookkeeper.protocol.batch import ReadRangeRequest, ReadRangeResponse
 from bookkeeper.protocol.effects import Effect, SendAdd, SendRead, SendWriteLac, WriteMetadata
 from bookkeeper.protocol.metadata import LedgerMetadata
+from bookkeeper.protocol.ticks import STALL_MS
 from bookkeeper.protocol.wire import ReadRequest, WriteLacRequest
 from bookkeeper.retry import Backoff, retry
 
@@ -69,8 +70,10 @@ class EffectDriver:
             self._ticker.drivers.pop(self, None)
             self._ticker = None
 
-    def tick(self) -> None:
-        self.run(self.machine.on_tick(self.now_ms()))
+    def tick(self, stall_ms: int = 0) -> None:
+        """`stall_ms`: how long the loop did not run before this tick (0: it ran; ticks.py)."""
+        now_ms = self.now_ms()
+        self.run(self.machine.on_tick(now_ms, now_ms - stall_ms if stall_ms else None))
 
     def run(self, effects: list[Effect]) -> None:
         pool = self.context.pool
@@ -237,6 +240,7 @@ class _Ticker:
         self.interval_s = interval_s
         self.drivers: dict[EffectDriver, None] = {}  # in the order they started ticking
         self._timer: asyncio.TimerHandle | None = None
+        self._armed_s = 0.0  # loop time the timer was last armed at: the loop ran then
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop, interval_s: float) -> _Ticker:
@@ -249,18 +253,25 @@ class _Ticker:
     def add(self, driver: EffectDriver) -> None:
         self.drivers[driver] = None
         if self._timer is None:
-            self._timer = self.loop.call_later(self.interval_s, self._tick)
+            self._arm()
+
+    def _arm(self) -> None:
+        self._armed_s = self.loop.time()
+        self._timer = self.loop.call_later(self.interval_s, self._tick)
 
     def _tick(self) -> None:
+        """Tick every driver; a tick STALL_MS late says since when the loop did not run (ticks.py)."""
         self._timer = None
+        since_armed_s = self.loop.time() - self._armed_s
+        stall_ms = round(since_armed_s * 1000) if (since_armed_s - self.interval_s) * 1000 >= STALL_MS else 0
         for driver in list(self.drivers):
             if driver in self.drivers:  # an earlier tick may have stopped it
                 try:
-                    driver.tick()
+                    driver.tick(stall_ms)
                 except Exception:  # one driver's failure must not stop the others' clocks
                     log.exception("tick of ledger %d failed", driver.ledger_id)
         if self.drivers:
-            self._timer = self.loop.call_later(self.interval_s, self._tick)
+            self._arm()
 
 
 def as_dlog_error(error: BaseException) -> DlogError:

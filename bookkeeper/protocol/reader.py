@@ -27,6 +27,7 @@ from bookkeeper.protocol.effects import CompleteRead, Effect, FailRead, SendRead
 from bookkeeper.protocol.entry import Digest, DigestMismatchError, unpack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.quorum import write_set
+from bookkeeper.protocol.ticks import discount_stall
 
 
 @dataclass(slots=True, eq=False)
@@ -116,8 +117,11 @@ class ReadOp:
         read.errors.append(error)
         return self._try_next(read, now_ms) + self._deliver(now_ms)
 
-    def on_tick(self, now_ms: int) -> list[Effect]:
+    def on_tick(self, now_ms: int, stalled_since_ms: int | None = None) -> list[Effect]:
         effects: list[Effect] = []
+        if stalled_since_ms is not None:  # this process did not run: its stall is not the bookies' (ticks.py)
+            for read in self._reads.values():
+                discount_stall(read.outstanding, stalled_since_ms, now_ms)
         for read in list(self._reads.values()):
             if read.result is not None:
                 continue

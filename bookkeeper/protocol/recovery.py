@@ -53,6 +53,7 @@ from bookkeeper.protocol.quorum import (
     fencing_impossible,
     write_set,
 )
+from bookkeeper.protocol.ticks import discount_stall
 from bookkeeper.protocol.writer import LedgerWriter, WriterState
 
 
@@ -297,9 +298,13 @@ class RecoveryOp:
         # completions and failures of write-back are internal; only sends go out
         return [e for e in effects if isinstance(e, SendAdd)] + self._maybe_close()
 
-    def on_tick(self, now_ms: int) -> list[Effect]:
+    def on_tick(self, now_ms: int, stalled_since_ms: int | None = None) -> list[Effect]:
         late = RequestTimeoutError(f"no answer within {self.read_timeout_ms} ms")
         effects: list[Effect] = []
+        if stalled_since_ms is not None:  # this process did not run: its stall is not the bookies' (ticks.py)
+            discount_stall(self._fence_outstanding, stalled_since_ms, now_ms)
+            for verdict in self._verdicts.values():
+                discount_stall(verdict.outstanding, stalled_since_ms, now_ms)
         if self.phase is Phase.FENCING:
             for bookie, sent_ms in list(self._fence_outstanding.items()):
                 if now_ms - sent_ms >= self.read_timeout_ms and self.phase is Phase.FENCING:
@@ -310,7 +315,7 @@ class RecoveryOp:
                     if now_ms - sent_ms >= self.read_timeout_ms and self.phase is Phase.READING:
                         effects += self._on_entry_answer(bookie, verdict.entry_id, None, late, now_ms)
             if self._writer is not None and self.phase is Phase.READING:
-                effects += self._writer_effects(self._writer.on_tick(now_ms))
+                effects += self._writer_effects(self._writer.on_tick(now_ms, stalled_since_ms))
         return effects
 
     def _maybe_close(self) -> list[Effect]:

@@ -52,6 +52,7 @@ from bookkeeper.protocol.effects import (
 from bookkeeper.protocol.entry import Digest, pack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState
 from bookkeeper.protocol.quorum import ack_quorum_reached, write_set
+from bookkeeper.protocol.ticks import discount_stall
 
 
 class WriterState(enum.Enum):
@@ -209,7 +210,10 @@ class LedgerWriter:
             return self._fail_all(error)  # another bookie would refuse it too: stop writing
         return self._bookie_failed([bookie], now_ms)
 
-    def on_tick(self, now_ms: int) -> list[Effect]:
+    def on_tick(self, now_ms: int, stalled_since_ms: int | None = None) -> list[Effect]:
+        if stalled_since_ms is not None:  # this process did not run: its stall is not the bookies' (ticks.py)
+            for pending in self._pending.values():
+                discount_stall(pending.sent, stalled_since_ms, now_ms)
         late = {bookie for pending in self._pending.values()
                 for bookie, sent_ms in pending.sent.items()
                 if now_ms - sent_ms >= self.add_timeout_ms}

@@ -102,6 +102,17 @@ def test_a_read_timeout_moves_on():
     only_failure(op.on_read_error("b2", 0, NoSuchEntryError("no"), 601), 0, RequestTimeoutError)
 
 
+def test_a_stall_of_this_process_is_not_a_read_timeout():
+    op = read_op(speculative_ms=10_000, read_timeout_ms=500)
+    op.start(0)
+    assert op.on_tick(3_100, stalled_since_ms=100) == []  # the process stalled 3 s (ticks.py)
+    assert op.on_read_ok("b0", 0, packed(0), 3_101) == [completed(0)]
+    silent = read_op(speculative_ms=10_000, read_timeout_ms=500)
+    silent.start(0)
+    assert silent.on_tick(3_100, stalled_since_ms=100) == []
+    assert silent.on_tick(3_499) == [] and silent.on_tick(3_500) == [SendRead("b1", 0)]  # 100 + 400 ms
+
+
 def test_a_late_answer_after_a_timeout_is_ignored():
     op = read_op(speculative_ms=10_000, read_timeout_ms=500)
     op.start(0)

@@ -218,6 +218,22 @@ def test_an_add_timeout_seen_on_tick_starts_the_same_ensemble_change():
         0, ("b0", "b3", "b2")), 0)]
 
 
+def test_a_stall_of_this_process_is_not_a_bookie_timeout_but_a_silent_bookie_still_is():
+    """A late tick says since when the loop did not run (ticks.py: a long GC, a loop held by
+    application code; answers wait unread in the sockets): that time is not timed out. A bookie
+    that still does not answer is replaced one timeout later. Even a ledger's first tick may be late
+    (a writer opened just before the stall)."""
+    writer = new_writer(ack_quorum=3, add_timeout_ms=5_000)
+    writer.append(b"x", now_ms=0)
+    assert writer.on_tick(8_050, stalled_since_ms=50) == []  # 8 s over the timeout, but not the bookies'
+    assert ack_all(writer, 0, ("b0", "b2"), now_ms=8_060) == []  # the answers read after the stall
+    assert writer.on_tick(8_100) == []
+    # b1 never answers: 50 ms were used before the stall, 4,950 after it
+    assert all(writer.on_tick(now_ms) == [] for now_ms in range(8_200, 13_000, 100))
+    assert writer.on_tick(13_000) == [WriteMetadata(ledger_metadata(ack_quorum=3).with_ensemble(
+        0, ("b0", "b3", "b2")), 0)]
+
+
 def test_a_second_failure_during_a_change_is_replaced_right_after_the_commit():
     writer = new_writer(available=("b0", "b1", "b2", "b3", "b4"))
     writer.append(b"x", 0)
