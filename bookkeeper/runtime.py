@@ -15,11 +15,20 @@ def tune_garbage_collector() -> None:
     """Requests, entries and records are freed by reference counting; the cycle collector's frequent
     passes (generation 0 every 700 container allocations, a full one every 100 of those) only add
     pauses, and a client with many writers and futures alive spent about 45% of its CPU in them
-    (1,000 streams written one record at a time). Freeze what start-up allocated, so full
-    collections skip it, and collect young objects less often. Cycles are still collected."""
+    (1,000 streams written one record at a time; a loop of `write_nowait` whose futures it gathers
+    every 5,000 records ran at half the rate). Freeze what start-up allocated, so full collections
+    skip it, and collect young objects less often. Cycles are still collected. Once per process:
+    bookies, `dlog serve`, the benchmarks and every `Namespace` (unless `tune_gc=False`) call it."""
+    global _tuned
+    if _tuned:
+        return
+    _tuned = True
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+_tuned = False
 
 
 def start_task(loop: asyncio.AbstractEventLoop, tasks: dict[asyncio.Task[Any], None],

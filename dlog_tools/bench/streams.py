@@ -73,6 +73,26 @@ async def _write_records_run(ns: Any, stream: str, values: list[bytes]) -> dict[
     return await _per_record_result(ns, stream, "write", values, elapsed_s, cpu)
 
 
+async def gathered_run(ns: Any, stream: str, values: list[bytes], every: int = 5_000) -> dict[str, Any]:
+    """The usual producer loop: write_nowait each record, keeping the futures, and gather them
+    every `every` records (no wait_writable: `every` records stay far below the buffer bound)."""
+    await ns.create_stream(stream)
+    async with ns.open_writer(stream) as writer:
+        meter = CpuMeter().start()
+        started = perf_s()
+        futures: list[asyncio.Future[Any]] = []
+        for value in values:
+            futures.append(writer.write_nowait(value))
+            if len(futures) >= every:
+                await asyncio.gather(*futures)
+                futures = []
+        await asyncio.gather(*futures)
+        elapsed_s = perf_s() - started
+        cpu = meter.per_op(len(values))
+    result = await _per_record_result(ns, stream, "write_nowait_gathered", values, elapsed_s, cpu)
+    return {**result, "gathered_every": every}
+
+
 def _producer(producer_id: str | None) -> dict[str, Any]:
     return {} if producer_id is None else {"producer_id": producer_id}
 
@@ -229,6 +249,7 @@ def bench_write(records: int = 1_000_000, batch_records: int = 10_000,
                     await spread_run(ns, streams, per_record, offer=True)]
         return [await _write_batch_run(ns, "batches", values, batch_records),
                 await _write_records_run(ns, "records", per_record),
+                await gathered_run(ns, "gathered", per_record),
                 await offer_run(ns, "offered", per_record),
                 await sequential_run(ns, "sequential", values[:min(records, sequential_records)])]
 

@@ -100,12 +100,14 @@ def test_bench_write_reports_write_batch_and_per_record_writes():
                        "--sequential-records", "200")
     assert result["mode"] == "write" and result["fsync"] is True and "fdatasync" in result["durability"]
     runs = {run["run"]: run for run in result["runs"]}
-    assert set(runs) == {"write_batch", "write", "offer", "sequential"}
+    assert set(runs) == {"write_batch", "write", "write_nowait_gathered", "offer", "sequential"}
     sequential = runs["sequential"]
     assert sequential["records"] == 200 and 0 < sequential["p50_ms"] <= sequential["p99_ms"]
     batch, single, offered = runs["write_batch"], runs["write"], runs["offer"]
+    gathered = runs["write_nowait_gathered"]
+    assert gathered["gathered_every"] == 5_000 and gathered["records_per_s"] > 0
     assert batch["records"] == batch["stored_records"] == 2000 and batch["entries"] == 4
-    for run in (single, offered):
+    for run in (single, offered, gathered):
         assert run["records"] == run["stored_records"] == 1000 and run["entries"] >= 1
         assert run["compression_ratio"] > 0 and run["client_cpu_us_per_op"] > 0
     assert batch["compression_ratio"] > 1
