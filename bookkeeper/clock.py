@@ -15,6 +15,7 @@ time (tests/unit/test_one_of_each.py checks it); sleeping is not reading.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Protocol
 
@@ -70,6 +71,12 @@ def wall_ms() -> int:
 def monotonic_s() -> float:
     """The system clock's monotonic seconds (for code that has no injected clock to ask)."""
     return SYSTEM_CLOCK.monotonic_s()
+
+
+def loop_s(loop: asyncio.AbstractEventLoop) -> float:
+    """The event loop's own clock, which its timers keep (monotonic seconds; a simulator's loop
+    keeps simulated time): for code that compares when a timer fired with when it was armed."""
+    return loop.time()
 
 
 def perf_s() -> float:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper.client.batcher import plan_range_reads
+from bookkeeper.clock import loop_s
 from bookkeeper.errors import (
     BookieIOError,
     DlogError,
@@ -240,7 +241,7 @@ class _Ticker:
         self.interval_s = interval_s
         self.drivers: dict[EffectDriver, None] = {}  # in the order they started ticking
         self._timer: asyncio.TimerHandle | None = None
-        self._armed_s = 0.0  # loop time the timer was last armed at: the loop ran then
+        self._armed_s = 0.0  # when the timer was last armed (monotonic): the loop ran then
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop, interval_s: float) -> _Ticker:
@@ -256,13 +257,13 @@ class _Ticker:
             self._arm()
 
     def _arm(self) -> None:
-        self._armed_s = self.loop.time()
+        self._armed_s = loop_s(self.loop)
         self._timer = self.loop.call_later(self.interval_s, self._tick)
 
     def _tick(self) -> None:
         """Tick every driver; a tick STALL_MS late says since when the loop did not run (ticks.py)."""
         self._timer = None
-        since_armed_s = self.loop.time() - self._armed_s
+        since_armed_s = loop_s(self.loop) - self._armed_s
         stall_ms = round(since_armed_s * 1000) if (since_armed_s - self.interval_s) * 1000 >= STALL_MS else 0
         for driver in list(self.drivers):
             if driver in self.drivers:  # an earlier tick may have stopped it
