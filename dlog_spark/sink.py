@@ -204,9 +204,10 @@ class _LedgerTask:
         self._sequences: list[pa.Array] = []  # with a producer: each buffered batch's sequences
         self._buffered_bytes = 0
         self._in_flight: deque[Any] = deque()
-        self.last_sequence: int | None = None  # the producer's, in the stream and then in this task
+        self.stream_last: int | None = None  # the producer's last sequence in the stream: rows at or below are there
+        self.task_last: int | None = None  # the last sequence this task took: the next must be above it
         if producer is not None:
-            self.last_sequence = self.conn.call(namespace.last_sequence(stream, producer))
+            self.stream_last = self.conn.call(namespace.last_sequence(stream, producer))
 
     def add(self, batch: pa.RecordBatch) -> None:
         if self.message.producer is None:
@@ -234,19 +235,21 @@ class _LedgerTask:
         sequences = sequences.cast(pa.int64())
         if self.schema.get_field_index(column) < 0:
             batch = batch.remove_column(index)
-        if self.last_sequence is not None:
-            kept = pc.greater(sequences, self.last_sequence)
+        if self.stream_last is not None:
+            kept = pc.greater(sequences, self.stream_last)
             self.message.duplicates += batch.num_rows - kept.true_count
             batch, sequences = batch.filter(kept), sequences.filter(kept)
         if not len(sequences):
             return batch, sequences
         if pc.min(sequences).as_py() < 0:
             raise ConfigError(f"sequenceColumn {column!r} has a negative value; sequences are 0 or above")
-        if len(sequences) > 1 and not pc.all(pc.greater(sequences[1:], sequences[:-1])).as_py():
+        first = sequences[0].as_py()
+        if (self.task_last is not None and first <= self.task_last) or \
+                (len(sequences) > 1 and not pc.all(pc.greater(sequences[1:], sequences[:-1])).as_py()):
             raise ConfigError(f"sequenceColumn {column!r} does not increase within the rows of task producer "
                               f"{self.message.producer!r} (stream {self.stream!r}): order each partition by it "
                               "(sortWithinPartitions) and keep it unique")
-        self.last_sequence = sequences[-1].as_py()
+        self.task_last = sequences[-1].as_py()
         return batch, sequences
 
     def finish(self) -> DlogCommitMessage:

@@ -172,10 +172,20 @@ def test_a_rerun_of_a_batch_write_with_a_producer_id_writes_only_the_rows_not_ye
         (spark.range(0, 5, numPartitions=1).selectExpr("4 - id as seq", "cast(id as string) as value")
          .write.format("dlog").options(**dlog_ns.options).option("stream", "loaded").option("producerId", "down")
          .option("sequenceColumn", "seq").mode("append").save())
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")  # two Arrow batches in one task
+    try:
+        with pytest.raises(Exception, match=r"sequenceColumn 'seq' does not increase within the rows of task producer"):
+            (spark.range(0, 150, numPartitions=1)  # 0..99, then 50..99 again: refused, never taken as duplicates
+             .selectExpr("case when id < 100 then id else id - 50 end as seq", "cast(id as string) as value")
+             .write.format("dlog").options(**dlog_ns.options).option("stream", "loaded").option("producerId", "twice")
+             .option("sequenceColumn", "seq").mode("append").save())
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     with pytest.raises(Exception, match=r"options 'producerId' and 'sequenceColumn' go together"):
         (spark.range(1).selectExpr("cast(id as string) as value").write.format("dlog").options(**dlog_ns.options)
          .option("stream", "loaded").option("producerId", "alone").mode("append").save())
-    assert ns.last_sequence("loaded", "down") is None and loaded() == sorted(list(range(100)) * 2)
+    assert ns.last_sequence("loaded", "down") is None and ns.last_sequence("loaded", "twice.p0") is None
+    assert loaded() == sorted(list(range(100)) * 2)
 
 
 def test_bad_sink_options_are_refused_by_name(spark, dlog_ns):
