@@ -241,7 +241,7 @@ class _Ticker:
         self.interval_s = interval_s
         self.drivers: dict[EffectDriver, None] = {}  # in the order they started ticking
         self._timer: asyncio.TimerHandle | None = None
-        self._armed_s = 0.0  # when the timer was last armed (monotonic): the loop ran then
+        self._armed_s = 0.0  # the loop's time when the timer was last armed: the loop ran then
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop, interval_s: float) -> _Ticker:
