@@ -382,8 +382,12 @@ class ReaderMachine:
         return [WakeReaders()] if woke and self.queue else []
 
     def _purge_queue(self, listing: SegmentList) -> list[Any]:
-        """Decoded entries a new truncation point passed are never handed out (L5)."""
-        waiting = [*self.queue, *([self.held] if self.held is not None else [])]
+        """Decoded entries a new truncation point passed are never handed out (L5). The held entry
+        stays held: moving it into the queue here, behind the consumer's back, once left a consumer
+        that had emptied the queue asleep beside a queued entry (the wake comes from _decode_fetched
+        only when the queue goes from empty to not)."""
+        held = self.held
+        waiting = [*self.queue, *([held] if held is not None else [])]
         kept: deque[tuple[Any, int, int, int, int, int]] = deque()
         for queued in waiting:
             _, _, ledger_id, entry_id, first_slot, _ = queued
@@ -400,8 +404,11 @@ class ReaderMachine:
                 self.position = Cursor(segment.sequence, entry_id, segment.min_active_slot)
                 self.fetched.clear()
                 break
-        self.held = None
-        self.queue = kept
+        if held is not None and kept and kept[-1] is held:
+            kept.pop()  # still readable: it waits for room as before
+        else:
+            held = None
+        self.held, self.queue = held, kept
         self.queued_bytes = sum(queued[1] for queued in kept)
         return []
 

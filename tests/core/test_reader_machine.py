@@ -101,6 +101,23 @@ def test_a_slow_consumer_does_not_miss_a_roll_notified_while_its_queue_was_full(
     assert effects == [OpenSegment(rolled.segments[1])]  # room again: on to the next segment
 
 
+def test_a_consumer_that_emptied_the_queue_during_a_list_read_is_woken_for_the_held_entry():
+    """Found by a clean-clone run (test_2_a_slow_tailing_reader...): the consumer took the only
+    queued entry while a list read was in flight and went to sleep; the list's answer moved the held
+    entry into the queue without a wake, and the reader stalled for good."""
+    listing = SegmentList((completed(1, 10, 2), Segment(2, 20)), 2, 2)
+    machine, _ = reader(listing, read_ahead_entries=1)
+    machine.on_segment_opened(10, -1, NOW)
+    assert machine.on_entries(10, [(0, b"a"), (1, b"b"), (2, b"c")], NOW) == [WakeReaders()]
+    assert machine.queued_entries == 1 and machine.held is not None  # full: the next one waits for room
+    assert machine.on_segments_changed(NOW) == [ReadSegments()]  # a roll elsewhere: the list is stale
+    item, effects = machine.take()
+    assert item[3] == [b"a"] and effects == [] and machine.queued_entries == 0  # the consumer now sleeps
+    effects = machine.on_segments(listing, NOW)
+    assert WakeReaders() in effects and machine.queued_entries == 1
+    assert [item[3] for item in taken(machine)] == [[b"b"], [b"c"]]
+
+
 def test_a_long_poll_that_finds_the_ledger_closed_reads_the_list():
     machine, listing = tailing()
     assert machine.on_waited(10, None, 0, True, NOW) == [ReadSegments()]

@@ -92,9 +92,10 @@ def test_a_seed_replays_exactly_whatever_the_hash_seed():
 PLANTED = [
     ("lost-cas-is-takeover", 2),
     ("reader-misses-roll", 1),
+    ("held-entry-not-woken", 19),
     ("waiters-not-woken", 17),
     ("buffered-left-pending", 0),
-    ("reader-ignores-truncation", 3),
+    ("reader-ignores-truncation", 28),
     ("retention-takes-last-completed", 4),
     ("entries-ignore-roll-size", 2),
     ("batch-columns-not-filled", 1),

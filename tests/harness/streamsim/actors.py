@@ -338,19 +338,39 @@ class ReaderFamily:
                 await reader.close()
 
     async def _follow(self, reader: Any, name: str) -> None:
-        while not self.stop.is_set():
-            entry = await reader.next_entry(timeout_s=0.5)
-            if entry is None:
-                continue
-            for slot, value in enumerate(entry.batch.column("value").to_pylist()):
-                text = value.decode()
-                position = None if entry.first_position is None else entry.first_position + slot
-                self.history.read(name, (entry.ledger_id, entry.entry_id, entry.first_slot + slot), text,
-                                  position=position)
-                self.values.add(text)
-                if self.lag_s:
-                    await asyncio.sleep(self.lag_s)
-            self.position = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + entry.batch.num_rows)
+        stopped = asyncio.ensure_future(self.stop.wait())
+        try:
+            while not self.stop.is_set():
+                entry = await self._next(reader, stopped)
+                if entry is None:
+                    return
+                await self._consume(entry, name)
+        finally:
+            stopped.cancel()
+
+    @staticmethod
+    async def _next(reader: Any, stopped: asyncio.Future[Any]) -> Any:
+        """The next entry, or None once stopped. The consumer waits on the reader alone, as a user's
+        `async for` does, not in short polls: a reader that queues an entry without waking its
+        consumer stalls here for good, and the catch-up check reports it (reader_behind)."""
+        waiting = asyncio.ensure_future(reader.next_entry())
+        await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done():
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            return None
+        return waiting.result()
+
+    async def _consume(self, entry: Any, name: str) -> None:
+        for slot, value in enumerate(entry.batch.column("value").to_pylist()):
+            text = value.decode()
+            position = None if entry.first_position is None else entry.first_position + slot
+            self.history.read(name, (entry.ledger_id, entry.entry_id, entry.first_slot + slot), text,
+                              position=position)
+            self.values.add(text)
+            if self.lag_s:
+                await asyncio.sleep(self.lag_s)
+        self.position = Offset(entry.ledger_id, entry.entry_id, entry.first_slot + entry.batch.num_rows)
 
 
 @dataclass

@@ -88,6 +88,21 @@ def _closed_ledger_not_noticed(self: Any, ledger_id: int, entry: Any, lac: int, 
     return _on_waited(self, ledger_id, entry, lac, False, now_ms)
 
 
+_purge_queue = reader.ReaderMachine._purge_queue  # noqa: SLF001 - the seam the plant wraps
+
+
+def _held_queued_without_a_wake(self: Any, listing: Any) -> list[Any]:
+    """Found by a clean-clone run (test_2_a_slow_tailing_reader...): a list read's answer moved the
+    held entry into the queue without waking a consumer that had emptied the queue meanwhile (it
+    took the last entry while the read was in flight), and the reader stalled for good."""
+    effects = _purge_queue(self, listing)
+    if self.held is not None:
+        self.queue.append(self.held)
+        self.queued_bytes += self.held[1]
+        self.held = None
+    return effects
+
+
 def _linger_always(name: str, **settings: Any) -> Any:
     """Issue 11 item 9: every record waited for the linger timer, even with nothing in flight."""
     return settings_core.WriterSettings(name, **{**settings, "linger_ms": 50.0})
@@ -170,6 +185,10 @@ PLANTS: dict[str, Plant] = {
          (reader.ReaderMachine, "on_waited", _closed_ledger_not_noticed),
          (reader, "EMPTY_POLLS_BEFORE_LIST_READ", 10**9)),
         "a reader whose queue is full misses a roll and long-polls the closed ledger (item 2)", "reader_behind"),
+    "held-entry-not-woken": Plant(
+        ((reader.ReaderMachine, "_purge_queue", _held_queued_without_a_wake),),
+        "a list read's answer queues the held entry without waking the consumer (clean-clone run)",
+        "reader_behind"),
     "waiters-not-woken": Plant(
         ((writer_core.WriterMachine, "_fail", _fail_without_waking),),
         "callers parked in wait_writable() are not woken when the writer fails (item 3)", "liveness"),
