@@ -17,6 +17,10 @@ padding), then records ``length u32 | crc32c(record) u32 | record`` (little endi
 are preallocated with ``posix_fallocate`` so most fdatasyncs need not update the file size;
 the zeros of preallocation read as length 0, which ends replay (so empty records are
 refused).
+
+The idle path: when nothing is being written and the disk's last fsync was quick, a group of one
+record (of a writer that awaits each write, typically) is written and fsynced right on the loop
+thread, without the two thread hops (see INLINE_BYTES_MAX).
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ _FRAME = struct.Struct("<II")
 _pack_frame = _FRAME.pack  # bound once: append is the hottest code of the bookie
 FRAME_BYTES = _FRAME.size
 _SUFFIX = ".journal"
+# The idle path: a group of one record of at most INLINE_BYTES_MAX that starts while nothing is
+# being written, and while the disk's last group took at most INLINE_WRITE_S_MAX, is written and
+# fsynced on the loop thread: one record of an idle writer then costs no hop to the writer thread
+# and back (which, with the loop busy, also waits for the GIL). Groups of several records (a busy
+# bookie: what arrived in one loop turn, or during the last fsync) go to the writer thread as before,
+# so a busy journal still overlaps its fsyncs with the loop's work (an inline fsync would hold the
+# loop, and the next group would form only after it: no overlap at all); and a slow disk never holds
+# the loop (reads, long polls) for longer than one quick fsync.
+INLINE_BYTES_MAX = 64 * 2**10
+INLINE_WRITE_S_MAX = 0.001
+LAZY_FLUSH_S = 0.05  # the longest a lazy record (append_lazy) waits for a group to carry it
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -142,6 +157,11 @@ class _Writer:
                 raise OSError(f"pwrite wrote {count} bytes to journal {self.file_id:016x}")
             written += count
 
+    def fits(self, pieces: list[_Piece]) -> bool:
+        """Whether writing `pieces` needs no new file and no preallocation (only quick syscalls)."""
+        return all(piece.file_id == self.file_id and piece.offset + len(piece.data) <= self.allocated_bytes
+                   for piece in pieces)
+
     def write_group(self, pieces: list[_Piece]) -> float:
         """Write and fdatasync one group; returns the seconds it took."""
         started = perf_s()
@@ -171,6 +191,7 @@ class Journal:
         prealloc_bytes: int = 16 * 2**20,
         group_bytes_max: int = 512 * 2**10,
         group_wait_us: int = 0,
+        inline_bytes_max: int = INLINE_BYTES_MAX,
         buffered_bytes_max: int = 64 * 2**20,
         sync: bool = True,
         on_commit: Callable[[int, int, float], None] | None = None,
@@ -184,6 +205,9 @@ class Journal:
         self._file_bytes_max = file_bytes_max
         self._group_bytes_max = group_bytes_max
         self._group_wait_seconds = group_wait_us / 1e6
+        self._inline_bytes_max = inline_bytes_max if group_wait_us == 0 else 0
+        self.inline_groups = 0  # groups written on the loop thread (the idle path)
+        self._last_write_s = 0.0  # the last group's write + fdatasync
         self.buffered_bytes_max = buffered_bytes_max
         self._on_commit = on_commit
         self._on_fatal = on_fatal
@@ -207,6 +231,7 @@ class Journal:
         self._writing = False
         self._writing_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._lazy_timer: asyncio.TimerHandle | None = None  # armed while only lazy records wait
         self._durable = JournalMark(0, HEADER_BYTES)
         self._waiters: list[tuple[JournalMark, asyncio.Future[None]]] = []
 
@@ -267,6 +292,24 @@ class Journal:
 
     def append(self, record: bytes, callback: Callable[[object], None], argument: object) -> None:
         """Buffer ``record``; ``callback(argument)`` runs on the loop once it is fsynced."""
+        self._frame(record)
+        self._callbacks.append((callback, argument))
+        if not self._scheduled:
+            self._schedule()
+        elif self._timer is not None and len(self._buffer) >= self._group_bytes_max:
+            self._timer.cancel()
+            self._timer = None
+            self._flush()
+
+    def append_lazy(self, record: bytes) -> None:
+        """Buffer a record nobody waits for (an advisory explicit LAC): it is written with the next
+        group, and starts one of its own only after LAZY_FLUSH_S, so it never costs a writer an
+        fsync of its own between two of its adds."""
+        self._frame(record)
+        if not self._scheduled and self._lazy_timer is None:
+            self._lazy_timer = self._event_loop().call_later(LAZY_FLUSH_S, self._on_lazy_timer)
+
+    def _frame(self, record: bytes) -> None:
         if not self._accepting:
             raise self._unavailable()
         size = len(record)
@@ -277,13 +320,16 @@ class Journal:
         buffer += _pack_frame(size, crc32c(record))
         buffer += record
         self._offset = end
-        self._callbacks.append((callback, argument))
-        if not self._scheduled:
-            self._schedule()
-        elif self._timer is not None and len(buffer) >= self._group_bytes_max:
-            self._timer.cancel()
-            self._timer = None
+
+    def _on_lazy_timer(self) -> None:
+        self._lazy_timer = None
+        if not self._scheduled and self._unwritten:
+            self._scheduled = True
             self._flush()
+
+    @property
+    def _unwritten(self) -> bool:
+        return bool(self._buffer or self._pieces)
 
     def _make_room(self, size: int) -> int:
         """The slow path of append: refuse empty records, roll when the file is full."""
@@ -308,7 +354,7 @@ class Journal:
     def _schedule(self) -> None:
         self._scheduled = True
         if self._group_wait_seconds <= 0:
-            self._event_loop().call_soon(self._flush)
+            self._event_loop().call_soon(self._flush, self._inline_bytes_max)
         else:
             self._timer = self._event_loop().call_later(self._group_wait_seconds, self._on_timer)
 
@@ -316,13 +362,19 @@ class Journal:
         self._timer = None
         self._flush()
 
-    def _flush(self) -> None:
-        """Hand everything buffered to the writer thread, unless a flush is already in flight."""
+    def _flush(self, inline_bytes_max: int = 0) -> None:
+        """Hand everything buffered to the writer thread, unless a flush is already in flight. A
+        group of one record of at most `inline_bytes_max` bytes is written and fsynced right here on
+        the loop thread instead, when the disk was quick and the group needs no new file or
+        preallocation (a flush scheduled by the first record into an idle journal; INLINE_BYTES_MAX)."""
         if self._writing or self._failure is not None:
             return
-        if not self._callbacks:
+        if not self._unwritten:
             self._scheduled = False
             return
+        if self._lazy_timer is not None:  # this group carries the lazy records
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         pieces = self._pieces
         if self._buffer:
             pieces.append(_Piece(self._file_id, self._buffer_offset, self._buffer))
@@ -331,18 +383,29 @@ class Journal:
         self._pieces, self._pieces_bytes, self._callbacks = [], 0, []
         self._buffer, self._buffer_offset = bytearray(), self._offset
         self._writing, self._writing_bytes = True, group_bytes
+        if (len(callbacks) == 1 and group_bytes <= inline_bytes_max and self._last_write_s <= INLINE_WRITE_S_MAX
+                and self._writer.fits(pieces)):  # the writer thread is idle: its state may be read
+            self.inline_groups += 1
+            try:
+                seconds = self._writer.write_group(pieces)
+            except Exception as error:  # the disk failed: as on the writer thread
+                self._on_written(error, 0.0, callbacks, end, group_bytes)
+                return
+            self._on_written(None, seconds, callbacks, end, group_bytes)
+            return
         future = self._event_loop().run_in_executor(self._executor, self._writer.write_group, pieces)
-        future.add_done_callback(lambda done: self._on_written(done, callbacks, end, group_bytes))
+        future.add_done_callback(lambda done: self._on_written(
+            done.exception(), 0.0 if done.exception() else done.result(), callbacks, end, group_bytes))
 
     def _on_written(
         self,
-        done: asyncio.Future[float],
+        error: BaseException | None,
+        seconds: float,
         callbacks: list[tuple[Callable[[object], None], object]],
         end: JournalMark,
         group_bytes: int,
     ) -> None:
-        self._writing, self._writing_bytes = False, 0
-        error = done.exception()
+        self._writing, self._writing_bytes, self._last_write_s = False, 0, seconds
         if error is not None:
             self._fail(error)
             return
@@ -352,9 +415,11 @@ class Journal:
             self._flush()
         else:
             self._scheduled = False
+            if self._unwritten and self._lazy_timer is None:  # lazy records alone: they can wait
+                self._lazy_timer = self._event_loop().call_later(LAZY_FLUSH_S, self._on_lazy_timer)
         if self._on_commit is not None:
             try:
-                self._on_commit(len(callbacks), group_bytes, done.result())
+                self._on_commit(len(callbacks), group_bytes, seconds)
             except Exception:
                 log.exception("journal on_commit hook failed")
         for callback, argument in callbacks:
@@ -381,9 +446,10 @@ class Journal:
         self._failure = error
         self._accepting = False
         self._callbacks, self._pieces, self._pieces_bytes, self._buffer = [], [], 0, bytearray()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._lazy_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._lazy_timer = None
         for _, future in self._waiters:
             if not future.done():
                 future.set_exception(self._unavailable())
@@ -458,6 +524,9 @@ class Journal:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+                self._flush()
+            elif not self._scheduled and self._unwritten:  # lazy records only
+                self._scheduled = True
                 self._flush()
             try:
                 await self.wait_durable(self.mark())

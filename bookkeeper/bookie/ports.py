@@ -31,6 +31,9 @@ class JournalPort(Protocol):
 
     def append(self, record: bytes, callback: Callable[[object], None], argument: object) -> None: ...
 
+    def append_lazy(self, record: bytes) -> None:
+        """A record nobody waits for: durable with a later group (within journal.LAZY_FLUSH_S)."""
+
 
 class StoragePort(Protocol):
     """What the core needs of ledger storage (storage.py; the simulator's in-memory one)."""

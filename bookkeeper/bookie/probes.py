@@ -67,6 +67,9 @@ class TimedJournal:
     def append(self, record: bytes, callback: Callable[[object], None], argument: object) -> None:
         self._journal.append(record, self._durable, (perf_s(), callback, argument))
 
+    def append_lazy(self, record: bytes) -> None:
+        self._journal.append_lazy(record)
+
     def _durable(self, timed: object) -> None:
         appended_s: float
         callback: Callable[[object], None]

@@ -28,7 +28,7 @@ from bookkeeper.errors import (
     NoSuchLedgerError,
 )
 from bookkeeper.protocol.batch import ReadRangeRequest, ReadRangeResponse
-from bookkeeper.protocol.effects import Effect, SendAdd, SendRead, SendWriteLac, WriteMetadata
+from bookkeeper.protocol.effects import Effect, LacDueSoon, SendAdd, SendRead, SendWriteLac, WriteMetadata
 from bookkeeper.protocol.metadata import LedgerMetadata
 from bookkeeper.protocol.ticks import STALL_MS
 from bookkeeper.protocol.wire import ReadRequest, WriteLacRequest
@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from bookkeeper.client.settings import DriverContext
 
 log = logging.getLogger(__name__)
+# Event-loop turns between a drained pipeline and its explicit LAC (LacDueSoon): a stream writer's
+# caller that awaits each write has sent its next add by then (its acknowledgement reaches the
+# caller and the caller's next write() reaches the ledger within two turns), which carries the LAC
+# to two of three bookies; an idle writer's LAC goes out after these few turns (microseconds).
+LAC_DUE_TURNS = 3
 # while the store is unreachable: 9 attempts, 0.05 s doubling to 2 s between them (~8 s in all)
 METADATA_WRITE_RETRY = Backoff(attempts_max=9, delay_s_first=0.05, delay_s_max=2.0, deadline_s=12.0)
 READ_RANGE_BYTES_MAX = 4 * 2**20  # asked of a bookie per READ_RANGE answer
@@ -87,6 +92,8 @@ class EffectDriver:
                 self._reads.setdefault((effect.bookie, effect.fence), []).append(effect.entry_id)  # type: ignore[union-attr]
             elif kind is SendWriteLac:
                 self._send_write_lac(effect)  # type: ignore[arg-type]
+            elif kind is LacDueSoon:
+                self.loop.call_soon(self._lac_due, LAC_DUE_TURNS - 1)
             elif kind is WriteMetadata:
                 task = self.loop.create_task(self._write_metadata(effect))  # type: ignore[arg-type]
                 self._metadata_tasks.add(task)
@@ -191,6 +198,12 @@ class EffectDriver:
         return self.machine.on_read_ok(bookie, entry_id, packed_entry, self.now_ms())
 
     # ------------------------------------------------------------------ explicit LAC
+
+    def _lac_due(self, turns_left: int) -> None:
+        if turns_left:
+            self.loop.call_soon(self._lac_due, turns_left - 1)
+        else:
+            self.run(self.machine.on_lac_due(self.now_ms()))  # only a writer asks for LacDueSoon
 
     def _send_write_lac(self, effect: SendWriteLac) -> None:
         pool = self.context.pool

@@ -23,6 +23,13 @@ class SendWriteLac:
 
 
 @dataclass(frozen=True, slots=True)
+class LacDueSoon:
+    """Call the writer's `on_lac_due` a few event-loop turns from now (LAC_DUE_TURNS): the pipeline
+    drained, and the explicit LAC goes only to the bookies the writer's next add, if it comes by
+    then, does not reach (that add carries the LAC to the others)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SendRead:
     """Read one entry (entry_id -1: only the LAC). `fence` makes it a fencing read."""
 
@@ -78,5 +85,5 @@ class Finished:
     error: DlogError | None = None
 
 
-Effect = (SendAdd | SendWriteLac | SendRead | CompleteAdds | FailAdds | WriteMetadata
+Effect = (SendAdd | SendWriteLac | LacDueSoon | SendRead | CompleteAdds | FailAdds | WriteMetadata
           | CompleteRead | FailRead | Finished)

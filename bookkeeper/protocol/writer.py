@@ -45,6 +45,7 @@ from bookkeeper.protocol.effects import (
     Effect,
     FailAdds,
     Finished,
+    LacDueSoon,
     SendAdd,
     SendWriteLac,
     WriteMetadata,
@@ -113,6 +114,8 @@ class LedgerWriter:
         self._conflicts = 0
         self._lac_sent = lac
         self._last_send_ms = 0
+        self._lac_due = False  # the pipeline drained; on_lac_due sends the LAC where no add took it
+        self._lac_carried: set[str] = set()  # bookies an add sent since then carried the LAC to
 
     # ------------------------------------------------------------------ queries
 
@@ -171,6 +174,8 @@ class LedgerWriter:
             if bookie not in self._failed:
                 pending.sent[bookie] = now_ms
                 effects.append(SendAdd(bookie, entry_id, packed_entry, self.recovery))
+        if self._lac_due:  # this entry carries the LAC (packed above): these bookies need no WRITE_LAC
+            self._lac_carried.update(pending.sent)
         return effects
 
     # ------------------------------------------------------------------ answers
@@ -249,12 +254,25 @@ class LedgerWriter:
             return []
         effects: list[Effect] = [CompleteAdds(first, self.lac)]
         if self.eager_lac and not self._pending and not self.recovery:
-            # the pipeline drained: no next entry will carry this LAC soon, so send it now (as
-            # DistributedLog advances the LAC after each flush) instead of after the idle interval
-            effects += self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
+            # the pipeline drained: the LAC goes out a few loop turns from now (as DistributedLog
+            # advances the LAC after each flush) instead of after the idle interval, to the bookies
+            # the writer's next add (a writer awaiting each write sends it by then) does not reach
+            self._lac_due, self._lac_carried = True, set()
+            effects.append(LacDueSoon())
         return effects
 
-    def _explicit_lac(self, now_ms: int, repeats_left: int) -> list[Effect]:
+    def on_lac_due(self, now_ms: int) -> list[Effect]:
+        """LacDueSoon's turns passed: send the LAC to the ensemble's bookies no add carried it to
+        since the pipeline drained (all of them when the writer stayed idle)."""
+        if not self._lac_due:
+            return []
+        self._lac_due = False
+        if self.state is not WriterState.OPEN:
+            return []
+        effects = self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
+        return [effect for effect in effects if effect.bookie not in self._lac_carried]
+
+    def _explicit_lac(self, now_ms: int, repeats_left: int) -> list[SendWriteLac]:
         self._lac_sent = self.lac
         self._lac_repeats_left = repeats_left
         self._last_send_ms = now_ms

@@ -21,7 +21,15 @@ from bookkeeper.errors import (
     RequestTimeoutError,
     UnauthorizedError,
 )
-from bookkeeper.protocol.effects import CompleteAdds, FailAdds, Finished, SendAdd, SendWriteLac, WriteMetadata
+from bookkeeper.protocol.effects import (
+    CompleteAdds,
+    FailAdds,
+    Finished,
+    LacDueSoon,
+    SendAdd,
+    SendWriteLac,
+    WriteMetadata,
+)
 from bookkeeper.protocol.entry import Digest, DigestType, pack_entry
 from bookkeeper.protocol.metadata import LedgerMetadata, LedgerState
 from bookkeeper.protocol.writer import LedgerWriter, WriterState
@@ -353,6 +361,19 @@ def test_an_idle_writer_sends_its_lac_explicitly_a_bounded_number_of_times():
     assert writer.on_tick(300) == [] and writer.on_tick(10_000) == []  # then quiet
 
 
+def test_an_eager_lac_goes_only_to_the_bookie_the_next_add_does_not_reach():
+    """A writer that awaits each write sends its next add before the drained pipeline's LAC is due:
+    that add carries the LAC to its write set, so one WRITE_LAC (not three) goes out per write."""
+    writer = new_writer(write_quorum=2, eager_lac=True)
+    writer.append(b"x", now_ms=0)
+    assert ack_all(writer, 0, ("b0", "b1"), now_ms=1) == [CompleteAdds(0, 0), LacDueSoon()]
+    _, effects = writer.append(b"y", now_ms=1)  # entry 1: b1 and b2, carrying LAC 0
+    assert [effect.bookie for effect in effects] == ["b1", "b2"]
+    assert writer.on_lac_due(1) == [SendWriteLac("b0", 0)]
+    assert ack_all(writer, 1, ("b1", "b2"), now_ms=2) == [CompleteAdds(1, 1), LacDueSoon()]
+    assert writer.on_lac_due(3) == [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]  # idle now: all
+
+
 def test_an_explicit_lac_is_sent_only_for_a_lac_that_no_add_carried():
     writer = new_writer(explicit_lac_interval_ms=100)
     writer.append(b"x", 0)
@@ -449,7 +470,9 @@ def test_an_eager_writer_sends_its_lac_as_soon_as_the_pipeline_drains():
     writer.append(b"y", now_ms=0)
     assert ack_all(writer, 0, ("b0", "b1"), now_ms=1) == [CompleteAdds(0, 0)]  # entry 1 still pending
     effects = ack_all(writer, 1, ("b1", "b2"), now_ms=2)
-    assert effects == [CompleteAdds(1, 1)] + [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]
+    assert effects == [CompleteAdds(1, 1), LacDueSoon()]  # a few loop turns later ...
+    assert writer.on_lac_due(2) == [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]  # ... to all: it stayed idle
+    assert writer.on_lac_due(3) == []  # once
     assert writer.on_tick(50) == []  # the repeat waits for the interval
     assert writer.on_tick(102) == [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]
     assert writer.on_tick(500) == []  # repeats are bounded

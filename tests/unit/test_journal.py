@@ -48,6 +48,8 @@ class SyscallLog:
         self.lock = threading.Lock()
         self.fail_fdatasync = False
         self.fdatasync_delay = 0.0
+        self.threads: list[str] = []  # where each fdatasync ran
+        self.really_sync = True  # False: a disk as quick as fdatasync_delay says, however busy this machine is
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
@@ -64,9 +66,11 @@ class SyscallLog:
                 threading.Event().wait(self.fdatasync_delay)
             if self.fail_fdatasync:
                 raise OSError(errno.EIO, "injected fdatasync failure")
-            real_fdatasync(fd)
+            if self.really_sync:
+                real_fdatasync(fd)
             with self.lock:
                 self.fdatasyncs += 1
+                self.threads.append(threading.current_thread().name)
                 self.events.append(("fdatasync", fd, self.written_end.get(fd, 0)))
 
         monkeypatch.setattr(os, "pwrite", pwrite)
@@ -144,7 +148,7 @@ async def test_many_appends_in_one_loop_iteration_make_one_write_and_one_fsync(
 async def test_records_arriving_during_an_fsync_form_the_next_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    journal = Journal(tmp_path)
+    journal = Journal(tmp_path, inline_bytes_max=0)  # every group on the writer thread
     await journal.open_for_append()
     syscalls = SyscallLog()
     syscalls.install(monkeypatch)
@@ -157,6 +161,84 @@ async def test_records_arriving_during_an_fsync_form_the_next_group(
         await asyncio.sleep(0)
     await journal.wait_durable(journal.mark())
     assert syscalls.fdatasyncs == 2
+    await journal.close()
+
+
+async def test_an_idle_journal_writes_a_lone_record_on_the_loop_thread_and_a_busy_one_on_its_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The idle path: one awaited record at a time costs no hop to the writer thread and back; a group
+    of several records, or one while the disk is slow, still goes to the writer thread (the loop keeps
+    serving while it syncs)."""
+    journal = Journal(tmp_path)
+    await journal.open_for_append()
+    syscalls = SyscallLog()
+    syscalls.install(monkeypatch)
+    syscalls.really_sync = False
+    loop_thread = threading.current_thread().name
+    called: list[int] = []
+    for index in range(3):  # a writer that awaits each record: the journal is idle before each
+        journal.append(record(index), called.append, index)
+        await journal.wait_durable(journal.mark())
+    assert called == [0, 1, 2] and syscalls.threads == [loop_thread] * 3 and journal.inline_groups == 3
+    journal.append(record(3), called.append, 3)  # two records in one loop turn: a busy bookie's group
+    journal.append(record(4), called.append, 4)
+    await journal.wait_durable(journal.mark())
+    assert syscalls.threads[3].startswith("journal-writer") and journal.inline_groups == 3
+    syscalls.fdatasync_delay = 0.005  # the disk turns slow: one more lone record inline shows it
+    for index in (5, 6):  # ... after which even lone records go to the writer thread
+        journal.append(record(index), called.append, index)
+        await journal.wait_durable(journal.mark())
+    assert syscalls.threads[4] == loop_thread and syscalls.threads[5].startswith("journal-writer")
+    syscalls.fdatasync_delay = 0.0
+    for index in range(7, 10):  # quick again: the writer's group told it, so the idle path is back
+        journal.append(record(index), called.append, index)
+        await journal.wait_durable(journal.mark())
+    assert syscalls.threads[6].startswith("journal-writer") and syscalls.threads[7:] == [loop_thread] * 2
+    assert called == list(range(10))
+    await journal.close()
+    assert replay_all(tmp_path) == [record(index) for index in range(10)]
+
+
+async def test_a_lazy_record_rides_with_the_next_group_and_is_written_on_its_own_only_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An advisory record (a bookie's explicit LAC) never costs an fsync of its own between a writer's
+    adds: it goes with the next group, or alone after LAZY_FLUSH_S; close writes what is left."""
+    journal = Journal(tmp_path)
+    await journal.open_for_append()
+    syscalls = SyscallLog()
+    syscalls.install(monkeypatch)
+    called: list[int] = []
+    journal.append_lazy(b"lac-1")
+    await asyncio.sleep(journal_module.LAZY_FLUSH_S / 5)
+    assert syscalls.fdatasyncs == 0  # nobody waits for it: no group yet
+    journal.append(b"add-1", called.append, 1)  # the next add carries it: one group, one fsync
+    await journal.wait_durable(journal.mark())
+    assert syscalls.fdatasyncs == 1 and called == [1] and journal.inline_groups == 1  # still a lone add
+    journal.append_lazy(b"lac-2")  # the writer went idle: its last LAC is written alone, a bit later
+    await asyncio.wait_for(journal.wait_durable(journal.mark()), timeout=5)
+    assert syscalls.fdatasyncs == 2
+    journal.append_lazy(b"lac-3")
+    await journal.close()  # does not wait for the timer, and leaves nothing behind
+    assert syscalls.fdatasyncs == 3
+    assert replay_all(tmp_path) == [b"lac-1", b"add-1", b"lac-2", b"lac-3"]
+
+
+async def test_a_group_that_needs_preallocation_is_never_written_on_the_loop_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path, prealloc_bytes=4096)
+    await journal.open_for_append()
+    syscalls = SyscallLog()
+    syscalls.install(monkeypatch)
+    syscalls.really_sync = False
+    journal.append(b"z" * 100, lambda _: None, None)  # fits the first preallocation
+    await journal.wait_durable(journal.mark())
+    journal.append(b"z" * 5000, lambda _: None, None)  # needs more of the file: posix_fallocate
+    await journal.wait_durable(journal.mark())
+    assert syscalls.threads[0] == threading.current_thread().name
+    assert syscalls.threads[1].startswith("journal-writer")
     await journal.close()
 
 

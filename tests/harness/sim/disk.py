@@ -18,6 +18,7 @@ import asyncio
 import random
 from collections.abc import Callable
 
+from bookkeeper.bookie.journal import LAZY_FLUSH_S
 from bookkeeper.bookie.storage import LedgerData
 from bookkeeper.errors import BookieIOError
 
@@ -25,6 +26,10 @@ FSYNC_MS_MIN = 1
 FSYNC_MS_MAX = 4
 
 Pending = tuple[bytes, Callable[[object], None], object]
+
+
+def _nothing(_: object) -> None:
+    pass
 
 
 class MemoryJournal:
@@ -39,18 +44,29 @@ class MemoryJournal:
         self._buffered: list[Pending] = []
         self._syncing: list[Pending] = []
         self._flush_scheduled = False
+        self._lazy: asyncio.TimerHandle | None = None  # a flush of lazy records alone, not yet due
         self._paused = False  # a hung process: its fsyncs neither start nor return
         self._synced_late = False  # an fsync returned while paused: run it on resume
         self._generation = 0  # fsyncs begun before a crash never return
 
     def append(self, record: bytes, callback: Callable[[object], None], argument: object) -> None:
         self._buffered.append((record, callback, argument))
+        if self._lazy is not None:  # a record someone waits for: the lazy ones go with it, now
+            self._lazy.cancel()
+            self._lazy, self._flush_scheduled = None, False
         if not self._syncing and not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush, self._generation)
 
+    def append_lazy(self, record: bytes) -> None:
+        """As the journal's: carried by the next group, or flushed on its own after LAZY_FLUSH_S."""
+        self._buffered.append((record, _nothing, None))
+        if not self._syncing and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._lazy = self.loop.call_later(LAZY_FLUSH_S, self._flush, self._generation)
+
     def _flush(self, generation: int) -> None:
-        self._flush_scheduled = False
+        self._flush_scheduled, self._lazy = False, None
         if generation != self._generation or self._syncing or not self._buffered:
             return
         self._syncing, self._buffered = self._buffered, []
