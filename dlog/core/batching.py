@@ -100,6 +100,12 @@ class EntryBatcher:
         """Whether the entries sent so far end inside a write_group, which no roll may cut."""
         return self.sent_chunk_id < self.group_end_chunk_id
 
+    @property
+    def entry_due(self) -> bool:
+        """Whether the buffered records fill an entry (a flush limit is met): it goes out now."""
+        settings = self.settings
+        return self.buffered_records >= settings.flush_records or self.buffered_bytes >= settings.flush_bytes
+
     def check_record(self, size_bytes: int) -> str | None:
         """Why a record of this size can never be written (None: it can)."""
         if size_bytes > self.budget_bytes:
