@@ -103,7 +103,7 @@ PLANTED = [
     ("gc-without-sync", 2),
     ("metadata-errors-not-retried", 51),
     ("roll-timer-crash", 48),
-    ("created-after-close-committed", 68),
+    ("created-after-close-committed", 229),
     ("deleted-ledger-acknowledged", 12),
     ("roll-positions-from-entries", 0),
     ("dedup-not-rebuilt", 3),
