@@ -467,6 +467,23 @@ def test_a_ledger_created_while_the_old_one_still_has_entries_in_flight_may_move
     assert one(effects, CommitSegments)  # the roll goes on once the entry is acknowledged
 
 
+def test_with_flush_rounds_a_linger_that_passes_while_the_roll_waits_for_its_ledger_does_not_crash():
+    """The same window with flush rounds (the simulator's seeds no longer reach it: the round
+    refreshes the timer): the roll's new ledger arrives after the buffered record's linger passed."""
+    story = Story(roll_records=1, linger_ms=5, flush_rounds=True)
+    story.opened()
+    assert story.write(b"a") == (RequestRound(),)
+    assert one(story.machine.on_round(story.now_ms), SetTimer).at_ms == story.now_ms + 5  # lingers
+    story.now_ms += 5
+    effects = story.machine.on_time(story.now_ms)
+    assert one(effects, AppendEntry).entry_id == 0 and one(effects, CreateLedger)
+    story.write(b"b")  # buffered behind the roll, its linger timer set
+    story.now_ms += 50
+    effects = story.machine.on_ledger_created(story.new_ledger(), story.now_ms)
+    assert not of(effects, CommitSegments) and not of(effects, AppendEntry)
+    assert one(story.machine.on_entry_acked(11, 0, story.now_ms), CommitSegments)
+
+
 # ---------------------------------------------------------------------------------- deleted ledgers (issue 20)
 
 
