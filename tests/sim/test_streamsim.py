@@ -102,7 +102,7 @@ PLANTED = [
     ("records-wait-for-linger", 0),
     ("gc-without-sync", 2),
     ("metadata-errors-not-retried", 51),
-    ("roll-timer-crash", 48),
+    ("roll-timer-crash", 406),
     ("created-after-close-committed", 229),
     ("deleted-ledger-acknowledged", 12),
     ("roll-positions-from-entries", 0),
