@@ -468,8 +468,8 @@ def test_a_ledger_created_while_the_old_one_still_has_entries_in_flight_may_move
 
 
 def test_with_flush_rounds_a_linger_that_passes_while_the_roll_waits_for_its_ledger_does_not_crash():
-    """The same window with flush rounds (the simulator's seeds no longer reach it: the round
-    refreshes the timer): the roll's new ledger arrives after the buffered record's linger passed."""
+    """The same window with flush rounds (the simulator reaches it far more rarely, since every
+    round refreshes the timer): the roll's new ledger arrives after the buffered record's linger passed."""
     story = Story(roll_records=1, linger_ms=5, flush_rounds=True)
     story.opened()
     assert story.write(b"a") == (RequestRound(),)
