@@ -5,7 +5,8 @@ the writer's life and the segment commits around its entries).
 Theory of operation. Records (and pieces of Arrow batches) are buffered as chunks, in order, each
 with its waiter. An entry is a run of chunks: up to `flush_records` records and `flush_bytes`
 bytes, and never more than fits in one entry of min(roll size, entry maximum) (a piece of a batch
-is an entry of its own). When nothing is in flight an entry goes out at once; while
+is an entry of its own). When nothing is in flight an entry goes out at once (with the writer's
+`flush_rounds`, at the process's next flush round: see `writer`); while
 `partial_entries_in_flight_max` entries are in flight, records that arrive batch up until an
 acknowledgement frees a slot (Nagle's algorithm without delayed ack; Kafka's linger.ms=0), or
 until they fill an entry, which always goes out. `linger_ms` > 0 also holds a partial entry that
@@ -99,6 +100,12 @@ class EntryBatcher:
     def mid_group(self) -> bool:
         """Whether the entries sent so far end inside a write_group, which no roll may cut."""
         return self.sent_chunk_id < self.group_end_chunk_id
+
+    @property
+    def entry_due(self) -> bool:
+        """Whether the buffered records fill an entry (a flush limit is met): it goes out now."""
+        settings = self.settings
+        return self.buffered_records >= settings.flush_records or self.buffered_bytes >= settings.flush_bytes
 
     def check_record(self, size_bytes: int) -> str | None:
         """Why a record of this size can never be written (None: it can)."""

@@ -146,6 +146,17 @@ class WakeWriters:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestRound:
+    """Call `on_round(now_ms)` once this event-loop turn's callbacks have run, in the one flush
+    round the process runs per turn for every writer that asked (`WriterSettings.flush_rounds`):
+    the records that arrived meanwhile go out together, and the driver builds the entries of
+    all those writers at once. Asked at most once until `on_round` runs."""
+
+
+ROUND = RequestRound()  # inert: one instance serves every writer
+
+
+@dataclass(frozen=True, slots=True)
 class WriterOpened:
     """Opening ended: with the in-progress segment this writer appends to, or with `error`."""
 
@@ -210,7 +221,7 @@ class WakeReaders:
 WriterEffect = (LockStream | ReleaseLock | ReadSegments | SealSegment | CreateLedger | CommitSegments
                 | AppendEntry | CloseLedger | DeleteLedger | ConfirmLedgerDeleted | ApplyRetention
                 | CompleteChunks | FailChunks | CompleteFlushes | WakeWriters | SetTimer | WriterOpened
-                | WriterClosed)
+                | WriterClosed | RequestRound)
 ReaderEffect = (ReadSegments | SetTimer | OpenSegment | ReadEntries | WaitForEntry | CancelWait | ReaderOpened
                 | WakeReaders)
 Effect = WriterEffect | ReaderEffect

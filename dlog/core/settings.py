@@ -33,6 +33,9 @@ class WriterSettings:
     retention_on_roll: bool = False
     commit_conflicts_max: int = 50
     schema_version: int = 0  # the stream's schema version its records are written with (recorded per segment)
+    # partial entries wait for the process's flush round (RequestRound -> on_round, once per event-loop
+    # turn for every writer) instead of going out at the write or acknowledgement that allows them
+    flush_rounds: bool = False
 
     @property
     def entry_bytes_limit(self) -> int:

@@ -34,6 +34,13 @@ progress and last, the change is rebased on the new list (`changes.rebase_progre
 progress fields, the stored truncation point) and committed again; otherwise another writer took
 over (WriterFencedError), as when an append finds the ledger fenced.
 
+Flush rounds (`flush_rounds`, the stream writer's driver sets it). A partial entry that a free
+slot lets go (Nagle's rule in `batching`) is not sent by the write or acknowledgement that allows it:
+the machine asks for the process's flush round (RequestRound, once until `on_round`), which its
+driver runs once per event-loop turn for every writer that asked. A writer of 1,000 gets each of
+its records in a separate call; the round sends what all of them buffered in that turn together
+(and the driver builds their entries at once). Full entries, flushes, closes and rolls do not wait.
+
 Ending. Every chunk ends: acknowledged (CompleteChunks), or failed with the writer's error
 (FailChunks: every chunk not acknowledged, in flight or buffered) when an append, a roll or a
 close fails. Closing sends what is buffered, waits for it, completes the segment (or drops it when
@@ -60,6 +67,7 @@ from bookkeeper.errors import DlogError, LedgerFencedError, NoSuchLedgerError, i
 from dlog.core import changes
 from dlog.core.batching import Encoder, EntryBatcher
 from dlog.core.effects import (
+    ROUND,
     ApplyRetention,
     CloseLedger,
     CommitSegments,
@@ -139,6 +147,8 @@ class WriterMachine:
         self._closing_ledgers: set[int] = set()
         self._confirming: set[int] = set()  # ledgers found gone, the list not yet read
         self._gone: int | None = None  # the ledger being written, found gone: nothing more to or from it
+        self._rounds = settings.flush_rounds
+        self._round_asked = False  # RequestRound asked, on_round not run yet
 
     # ------------------------------------------------------------------ queries
 
@@ -336,8 +346,12 @@ class WriterMachine:
         """Buffer one record, or a run of `records` records that lands whole in one entry (an
         idempotent producer's batch, or an `offer_records` run of at most an entry's budget);
         `waiter` (None: nobody waits) comes back with its outcome. The hot path of per-record
-        writes: nothing it need not do."""
-        if self.batcher.add(item, size_bytes, waiter, now_ms, records) and self.state is _OPEN and self.step is _IDLE:
+        writes: nothing it need not do. With `flush_rounds`, a partial entry that a free slot
+        lets go waits for the flush round (a full one goes at once)."""
+        batcher = self.batcher
+        if batcher.add(item, size_bytes, waiter, now_ms, records) and self.state is _OPEN and self.step is _IDLE:
+            if self._rounds and not batcher.entry_due:
+                return self._ask_round()
             return self._finish(self._pump(now_ms), now_ms)
         if self.settings.linger_ms and len(self.batcher.buffer) == 1:
             return self._finish([], now_ms)
@@ -358,6 +372,20 @@ class WriterMachine:
             effects += self._finish(self._pump(now_ms), now_ms)
         return effects
 
+    def _ask_round(self) -> Sequence[WriterEffect]:
+        if self._round_asked:
+            return NO_EFFECTS
+        self._round_asked = True
+        return (ROUND,)
+
+    def on_round(self, now_ms: int) -> Sequence[WriterEffect]:
+        """The process's flush round (RequestRound): send what may be sent now. A writer that
+        ended, closes or rolls meanwhile sends what its own rules allow, maybe nothing."""
+        self._round_asked = False
+        if self.state is not _OPEN and self.state is not WriterState.CLOSING:
+            return NO_EFFECTS
+        return self._finish(self._pump(now_ms), now_ms)
+
     def _pump(self, now_ms: int) -> list[WriterEffect]:
         """Send what may be sent, and start a roll after the entry that fills the segment."""
         effects: list[WriterEffect] = []
@@ -377,7 +405,12 @@ class WriterMachine:
         if self.ended or ledger_id == self._gone:  # acknowledged into a ledger that no longer exists
             return NO_EFFECTS
         effects = self.batcher.acked(ledger_id, entry_id)
-        effects += self._pump(now_ms)
+        if self._rounds and self.state is _OPEN and self.batcher.buffer:
+            if not self._round_asked:  # what was buffered behind this entry goes in the round
+                self._round_asked = True
+                effects.append(ROUND)
+        else:
+            effects += self._pump(now_ms)
         effects += self._maybe_commit_roll(now_ms)
         effects += self._maybe_seal(now_ms)
         return self._finish(effects, now_ms)

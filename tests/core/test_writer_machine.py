@@ -24,6 +24,7 @@ from dlog.core.effects import (
     LockStream,
     ReadSegments,
     ReleaseLock,
+    RequestRound,
     SealSegment,
     SetTimer,
     WakeWriters,
@@ -198,6 +199,67 @@ def test_linger_holds_a_partial_entry_until_its_timer():
     assert of(effects, AppendEntry) == [] and one(effects, SetTimer).at_ms == story.now_ms + 5
     story.now_ms += 5
     assert one(story.machine.on_time(story.now_ms), AppendEntry).payload == b"a"
+
+
+# ---------------------------------------------------------------------------------- flush rounds
+
+
+def test_with_flush_rounds_the_records_of_one_turn_wait_for_the_round_and_go_out_together():
+    story = Story(flush_rounds=True)
+    story.opened()
+    assert story.write(b"a") == (RequestRound(),)  # a slot is free: the round, not an entry now
+    assert story.write(b"b") == () and story.write(b"c") == ()  # asked once until the round runs
+    assert one(story.machine.on_round(story.now_ms), AppendEntry) == AppendEntry(11, 0, b"a|b|c")
+    assert story.write(b"d") == ()  # one entry in flight: Nagle's rule as without rounds
+    effects = story.machine.on_entry_acked(11, 0, story.now_ms)
+    assert one(effects, CompleteChunks).waiters == (b"a", b"b", b"c")
+    assert of(effects, AppendEntry) == [] and one(effects, RequestRound) == RequestRound()  # "d" waits for it
+    story.write(b"e")  # arrives in the same turn: rides along
+    assert one(story.machine.on_round(story.now_ms), AppendEntry) == AppendEntry(11, 1, b"d|e")
+    assert not story.machine.on_round(story.now_ms)  # a round with nothing to send sends nothing
+
+
+def test_many_writers_buffered_records_go_out_in_one_shared_round():
+    """What a driver does with 1,000 writers: every write only buffers (each writer asks for the
+    round once), and the one round then sends each writer's records of that turn as one entry."""
+    stories = [Story(flush_rounds=True) for _ in range(50)]
+    for story in stories:
+        story.opened()
+    asked = []
+    for turn_record in (b"x", b"y", b"z"):
+        for story in stories:
+            effects = story.write(turn_record)
+            assert not of(effects, AppendEntry)
+            asked += of(effects, RequestRound)
+    assert len(asked) == len(stories)  # one request per writer, whatever its records
+    entries = [one(story.machine.on_round(story.now_ms), AppendEntry) for story in stories]
+    assert {entry.payload for entry in entries} == {b"x|y|z"}
+
+
+def test_with_flush_rounds_a_full_entry_a_flush_and_a_close_do_not_wait_for_the_round():
+    story = Story(flush_rounds=True, flush_records=3)
+    story.opened()
+    story.write(b"a")
+    story.write(b"b")
+    assert one(story.write(b"c"), AppendEntry).payload == b"a|b|c"  # full: out at once
+    story.write(b"d")
+    flushed = story.machine.flush(story.now_ms, "flush")
+    assert one(flushed, AppendEntry).payload == b"d"
+    story.write(b"e")
+    assert one(story.machine.close(story.now_ms), AppendEntry).payload == b"e"
+    assert not of(story.machine.on_round(story.now_ms), AppendEntry)  # the round asked before finds it all sent
+
+
+def test_a_round_after_the_writer_failed_or_while_it_rolls_sends_nothing():
+    story = Story(flush_rounds=True, roll_records=1)
+    story.opened()
+    story.write(b"a")
+    effects = story.machine.on_round(story.now_ms)
+    assert one(effects, AppendEntry).payload == b"a" and one(effects, CreateLedger)  # the roll is due
+    story.write(b"b")
+    assert not of(story.machine.on_round(story.now_ms), AppendEntry)  # rolling: "b" waits for the commit
+    story.machine.on_entry_failed(11, 0, NotEnoughBookiesError("gone"), story.now_ms)
+    assert not story.machine.on_round(story.now_ms)
 
 
 def test_no_entry_is_larger_than_the_roll_size_and_an_oversized_record_is_refused():
@@ -403,6 +465,23 @@ def test_a_ledger_created_while_the_old_one_still_has_entries_in_flight_may_move
     assert not of(effects, CommitSegments) and not of(effects, AppendEntry)
     effects = story.machine.on_entry_acked(11, 0, story.now_ms)
     assert one(effects, CommitSegments)  # the roll goes on once the entry is acknowledged
+
+
+def test_with_flush_rounds_a_linger_that_passes_while_the_roll_waits_for_its_ledger_does_not_crash():
+    """The same window with flush rounds (the simulator reaches it far more rarely, since every
+    round refreshes the timer): the roll's new ledger arrives after the buffered record's linger passed."""
+    story = Story(roll_records=1, linger_ms=5, flush_rounds=True)
+    story.opened()
+    assert story.write(b"a") == (RequestRound(),)
+    assert one(story.machine.on_round(story.now_ms), SetTimer).at_ms == story.now_ms + 5  # lingers
+    story.now_ms += 5
+    effects = story.machine.on_time(story.now_ms)
+    assert one(effects, AppendEntry).entry_id == 0 and one(effects, CreateLedger)
+    story.write(b"b")  # buffered behind the roll, its linger timer set
+    story.now_ms += 50
+    effects = story.machine.on_ledger_created(story.new_ledger(), story.now_ms)
+    assert not of(effects, CommitSegments) and not of(effects, AppendEntry)
+    assert one(story.machine.on_entry_acked(11, 0, story.now_ms), CommitSegments)
 
 
 # ---------------------------------------------------------------------------------- deleted ledgers (issue 20)

@@ -367,3 +367,46 @@ async def test_offer_records_refuses_a_typed_stream_and_a_closed_writer(stream_c
         await writer.close()
         with pytest.raises(Exception, match="closed"):
             writer.offer_records([b"x"])
+
+
+async def test_writers_of_one_process_send_the_records_of_a_turn_in_one_shared_round(stream_cluster):
+    """Issue 26 item 1: records written to many writers in one event-loop turn go out in ONE flush
+    round, each writer's as one entry built from a slice of one Arrow build, and every stream gets
+    back exactly its own records (keys, timestamps, order); a writer with headers builds its own."""
+    from dlog.writer import FlushRounds
+
+    async with namespace(stream_cluster) as ns:
+        names = [f"round-{index}" for index in range(6)]
+        for name in names:
+            await ns.create_stream(name)
+        writers = [await ns.open_writer(name) for name in names]
+        try:
+            rounds = FlushRounds.of(asyncio.get_running_loop())
+            before = (rounds.rounds, rounds.writers_run, rounds.rows_built)
+            futures = []
+            for turn in range(3):  # one turn: no await between the writes
+                for index, writer in enumerate(writers):
+                    headers = [("trace", b"t")] if index == 5 and turn == 1 else None
+                    futures.append(writer.write_nowait(b"%s-%d" % (names[index].encode(), turn),
+                                                       key=b"k%d" % index if turn else None,
+                                                       timestamp_ms=1_700_000_000_000 + 10 * index + turn,
+                                                       headers=headers))
+            offsets = await asyncio.gather(*futures)
+            after = (rounds.rounds, rounds.writers_run, rounds.rows_built)
+        finally:
+            for writer in writers:
+                await writer.close()
+        assert after[0] - before[0] == 1 and after[1] - before[1] == 6  # one round ran all six
+        # built together: every writer's rows, of the last writer's only those before its headers (its
+        # entry, which holds all three, then builds its own)
+        assert after[2] - before[2] == 5 * 3 + 1
+        for index, name in enumerate(names):
+            mine = offsets[index::6]
+            assert len({(offset.ledger_id, offset.entry_id) for offset in mine}) == 1  # one entry each
+            records = await read_all(ns, name, headers=True)
+            assert [record.value for record in records] == [b"%s-%d" % (name.encode(), turn) for turn in range(3)]
+            assert [record.headers or None for record in records] == [None, [("trace", b"t")] if index == 5 else None,
+                                                                       None]
+            assert [record.key for record in records] == [None, b"k%d" % index, b"k%d" % index]
+            assert [record.timestamp_ms for record in records] == [1_700_000_000_000 + 10 * index + turn
+                                                                   for turn in range(3)]
