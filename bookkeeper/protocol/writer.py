@@ -254,16 +254,23 @@ class LedgerWriter:
             return []
         effects: list[Effect] = [CompleteAdds(first, self.lac)]
         if self.eager_lac and not self._pending and not self.recovery:
-            # the pipeline drained: the LAC goes out a few loop turns from now (as DistributedLog
-            # advances the LAC after each flush) instead of after the idle interval, to the bookies
-            # the writer's next add (a writer awaiting each write sends it by then) does not reach
-            self._lac_due, self._lac_carried = True, set()
+            # the pipeline drained: send the LAC now (as DistributedLog advances the LAC after each
+            # flush) instead of after the idle interval, but only to the bookies the next entry will
+            # not reach (one at E3/Qw2; the ensemble's first, which tailing readers poll first, when
+            # it reaches all): so a bookie knows it before the write's caller resumes, even one that
+            # then blocks its loop or exits. The rest get it a few loop turns later (LacDueSoon),
+            # unless the writer's next add (a caller awaiting each write sends it by then) carried it.
+            next_set = set(self._write_set(self.next_entry_id))
+            now = [bookie for bookie in self.ensemble if bookie not in next_set] or [self.ensemble[0]]
+            self._lac_due, self._lac_carried = True, set(now)
+            effects += [effect for effect in self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
+                        if effect.bookie in self._lac_carried]
             effects.append(LacDueSoon())
         return effects
 
     def on_lac_due(self, now_ms: int) -> list[Effect]:
-        """LacDueSoon's turns passed: send the LAC to the ensemble's bookies no add carried it to
-        since the pipeline drained (all of them when the writer stayed idle)."""
+        """LacDueSoon's turns passed: send the LAC to the ensemble's bookies that neither got it at
+        the drain nor from an add sent since (the next entry's write set, when the writer stayed idle)."""
         if not self._lac_due:
             return []
         self._lac_due = False
