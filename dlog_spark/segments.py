@@ -101,6 +101,10 @@ async def _commit_routed_once(namespace: Namespace, streams: list[str],
     for stream in streams:
         config = await store.config(stream)
         listing = await recover_in_progress(namespace, config, await store.segments(stream))
+        if listing.in_progress is not None:  # a writer rolled meanwhile (our lock lapsed with its session)
+            raise MetadataContentionError(f"stream {stream!r} has a new in-progress segment "
+                                          f"{listing.in_progress.sequence} after its last one was sealed: "
+                                          "another writer wrote meanwhile")
         ledgers = tuple(m.ledger for m in batches[stream])
         if any(listing.by_ledger(ledger_id) is not None for ledger_id in ledgers):
             return True  # an earlier try of this very commit went through (in every stream)

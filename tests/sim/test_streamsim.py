@@ -75,6 +75,17 @@ def test_the_fixed_seeds_inject_every_fault_and_routine_operation(fixed_runs):
     assert sum(kinds["named resent batches"] for _, kinds in fixed_runs) > 10
 
 
+# Seeds beyond the fixed ones where exploration found a bug, kept as regressions.
+FOUND_SEEDS = [
+    264,  # the Spark sink's commit crashed (InvariantError) when a writer rolled between its seal and append
+]
+
+
+@pytest.mark.parametrize("seed", FOUND_SEEDS)
+def test_a_seed_that_found_a_bug_keeps_every_promise(seed):
+    assert run(seed).anomalies == []
+
+
 def test_a_seed_replays_exactly_whatever_the_hash_seed():
     assert run(11).fingerprint == run(11).fingerprint != run(12).fingerprint
     outputs = []
