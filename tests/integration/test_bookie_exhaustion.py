@@ -135,16 +135,27 @@ def test_a_client_that_never_reads_its_answers_is_bounded_then_closed(bookie):
     assert served(bookie.address)
 
 
+def connect_unless_reset(address: str, source: str) -> socket.socket | None:
+    """A connection, or None when the peer reset it before connect() returned: a loaded machine can
+    run the bookie's accept-and-refuse before this thread reads the handshake's outcome."""
+    try:
+        return connect(address, source=source)
+    except ConnectionResetError:
+        return None
+
+
 def test_silent_connections_are_capped_per_host_and_closed(bookie):
-    silent = [connect(bookie.address, source=ATTACKER_HOST) for _ in range(60)]
+    silent = [connect_unless_reset(bookie.address, ATTACKER_HOST) for _ in range(60)]
     try:
         assert served(bookie.address)  # another host is served at once
-        refused = sum(closed_by_peer(sock, 0.3) for sock in silent[40:])
+        assert all(sock is not None for sock in silent[:40])  # under the cap: accepted
+        refused = sum(sock is None or closed_by_peer(sock, 0.3) for sock in silent[40:])
         assert refused == 20  # over the per-host cap of 40: refused at once
-        assert all(closed_by_peer(sock, 10) for sock in silent[:40])  # no frame within 1.5 s
+        assert all(closed_by_peer(sock, 10) for sock in silent[:40] if sock is not None)  # no frame within 1.5 s
     finally:
         for sock in silent:
-            sock.close()
+            if sock is not None:
+                sock.close()
     assert metric(bookie, 'dlog_bookie_connections_refused_total{cap="per_host"}') >= 20
     assert metric(bookie, "dlog_bookie_connections_closed_idle_total") >= 40
     log_text = (Path(bookie.data_dir) / "bookie.log").read_text()
