@@ -12,9 +12,9 @@ ticks drive timeouts. The driver decides nothing about replication itself.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bookkeeper.client.batcher import plan_range_reads
@@ -93,7 +93,7 @@ class EffectDriver:
             elif kind is SendWriteLac:
                 self._send_write_lac(effect)  # type: ignore[arg-type]
             elif kind is LacDueSoon:
-                self.loop.call_soon(self._lac_due, LAC_DUE_TURNS - 1)
+                _LacDueTurns.of(self.loop).add(self)
             elif kind is WriteMetadata:
                 task = self.loop.create_task(self._write_metadata(effect))  # type: ignore[arg-type]
                 self._metadata_tasks.add(task)
@@ -199,17 +199,25 @@ class EffectDriver:
 
     # ------------------------------------------------------------------ explicit LAC
 
-    def _lac_due(self, turns_left: int) -> None:
-        if turns_left:
-            self.loop.call_soon(self._lac_due, turns_left - 1)
-        else:
-            self.run(self.machine.on_lac_due(self.now_ms()))  # only a writer asks for LacDueSoon
+    def lac_due(self) -> None:
+        """LacDueSoon's turns passed (only a writer asks for it)."""
+        self.run(self.machine.on_lac_due(self.now_ms()))
 
     def _send_write_lac(self, effect: SendWriteLac) -> None:
         pool = self.context.pool
-        future = pool.send(effect.bookie, WriteLacRequest(pool.next_request_id(), self.ledger_id,
-                                                          self.master_key, effect.lac))
-        future.add_done_callback(log_failure(f"explicit LAC of ledger {self.ledger_id} to {effect.bookie}"))
+        bookie, lac = effect.bookie, effect.lac
+        future = pool.send(bookie, WriteLacRequest(pool.next_request_id(), self.ledger_id, self.master_key, lac))
+
+        def done(answer: asyncio.Future[Any]) -> None:
+            if answer.cancelled():
+                return
+            error = answer.exception()
+            if error is None:
+                self.machine.on_write_lac_answered(bookie, lac)  # only a writer sends WRITE_LACs
+            else:  # left unconfirmed: the ticker sends it again while repeats are left
+                log.debug("explicit LAC %d of ledger %d to %s failed: %s", lac, self.ledger_id, bookie, error)
+
+        future.add_done_callback(done)
 
     # ------------------------------------------------------------------ metadata
 
@@ -288,15 +296,49 @@ class _Ticker:
             self._arm()
 
 
+class _LacDueTurns:
+    """Per event loop: the drivers whose explicit LAC is due LAC_DUE_TURNS turns after they asked
+    (LacDueSoon), served by one callback a turn for all of them, not a chain of callbacks each. At
+    most one entry per drained pipeline; each is served once."""
+
+    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LacDueTurns] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.turns: collections.deque[list[EffectDriver]] = collections.deque()  # [0]: the next turn's
+        self._scheduled = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LacDueTurns:
+        due = cls._of.get(loop)
+        if due is None:
+            due = cls._of[loop] = cls(loop)
+        return due
+
+    def add(self, driver: EffectDriver) -> None:
+        turns = self.turns
+        while len(turns) < LAC_DUE_TURNS:
+            turns.append([])
+        turns[LAC_DUE_TURNS - 1].append(driver)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        due = self.turns.popleft()
+        if any(self.turns):
+            self.loop.call_soon(self._turn)
+        else:
+            self.turns.clear()
+            self._scheduled = False
+        for driver in due:
+            try:
+                driver.lac_due()
+            except Exception:  # one driver's failure must not keep the others' LACs back
+                log.exception("explicit LAC of ledger %d failed", driver.ledger_id)
+
+
 def as_dlog_error(error: BaseException) -> DlogError:
     if isinstance(error, DlogError):
         return error
     return DlogError(f"unexpected {type(error).__name__}: {error}")
-
-
-def log_failure(what: str) -> Callable[[asyncio.Future[Any]], None]:
-    def done(future: asyncio.Future[Any]) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            log.debug("%s failed: %s", what, future.exception())
-
-    return done

@@ -116,6 +116,10 @@ class LedgerWriter:
         self._last_send_ms = 0
         self._lac_due = False  # the pipeline drained; on_lac_due sends the LAC where no add took it
         self._lac_carried: set[str] = set()  # bookies an add sent since then carried the LAC to
+        # bookies that answered a WRITE_LAC of `_lac_confirmed_of`: the ticker repeats an idle
+        # writer's LAC only to the others (a lost or failed WRITE_LAC), not to every bookie
+        self._lac_confirmed: set[str] = set()
+        self._lac_confirmed_of = lac
 
     # ------------------------------------------------------------------ queries
 
@@ -226,12 +230,21 @@ class LedgerWriter:
         if (self.state is WriterState.OPEN and not self._pending
                 and now_ms - self._last_send_ms >= self.explicit_lac_interval_ms):
             if self.lac > self._lac_sent:
-                effects += self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
+                effects += self._explicit_lac(now_ms, self.explicit_lac_repeats - 1, self.ensemble)
             elif self._lac_repeats_left > 0:
-                # repeated a few times (not forever): one lost message must not hide the
-                # idle writer's last entry from tailing readers (A4)
-                effects += self._explicit_lac(now_ms, self._lac_repeats_left - 1)
+                # repeated a few times (not forever) to the bookies that did not answer it: one
+                # lost message must not hide the idle writer's last entry from tailing readers (A4)
+                unanswered = [bookie for bookie in self.ensemble if bookie not in self._lac_confirmed]
+                if unanswered:
+                    effects += self._explicit_lac(now_ms, self._lac_repeats_left - 1, unanswered)
+                else:
+                    self._lac_repeats_left = 0
         return effects
+
+    def on_write_lac_answered(self, bookie: str, lac: int) -> None:
+        """`bookie` answered OK to a WRITE_LAC of `lac`: it knows it, no repeat goes to it."""
+        if lac == self._lac_confirmed_of:
+            self._lac_confirmed.add(bookie)
 
     def on_bookies_changed(self, available: Iterable[str]) -> None:
         self._available = set(available)
@@ -263,8 +276,7 @@ class LedgerWriter:
             next_set = set(self._write_set(self.next_entry_id))
             now = [bookie for bookie in self.ensemble if bookie not in next_set] or [self.ensemble[0]]
             self._lac_due, self._lac_carried = True, set(now)
-            effects += [effect for effect in self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
-                        if effect.bookie in self._lac_carried]
+            effects += self._explicit_lac(now_ms, self.explicit_lac_repeats - 1, now)
             effects.append(LacDueSoon())
         return effects
 
@@ -276,14 +288,19 @@ class LedgerWriter:
         self._lac_due = False
         if self.state is not WriterState.OPEN:
             return []
-        effects = self._explicit_lac(now_ms, self.explicit_lac_repeats - 1)
-        return [effect for effect in effects if effect.bookie not in self._lac_carried]
+        return self._explicit_lac(now_ms, self.explicit_lac_repeats - 1,
+                                  [bookie for bookie in self.ensemble if bookie not in self._lac_carried])
 
-    def _explicit_lac(self, now_ms: int, repeats_left: int) -> list[SendWriteLac]:
-        self._lac_sent = self.lac
+    def _explicit_lac(self, now_ms: int, repeats_left: int, bookies: Iterable[str]) -> list[Effect]:
+        """WRITE_LACs of the current LAC to `bookies` (ensemble order); `repeats_left`: how many
+        times more the ticker may send it to those that do not answer."""
+        lac = self.lac
+        if lac != self._lac_confirmed_of:
+            self._lac_confirmed, self._lac_confirmed_of = set(), lac
+        self._lac_sent = lac
         self._lac_repeats_left = repeats_left
         self._last_send_ms = now_ms
-        return [SendWriteLac(bookie, self.lac) for bookie in self.ensemble]
+        return [SendWriteLac(bookie, lac) for bookie in bookies]
 
     def _fail_all(self, error: DlogError) -> list[Effect]:
         effects: list[Effect] = [FailAdds(self.lac + 1, error)] if self._pending else []

@@ -361,6 +361,29 @@ def test_an_idle_writer_sends_its_lac_explicitly_a_bounded_number_of_times():
     assert writer.on_tick(300) == [] and writer.on_tick(10_000) == []  # then quiet
 
 
+def test_an_explicit_lac_is_repeated_only_to_the_bookies_that_did_not_answer_it():
+    """At 1,000 idle-between-entries streams the repeats to every bookie were most of the bookies'
+    work: a bookie that answered the WRITE_LAC knows the LAC, only a lost or failed one is sent again."""
+    writer = new_writer(explicit_lac_interval_ms=100, explicit_lac_repeats=3)
+    writer.append(b"x", now_ms=0)
+    ack_all(writer, 0, ("b0", "b1"), now_ms=5)
+    assert writer.on_tick(100) == [SendWriteLac(b, 0) for b in ("b0", "b1", "b2")]
+    writer.on_write_lac_answered("b0", 0)
+    writer.on_write_lac_answered("b2", 0)
+    writer.on_write_lac_answered("b1", -1)  # an older LAC's answer says nothing of LAC 0
+    assert writer.on_tick(200) == [SendWriteLac("b1", 0)]  # b1's was lost: only b1 again
+    writer.on_write_lac_answered("b1", 0)
+    assert writer.on_tick(300) == [] and writer.on_tick(400) == []  # everyone knows it: quiet
+    # a new LAC starts over: nobody has answered it yet
+    writer.append(b"y", now_ms=500)
+    ack_all(writer, 1, ("b1", "b2"), now_ms=505)
+    assert writer.on_tick(600) == [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]
+    writer.on_write_lac_answered("b0", 0)  # late answer of the old LAC
+    assert writer.on_tick(700) == [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]
+    assert writer.on_tick(800) == [SendWriteLac(b, 1) for b in ("b0", "b1", "b2")]
+    assert writer.on_tick(900) == []  # repeats stay bounded when nobody answers
+
+
 def test_an_eager_lac_goes_only_to_the_bookie_the_next_add_does_not_reach():
     """A writer that awaits each write sends its next add before the drained pipeline's LAC is due:
     that add carries the LAC to its write set, so one WRITE_LAC (not three) goes out per write."""
