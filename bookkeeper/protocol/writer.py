@@ -220,6 +220,8 @@ class LedgerWriter:
         return self._bookie_failed([bookie], now_ms)
 
     def on_tick(self, now_ms: int, stalled_since_ms: int | None = None) -> list[Effect]:
+        if not self._pending and not self._lac_repeats_left and self.lac <= self._lac_sent:
+            return []  # the common idle tick of one of many open ledgers: nothing to time or send
         if stalled_since_ms is not None:  # this process did not run: its stall is not the bookies' (ticks.py)
             for pending in self._pending.values():
                 discount_stall(pending.sent, stalled_since_ms, now_ms)

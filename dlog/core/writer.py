@@ -406,9 +406,7 @@ class WriterMachine:
             return NO_EFFECTS
         effects = self.batcher.acked(ledger_id, entry_id)
         if self._rounds and self.state is _OPEN and self.batcher.buffer:
-            if not self._round_asked:  # what was buffered behind this entry goes in the round
-                self._round_asked = True
-                effects.append(ROUND)
+            effects += self._ask_round()  # what was buffered behind this entry goes in the round
         else:
             effects += self._pump(now_ms)
         effects += self._maybe_commit_roll(now_ms)
