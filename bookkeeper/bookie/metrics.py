@@ -105,6 +105,9 @@ class _ServiceCollector(Collector):
             "dlog_bookie_check_entries": ("Entries asked about by replica checks", core.check_count),
             "dlog_bookie_journal_bytes": ("Bytes written to the journal",
                                           metrics.journal_group_bytes_total),
+            "dlog_bookie_journal_inline_groups": ("Journal groups of one record written and fsynced on "
+                                                  "the event loop's thread (the idle path)",
+                                                  self.service.journal.inline_groups),
             "dlog_bookie_protocol_errors": ("Frames refused", server.protocol_errors),
             "dlog_bookie_backpressure_pauses": ("Times a connection stopped being read",
                                                 server.backpressure_pauses),

@@ -298,7 +298,8 @@ async def test_http_admin_endpoints(cluster_factory):
         async with session.get(f"{http}/metrics") as response:
             text = await response.text()
         for name in ("dlog_bookie_add_entries_total 10.0", "dlog_bookie_journal_fsync_seconds_bucket",
-                     "dlog_bookie_journal_group_records_bucket", "dlog_bookie_in_flight_requests"):
+                     "dlog_bookie_journal_group_records_bucket", "dlog_bookie_in_flight_requests",
+                     "dlog_bookie_journal_inline_groups_total"):
             assert name in text, name
         async with session.get(f"{http}/api/v1/ledgers") as response:
             assert (await response.json())["ledgers"] == [
