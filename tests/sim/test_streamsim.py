@@ -20,7 +20,9 @@ from tests.harness.seeds import map_seeds
 from tests.harness.streamsim.plants import NAMES, PLANTS, planted
 from tests.harness.streamsim.simulation import StreamRunResult, StreamSimulation, run
 
-FIXED_SEEDS = range(0, 60)  # ~30 s here; together they inject every fault kind (checked below)
+# about 40 s here on two processes (quiet machine); together they inject every fault kind (checked below: seed
+# 43 is the first with a failed ledger among the seeds after 39)
+FIXED_SEEDS = [*range(0, 40), 43]
 ROOT = Path(__file__).resolve().parents[2]
 
 
