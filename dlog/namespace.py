@@ -15,6 +15,7 @@ stream get what they need of it in a `StreamContext` (`context_of`), and never t
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import os
@@ -58,7 +59,7 @@ from dlog.names import check_stream_name, check_subscription_name, stream_node_n
 from dlog.offsets import Offset
 from dlog.producers import rebuild_producers
 from dlog.reader import StreamReader
-from dlog.segments.codec import default_schema, schema_from_text, schema_to_text
+from dlog.segments.codec import default_schema, schema_from_text, schema_to_text, warm_arrow_conversions
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig, TierPolicy
 from dlog.segments.port import RetryingSegmentStore, SegmentStore, StreamExistsError
 from dlog.segments.schemas import check_mode, evolve, first_schema
@@ -129,11 +130,17 @@ class Namespace:
         from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
         from dlog.segments.store import ZooKeeperSegmentStore
 
-        self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s,
-                                 session_timeout_s=self.zk_session_timeout_s,
-                                 **zk_options(self.security, self.bookkeeper_root, self.name,
-                                              self.namespace_root))
-        await self.zk.start()
+        # pyarrow's first conversion imports pandas: in a thread beside the connect, not at the
+        # first entry on the loop (warm_arrow_conversions)
+        warming = asyncio.ensure_future(asyncio.to_thread(warm_arrow_conversions))
+        try:
+            self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s,
+                                     session_timeout_s=self.zk_session_timeout_s,
+                                     **zk_options(self.security, self.bookkeeper_root, self.name,
+                                                  self.namespace_root))
+            await self.zk.start()
+        finally:
+            await warming
         metadata = ZooKeeperMetadataStore(self.zk, self.bookkeeper_root)
         try:
             if self.create:
