@@ -285,8 +285,11 @@ class ReadHandle:
         `timeout_ms`). Returns the entry when the bookie piggybacked it, else None: then read it
         normally if `last_add_confirmed` moved past it, or wait again. A timeout re-reads the
         metadata, so a close is noticed (`is_closed`)."""
+        # the first bookie of the entry's write set (then the next, after each failure): the one the
+        # writer sends a drained pipeline's LAC to at once (LedgerWriter), which holds the entry,
+        # so its answer carries the entry and the reader needs no second round trip to read it
         ensemble = self.metadata.last_ensemble[1]
-        bookie = ensemble[self._poll_index % len(ensemble)]
+        bookie = ensemble[(entry_id + self._poll_index) % len(ensemble)]
         pool = self.context.pool
         request = ReadRequest(pool.next_request_id(), self.ledger_id, entry_id, long_poll=True,
                               previous_lac=self.last_add_confirmed, timeout_ms=timeout_ms)

@@ -271,12 +271,15 @@ class LedgerWriter:
         if self.eager_lac and not self._pending and not self.recovery:
             # the pipeline drained: send the LAC now (as DistributedLog advances the LAC after each
             # flush) instead of after the idle interval, but only to the bookies the next entry will
-            # not reach (one at E3/Qw2; the ensemble's first, which tailing readers poll first, when
-            # it reaches all): so a bookie knows it before the write's caller resumes, even one that
+            # not reach (one at E3/Qw2: the first of the last entry's write set, the bookie a tailing
+            # reader long-polls for that entry, ReadHandle.wait_for_entry; that bookie alone when
+            # the next entry reaches all): so a bookie knows it before the write's caller resumes, even one that
             # then blocks its loop or exits. The rest get it a few loop turns later (LacDueSoon),
             # unless the writer's next add (a caller awaiting each write sends it by then) carried it.
             next_set = set(self._write_set(self.next_entry_id))
-            now = [bookie for bookie in self.ensemble if bookie not in next_set] or [self.ensemble[0]]
+            ensemble = self.ensemble
+            now = ([bookie for bookie in ensemble if bookie not in next_set]
+                   or [ensemble[self.lac % len(ensemble)]])
             self._lac_due, self._lac_carried = True, set(now)
             effects += self._explicit_lac(now_ms, self.explicit_lac_repeats - 1, now)
             effects.append(LacDueSoon())

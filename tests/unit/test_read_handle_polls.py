@@ -78,3 +78,18 @@ def test_failed_long_polls_wait_1_ms_doubling_to_50_and_start_over_after_an_answ
     assert waits[failures:] == pytest.approx([0.001, 0.002])  # an answer started the waits over
     # each failure moves on to the ensemble's next bookie
     assert asked[:4] == ["b0", "b1", "b2", "b0"]
+
+
+async def _first_polls() -> list[str]:
+    pool = FakePool([0, 1, 2, 3])
+    context = SimpleNamespace(pool=pool, store=FakeStore(), jitter=lambda: 0.5)
+    handle = ReadHandle(context, 7, METADATA, 1, Digest.for_ledger(DigestType.CRC32C, b"k"), b"k")  # type: ignore[arg-type]
+    for entry_id in range(4):
+        await handle.wait_for_entry(entry_id, timeout_ms=1000)
+    return pool.asked
+
+
+def test_a_long_poll_for_an_entry_goes_to_the_first_bookie_of_its_write_set():
+    """That bookie holds the entry (the answer carries it: no second round trip to read it), and a
+    drained writer sends it the LAC at once (test_writer.py, eager LAC)."""
+    assert asyncio.run(_first_polls()) == ["b0", "b1", "b2", "b0"]
