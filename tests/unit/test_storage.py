@@ -329,3 +329,37 @@ def test_stored_bytes_per_ledger_survive_a_restart_and_go_with_a_deleted_ledger(
     assert storage.stored_bytes() == {7: 340, 8: 100}  # indexed entries counted once, new ones added
     storage.delete_ledger(8)
     assert storage.stored_bytes() == {7: 340}
+
+
+def test_a_checkpoint_allocates_no_tracked_object_per_entry(tmp_path: Path) -> None:
+    """The cycle collector runs after every 50,000 tracked objects (bookkeeper.runtime): a tuple
+    per flushed entry made it run several times per checkpoint, each pause holding the GIL and so
+    the bookie's loop. 60,000 entries flush without a single collection."""
+    import gc
+
+    store = LedgerStorage(tmp_path, entry_log_bytes_max=64 * 2**20)
+    store.open()
+    try:
+        for entry_id in range(60_000):
+            store.add_entry(3, entry_id, payload(3, entry_id, 20))
+        snapshot = store.begin_checkpoint()
+        collections: list[int] = []
+
+        def counted(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                collections.append(info["generation"])
+
+        thresholds = gc.get_threshold()
+        gc.collect()
+        gc.callbacks.append(counted)  # the collector holds this very list: not a monkeypatch
+        gc.set_threshold(50_000, 50, 100)
+        try:
+            store.flush_checkpoint(snapshot)
+        finally:
+            gc.set_threshold(*thresholds)
+            gc.callbacks.remove(counted)
+        store.end_checkpoint(snapshot)
+        assert collections == []
+        assert store.get_entry(3, 59_999) == payload(3, 59_999, 20)
+    finally:
+        store.close()
