@@ -306,8 +306,7 @@ class Journal:
         group, and starts one of its own only after LAZY_FLUSH_S, so it never costs a writer an
         fsync of its own between two of its adds."""
         self._frame(record)
-        if not self._scheduled and self._lazy_timer is None:
-            self._lazy_timer = self._event_loop().call_later(LAZY_FLUSH_S, self._on_lazy_timer)
+        self._arm_lazy()
 
     def _frame(self, record: bytes) -> None:
         if not self._accepting:
@@ -321,8 +320,17 @@ class Journal:
         buffer += record
         self._offset = end
 
+    def _arm_lazy(self) -> None:
+        """Lazy records wait alone (no group scheduled): flush them within LAZY_FLUSH_S."""
+        if not self._scheduled and self._lazy_timer is None and self._unwritten:
+            self._lazy_timer = self._event_loop().call_later(LAZY_FLUSH_S, self._on_lazy_timer)
+
     def _on_lazy_timer(self) -> None:
         self._lazy_timer = None
+        self._flush_lazy()
+
+    def _flush_lazy(self) -> None:
+        """Start a group for lazy records, unless one is scheduled or being written already."""
         if not self._scheduled and self._unwritten:
             self._scheduled = True
             self._flush()
@@ -415,8 +423,7 @@ class Journal:
             self._flush()
         else:
             self._scheduled = False
-            if self._unwritten and self._lazy_timer is None:  # lazy records alone: they can wait
-                self._lazy_timer = self._event_loop().call_later(LAZY_FLUSH_S, self._on_lazy_timer)
+            self._arm_lazy()  # lazy records alone: they can wait
         if self._on_commit is not None:
             try:
                 self._on_commit(len(callbacks), group_bytes, seconds)
@@ -525,9 +532,8 @@ class Journal:
                 self._timer.cancel()
                 self._timer = None
                 self._flush()
-            elif not self._scheduled and self._unwritten:  # lazy records only
-                self._scheduled = True
-                self._flush()
+            else:
+                self._flush_lazy()
             try:
                 await self.wait_durable(self.mark())
             except BookieIOError:
