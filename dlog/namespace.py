@@ -59,7 +59,13 @@ from dlog.names import check_stream_name, check_subscription_name, stream_node_n
 from dlog.offsets import Offset
 from dlog.producers import rebuild_producers
 from dlog.reader import StreamReader
-from dlog.segments.codec import default_schema, schema_from_text, schema_to_text, warm_arrow_conversions
+from dlog.segments.codec import (
+    arrow_conversions_warm,
+    default_schema,
+    schema_from_text,
+    schema_to_text,
+    warm_arrow_conversions,
+)
 from dlog.segments.metadata import Segment, SegmentChange, SegmentList, StreamConfig, TierPolicy
 from dlog.segments.port import RetryingSegmentStore, SegmentStore, StreamExistsError
 from dlog.segments.schemas import check_mode, evolve, first_schema
@@ -130,17 +136,11 @@ class Namespace:
         from bookkeeper.meta.zkstore import ZooKeeperMetadataStore
         from dlog.segments.store import ZooKeeperSegmentStore
 
-        # pyarrow's first conversion imports pandas: in a thread beside the connect, not at the
-        # first entry on the loop (warm_arrow_conversions)
-        warming = asyncio.ensure_future(asyncio.to_thread(warm_arrow_conversions))
-        try:
-            self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s,
-                                     session_timeout_s=self.zk_session_timeout_s,
-                                     **zk_options(self.security, self.bookkeeper_root, self.name,
-                                                  self.namespace_root))
-            await self.zk.start()
-        finally:
-            await warming
+        self.zk = AsyncZooKeeper(self.zk_hosts, timeout_s=self.zk_timeout_s,
+                                 session_timeout_s=self.zk_session_timeout_s,
+                                 **zk_options(self.security, self.bookkeeper_root, self.name,
+                                              self.namespace_root))
+        await self.zk.start()
         metadata = ZooKeeperMetadataStore(self.zk, self.bookkeeper_root)
         try:
             if self.create:
@@ -432,6 +432,11 @@ class Namespace:
         """`async with ns.open_writer(name) as writer:` (or `writer = await ns.open_writer(name)`)."""
 
         async def open_it() -> StreamWriter:
+            if self.zk is not None and not arrow_conversions_warm():
+                # pyarrow's first conversion imports pandas: in a thread, once per process, before
+                # the first writer, not at its first entry on the loop (warm_arrow_conversions; a
+                # simulated namespace has no ZooKeeper and no threads)
+                await asyncio.to_thread(warm_arrow_conversions)
             config = await self.store.config(name)
             if not options.get("takeover") and options.get("lock_holder") is None:
                 await self._refuse_if_served(name)

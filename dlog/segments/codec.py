@@ -629,11 +629,16 @@ def warm_arrow_conversions() -> None:
     """Load what pyarrow loads the first time it converts Python objects: `pa.array` asks whether
     its input is a pandas object, and the first such question imports pandas (where installed),
     about 0.35 s here, which a process's first entry spent on the event loop, stalling every
-    stream, reader and timer of the process. `Namespace.start` calls it in a thread, once."""
+    stream, reader and timer of the process. `Namespace.open_writer` calls it in a thread, once:
+    a process that never writes never pays it."""
     global _conversions_warm
     if not _conversions_warm:
         pa.array([b""], type=pa.binary())
         _conversions_warm = True
+
+
+def arrow_conversions_warm() -> bool:
+    return _conversions_warm
 
 
 def records_to_batch(
